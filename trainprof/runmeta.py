@@ -1,0 +1,99 @@
+"""Run metadata (`trainprof.json`): written by capture, read by analysis, compare and reports.
+
+Kept free of torch so that `diagnose` and `compare` can read it anywhere.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+
+SCHEMA = 1
+META_NAME = "trainprof.json"
+
+
+class DataLoaderInfo(msgspec.Struct, kw_only=True):
+    num_workers: int = 0
+    pin_memory: bool = False
+    batch_size: int | None = None
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    dataset: str = ""
+    location: str | None = None  # file:line of the constructor call in user code
+
+
+class OptimizerInfo(msgspec.Struct, kw_only=True):
+    cls: str = msgspec.field(name="class", default="")
+    foreach: bool | None = None
+    fused: bool | None = None
+    location: str | None = None
+
+
+class MetricInfo(msgspec.Struct, kw_only=True):
+    cls: str = msgspec.field(name="class", default="")
+    nan_strategy: str | None = None
+    device: str | None = None
+    location: str | None = None
+
+
+class Flags(msgspec.Struct, kw_only=True):
+    cudnn_benchmark: bool | None = None
+    cuda_matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    autocast_used: bool = False
+    grad_scaler_used: bool = False
+    compile_used: bool = False
+
+
+class Window(msgspec.Struct, kw_only=True):
+    wait: int = 0
+    warmup: int = 0
+    active: int = 0
+    repeat: int = 1
+    recorded_steps: list[int] = []  # step numbers that ended inside an active window
+
+
+class RunMeta(msgspec.Struct, kw_only=True):
+    schema: int = SCHEMA
+    trainprof_version: str = ""
+    torch_version: str = ""
+    cuda_version: str | None = None
+    devices: list[str] = []  # accelerator names; empty on CPU
+    cpu_count: int | None = None
+    torch_threads: int | None = None
+    script: str = ""
+    argv: list[str] = []
+    exit_code: int = 0
+    status: str = "ok"  # ok | error | interrupted | incomplete
+    wall_time_s: float = 0.0
+    step_source: str = "none"  # optimizer | backward | dataloader | none
+    step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
+    window: Window = Window()
+    dataloaders: list[DataLoaderInfo] = []
+    optimizers: list[OptimizerInfo] = []
+    metrics: list[MetricInfo] = []
+    flags: Flags = Flags()
+    traces: list[str] = []  # trace file names, relative to the run folder
+    rank: int | None = None
+    world_size: int | None = None
+
+
+def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:
+    path = Path(folder) / name
+    path.write_bytes(msgspec.json.format(msgspec.json.encode(meta), indent=2))
+    return path
+
+
+def read_meta(path: Path) -> RunMeta | None:
+    """Metadata from a run folder or a metadata file; None when there is none."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / META_NAME
+    if not path.is_file():
+        return None
+    try:
+        return msgspec.json.decode(path.read_bytes(), type=RunMeta)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
