@@ -31,7 +31,9 @@ def run(
     module: str = typer.Option(None, "-m", help="Run a module, like python -m."),
     out: Path = typer.Option(None, "--out", "-o", help="Run folder [default: runs/<stem>-<time>]."),
     force: bool = typer.Option(False, "--force", help="Allow writing into a non-empty folder."),
-    config: Path = typer.Option(None, "--config", help="TOML file overriding configs/default.toml."),
+    config: Path = typer.Option(
+        None, "--config", help="TOML file overriding configs/default.toml."
+    ),
     wait: int = typer.Option(None, help="Steps to skip before warm-up."),
     warmup: int = typer.Option(None, help="Warm-up steps (profiled, discarded)."),
     active: int = typer.Option(None, help="Steps recorded."),
@@ -79,7 +81,9 @@ def run(
 
 @app.command()
 def diagnose(
-    path: Path = typer.Argument(..., help="A trace file or a folder of traces (run folder, logdir)."),
+    path: Path = typer.Argument(
+        ..., help="A trace file or a folder of traces (run folder, logdir)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema 1)."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Markdown output."),
     fail_on: str = typer.Option(

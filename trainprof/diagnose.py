@@ -1,17 +1,60 @@
-"""`trainprof diagnose`: trace file or folder -> Diagnosis per trace -> rendered output."""
+"""`trainprof diagnose`: trace file or folder -> one Diagnosis per trace -> rendered output."""
 
 from __future__ import annotations
 
+import re
+import sys
 from pathlib import Path
 
-from trainprof.analysis.model import Diagnosis
+from trainprof.analysis.model import Diagnosis, severity_rank
+from trainprof.errors import TrainprofError
+from trainprof.runmeta import META_NAME, read_meta
+
+_TRACE = re.compile(r"\.json(\.gz)?$")
+_PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
+FAIL_EXIT = 3
+
+
+def find_traces(path: Path) -> list[Path]:
+    """The trace files at `path`: the file itself, or every trace below a folder."""
+    path = Path(path)
+    if not path.exists():
+        raise TrainprofError(f"no such file or folder: {path}")
+    if path.is_file():
+        return [path]
+    files = sorted(p for p in path.rglob("*") if p.is_file() and _PT_TRACE.search(p.name))
+    if not files:  # traces saved under other names (e.g. chrome export `trace.json`)
+        files = sorted(
+            p
+            for p in path.rglob("*")
+            if p.is_file() and _TRACE.search(p.name) and not p.name.startswith("trainprof")
+        )
+    if not files:
+        raise TrainprofError(f"no trace files (*.pt.trace.json[.gz], *.json[.gz]) in {path}")
+    return files
+
+
+def _meta_for(trace_file: Path):
+    """Run metadata next to a trace: trainprof.rank<R>.json for rank files, else trainprof.json."""
+    m = re.match(r"rank(\d+)\.", trace_file.name)
+    if m:
+        meta = read_meta(trace_file.parent / f"trainprof.rank{m.group(1)}.json")
+        if meta:
+            return meta
+    return read_meta(trace_file.parent / META_NAME)
 
 
 def diagnose_path(
     path: Path, select: list[str] | None = None, ignore: list[str] | None = None
 ) -> list[Diagnosis]:
     """One Diagnosis per trace found at `path` (a file, a run folder or a logdir)."""
-    raise NotImplementedError  # being written (trace engine)
+    from trainprof.analysis.engine import analyze
+    from trainprof.trace.load import load_trace
+
+    return [
+        analyze(load_trace(f), _meta_for(f), select=select, ignore=ignore)
+        for f in find_traces(path)
+    ]
 
 
 def diagnose_command(
@@ -22,4 +65,23 @@ def diagnose_command(
     ignore: list[str] | None = None,
 ) -> int:
     """Print the diagnosis of `path` in `fmt` (console | json | markdown); return the exit code."""
-    raise NotImplementedError  # being written (trace engine)
+    if fail_on is not None and fail_on not in ("high", "medium", "low", "info"):
+        raise TrainprofError(f"--fail-on takes high, medium, low or info, not {fail_on!r}")
+    diags = diagnose_path(path, select=select, ignore=ignore)
+    if fmt == "json":
+        from trainprof.report.jsonout import render_json
+
+        sys.stdout.write(render_json(diags) + "\n")
+    elif fmt == "markdown":
+        from trainprof.report.markdown import render_markdown
+
+        sys.stdout.write(render_markdown(diags))
+    else:
+        from trainprof.report.console import print_diagnoses
+
+        print_diagnoses(diags)
+    if fail_on is not None:
+        limit = severity_rank(fail_on)
+        if any(severity_rank(f.severity) <= limit for d in diags for f in d.findings):
+            return FAIL_EXIT
+    return 0

@@ -70,11 +70,11 @@ class RunMeta(msgspec.Struct, kw_only=True):
     wall_time_s: float = 0.0
     step_source: str = "none"  # optimizer | backward | dataloader | none
     step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
-    window: Window = Window()
+    window: Window = msgspec.field(default_factory=Window)
     dataloaders: list[DataLoaderInfo] = []
     optimizers: list[OptimizerInfo] = []
     metrics: list[MetricInfo] = []
-    flags: Flags = Flags()
+    flags: Flags = msgspec.field(default_factory=Flags)
     traces: list[str] = []  # trace file names, relative to the run folder
     rank: int | None = None
     world_size: int | None = None

@@ -1,0 +1,84 @@
+"""Per-step time breakdown into categories that sum to the step wall time.
+
+GPU traces use torch-tb-profiler's priority order (Kernel > Memcpy > Memset > Communication >
+Runtime > DataLoader > CPU Exec > Other): each instant of a step goes to the highest-priority
+category active then. Unlike tb-profiler, DataLoader counts torch 2.x `user_annotation` fetches
+(tb-profiler drops them and always shows 0 %).
+
+CPU traces have no GPU categories; the step splits into the training phases instead:
+DataLoader > Metrics > Optimizer > Backward > Forward > CPU Exec > Other.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainprof.analysis.context import COMM_KERNEL, METRIC_SPANS, Context
+from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
+
+GPU_CATEGORIES = (
+    "Kernel", "Memcpy", "Memset", "Communication", "Runtime", "DataLoader", "CPU Exec", "Other",
+)
+CPU_CATEGORIES = (
+    "DataLoader", "Metrics", "Optimizer", "Backward", "Forward", "CPU Exec", "Other",
+)
+
+_BACKWARD = r"^trainprof/backward$|^autograd::engine::evaluate_function|^Optimizer\.zero_grad#"
+_OPTIMIZER = r"^Optimizer\.(step|zero_grad)#"
+_FORWARD = r"^trainprof/forward$|^nn\.Module: "
+
+
+def _events(ctx: Context, *kinds: int, pattern: str | None = None) -> iv.Intervals:
+    tr = ctx.trace
+    idx = tr.where_name(pattern, *kinds) if pattern else tr.where_kind(*kinds)
+    return iv.merge(tr.ts[idx], tr.end[idx])
+
+
+def _host_cpu_ops(ctx: Context) -> iv.Intervals:
+    """CPU ops on the training loop's thread (other threads run concurrently and would inflate
+    the step's CPU share)."""
+    tr = ctx.trace
+    idx = tr.where_kind(Kind.CPU_OP)
+    if ctx.steps.thread is not None:
+        idx = idx[tr.thread[idx] == ctx.steps.thread]
+    return iv.merge(tr.ts[idx], tr.end[idx])
+
+
+def category_sets(ctx: Context) -> list[tuple[str, iv.Intervals]]:
+    """(category, time set) in priority order, 'Other' excluded."""
+    host = (Kind.CPU_OP, Kind.ANNOTATION)
+    if ctx.gpu_timeline:
+        tr = ctx.trace
+        k = tr.where_kind(Kind.KERNEL)
+        comm = np.isin(tr.name_id[k], tr.name_ids(COMM_KERNEL))
+        return [
+            ("Kernel", iv.merge(tr.ts[k[~comm]], tr.end[k[~comm]])),
+            ("Memcpy", _events(ctx, Kind.MEMCPY)),
+            ("Memset", _events(ctx, Kind.MEMSET)),
+            ("Communication", iv.merge(tr.ts[k[comm]], tr.end[k[comm]])),
+            ("Runtime", _events(ctx, Kind.RUNTIME)),
+            ("DataLoader", ctx.dataloader_spans),
+            ("CPU Exec", _host_cpu_ops(ctx)),
+        ]
+    return [
+        ("DataLoader", ctx.dataloader_spans),
+        ("Metrics", _events(ctx, *host, pattern=METRIC_SPANS)),
+        ("Optimizer", _events(ctx, *host, pattern=_OPTIMIZER)),
+        ("Backward", _events(ctx, *host, pattern=_BACKWARD)),
+        ("Forward", _events(ctx, *host, pattern=_FORWARD)),
+        ("CPU Exec", _host_cpu_ops(ctx)),
+    ]
+
+
+def breakdown(ctx: Context) -> dict[str, float]:
+    """Mean milliseconds per step in each category; the values sum to the mean step time."""
+    left = ctx.windows
+    out: dict[str, float] = {}
+    for name, spans in category_sets(ctx):
+        got = iv.intersect(left, spans)
+        out[name] = iv.total(got)
+        left = iv.subtract(left, got)
+    out["Other"] = iv.total(left)
+    n = max(ctx.n_steps, 1)
+    return {k: v / n / 1000.0 for k, v in out.items()}

@@ -1,0 +1,289 @@
+"""Everything the rules share, computed once per trace: step windows, the device, GPU busy and
+idle time, and the attribution of every idle GPU interval to exactly one cause.
+
+Idle attribution (each idle instant inside a step goes to the first cause that covers it):
+
+1. `dataloader`: the host is inside a DataLoader fetch;
+2. `host_wait`: the host is blocked in a synchronising call (stream/device/event sync, a blocking
+   copy such as pageable HtoD or DtoH);
+3. `refill`: a blocking call returned to an idle GPU, and the host has not yet launched the next
+   work (capped at the end of the next launch call, and at REFILL_CAP_US: past that the GPU
+   waits on the host's own CPU work, which would idle it with or without the sync);
+4. `other`: everything else (host CPU work, dispatch, Python).
+
+Because the causes partition the idle time, two rules can never claim the same idle microsecond.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from trainprof.analysis.model import Device
+from trainprof.runmeta import RunMeta
+from trainprof.trace import intervals as iv
+from trainprof.trace.frames import PyStacks, event_frames, event_location
+from trainprof.trace.model import GPU_KINDS, Kind, Trace
+from trainprof.trace.nesting import enclosing
+from trainprof.trace.steps import DATALOADER_NEXT, Steps, find_steps
+
+# Host calls that block until the GPU (or a copy) is done.
+SYNC_CALLS = (
+    r"^(cuda|hip)(Stream|Device|Event|Ctx)Synchronize$|^(cuda|hip)Memcpy$|^hipMemcpyWithStream$"
+)
+ASYNC_COPY_CALLS = r"^(cuda|hip)Memcpy(Async|DtoHAsync|HtoDAsync)?(_v2)?$"
+LAUNCH_CALLS = r"Launch|Memcpy|Memset"
+# A refill longer than this is the host doing its own CPU work before the next launch: that idle
+# would remain without the sync, so it is left to `other` (the gpu-idle rule names the frame).
+REFILL_CAP_US = 1000.0
+COMM_KERNEL = r"(?i)nccl|rccl"
+
+# Ops that force a host-device sync, with the name a user knows them by.
+SYNC_OPS: dict[str, str] = {
+    r"^aten::item$": "item",
+    r"^aten::is_nonzero$": "is_nonzero",
+    r"^aten::nonzero$": "nonzero",
+    r"^aten::masked_select$": "masked_select",
+    r"^aten::(_unique2|unique_dim|unique_consecutive)$": "unique",
+    r"^aten::repeat_interleave$": "repeat_interleave",
+    r"^aten::_local_scalar_dense$": "item",
+}
+COPY_OPS = r"^aten::(to|_to_copy|copy_|cpu)$"
+METRIC_SPANS = r"^trainprof/metric\."
+HOST_READ_PROBE = r"^trainprof/host_read:"
+
+
+def memcpy_direction(name: str) -> str:
+    """'pageable_htod', 'pinned_htod', 'htod', 'dtoh_pageable', 'dtoh_pinned', 'dtoh', 'dtod'."""
+    for way in ("HtoD", "DtoH"):
+        if way in name:
+            base = way.lower()
+            host = "pageable" if "Pageable" in name else "pinned" if "Pinned" in name else ""
+            if not host:
+                return base
+            return f"{host}_{base}" if way == "HtoD" else f"{base}_{host}"
+    return "dtod" if "DtoD" in name else "other"
+
+
+@dataclass
+class Blocking:
+    """Host calls that blocked on the GPU, one row each (numpy columns)."""
+
+    idx: np.ndarray  # event index of the runtime call
+    copy: np.ndarray  # memcpy direction for copies ('' for syncs)
+    wait_idle: np.ndarray  # µs of GPU idle while the host waited (attributed host_wait)
+    refill_idle: np.ndarray  # µs of GPU idle after it returned (attributed refill)
+    in_dataloader: np.ndarray  # bool
+    memcpy_idx: np.ndarray  # the GPU copy it issued, -1 for syncs
+
+    @property
+    def cost(self) -> np.ndarray:
+        return self.wait_idle + self.refill_idle
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+
+@dataclass
+class Context:
+    trace: Trace
+    meta: RunMeta | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    # ---- steps and device -------------------------------------------------------------
+    @cached_property
+    def steps(self) -> Steps:
+        return find_steps(self.trace)
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.steps)
+
+    @cached_property
+    def windows(self) -> iv.Intervals:
+        return iv.merge(self.steps.start, self.steps.end)
+
+    @cached_property
+    def window_us(self) -> float:
+        return iv.total(self.windows)
+
+    @property
+    def mean_step_us(self) -> float:
+        return self.window_us / max(self.n_steps, 1)
+
+    @cached_property
+    def device(self) -> Device:
+        tr = self.trace
+        props = tr.meta.device_properties or []
+        names = sorted({str(p.get("name", "?")) for p in props if isinstance(p, dict)})
+        if (tr.kind == Kind.ACCEL_RUNTIME).any() and not tr.has_gpu_activity:
+            return Device(kind="mtia", names=names)
+        if tr.has_gpu_activity or tr.has_runtime:
+            kind = "rocm" if tr.is_rocm or any("AMD" in n for n in names) else "cuda"
+            return Device(kind=kind, names=names, gpu_timeline=tr.has_gpu_activity)
+        if names:  # GPUs listed, but the excerpt holds only host events
+            return Device(kind="cuda", names=names, gpu_timeline=False)
+        return Device(kind="cpu", names=[])
+
+    @property
+    def on_gpu(self) -> bool:
+        """The trace comes from a CUDA/ROCm job (whether or not GPU activity was recorded)."""
+        return self.device.kind in ("cuda", "rocm")
+
+    @property
+    def gpu_timeline(self) -> bool:
+        return self.device.gpu_timeline
+
+    def in_windows(self, idx: np.ndarray) -> np.ndarray:
+        """Mask: which events start inside a step window."""
+        return iv.contains(self.windows, self.trace.ts[idx])
+
+    # ---- GPU busy / idle ----------------------------------------------------------------
+    @cached_property
+    def gpu_events(self) -> np.ndarray:
+        return self.trace.where_kind(*GPU_KINDS)
+
+    @cached_property
+    def gpu_busy(self) -> iv.Intervals:
+        g = self.gpu_events
+        return iv.merge(self.trace.ts[g], self.trace.end[g])
+
+    @cached_property
+    def gpu_idle(self) -> iv.Intervals:
+        if not self.gpu_timeline:
+            return iv.EMPTY
+        return iv.subtract(self.windows, self.gpu_busy)
+
+    @cached_property
+    def gpu_busy_pct(self) -> float | None:
+        if not self.gpu_timeline or self.window_us <= 0:
+            return None
+        return 100.0 * iv.total(iv.intersect(self.gpu_busy, self.windows)) / self.window_us
+
+    def per_step_busy(self) -> np.ndarray:
+        s = self.steps
+        busy = iv.overlap_each(s.start, s.end, self.gpu_busy)
+        return busy / np.maximum(s.durations, 1e-9)
+
+    # ---- host spans -----------------------------------------------------------------------
+    @cached_property
+    def stacks(self) -> PyStacks:
+        return PyStacks(self.trace)
+
+    @cached_property
+    def dataloader_idx(self) -> np.ndarray:
+        return self.trace.where_name(DATALOADER_NEXT, Kind.CPU_OP, Kind.ANNOTATION)
+
+    @cached_property
+    def dataloader_spans(self) -> iv.Intervals:
+        d = self.dataloader_idx
+        return iv.merge(self.trace.ts[d], self.trace.end[d])
+
+    def spans(self, pattern: str, *kinds: int) -> iv.Intervals:
+        idx = self.trace.where_name(pattern, *(kinds or (Kind.CPU_OP, Kind.ANNOTATION)))
+        return iv.merge(self.trace.ts[idx], self.trace.end[idx])
+
+    def location(self, i: int) -> str | None:
+        return event_location(self.trace, self.stacks, int(i))
+
+    def frames(self, i: int) -> list[str]:
+        return event_frames(self.trace, self.stacks, int(i))
+
+    # ---- blocking calls and idle attribution -----------------------------------------------
+    @cached_property
+    def memcpy_by_corr(self) -> dict[int, int]:
+        tr = self.trace
+        m = tr.where_kind(Kind.MEMCPY)
+        m = m[tr.corr[m] >= 0]
+        return dict(zip(tr.corr[m].tolist(), m.tolist(), strict=True))
+
+    @cached_property
+    def _blocking_raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        tr = self.trace
+        rt = (Kind.RUNTIME,)
+        syncs = tr.where_name(SYNC_CALLS, *rt)
+        copies = tr.where_name(ASYNC_COPY_CALLS, *rt)
+        by_corr = self.memcpy_by_corr
+        keep, kinds, mem = [], [], []
+        for i in copies.tolist():
+            m = by_corr.get(int(tr.corr[i]), -1)
+            d = memcpy_direction(tr.name(m)) if m >= 0 else ""
+            # Copies from pageable memory and into pageable memory return only when done.
+            if d in ("pageable_htod", "dtoh_pageable", "dtoh"):
+                keep.append(i)
+                kinds.append(d)
+                mem.append(m)
+        idx = np.r_[syncs, np.array(keep, np.int64)].astype(np.int64)
+        copy = np.array([""] * len(syncs) + kinds, dtype=object)
+        memi = np.r_[np.full(len(syncs), -1), np.array(mem, np.int64)].astype(np.int64)
+        order = np.argsort(tr.ts[idx], kind="stable")
+        return idx[order], copy[order], memi[order]
+
+    @cached_property
+    def attribution(self) -> dict[str, iv.Intervals]:
+        """Idle GPU time inside the steps, split by cause (see the module docstring)."""
+        idle = self.gpu_idle
+        tr = self.trace
+        b_idx = self._blocking_raw[0]
+        dl = iv.intersect(idle, self.dataloader_spans)
+        rest = iv.subtract(idle, dl)
+        hw = iv.intersect(rest, iv.merge(tr.ts[b_idx], tr.end[b_idx]))
+        rest = iv.subtract(rest, hw)
+        rf = iv.intersect(rest, iv.merge(tr.end[b_idx], self._refill_end(b_idx)))
+        other = iv.subtract(rest, rf)
+        return {"dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
+
+    def _refill_end(self, b_idx: np.ndarray) -> np.ndarray:
+        """Where the refill after each blocking call ends: the GPU's next start, but no later
+        than the end of the host's next launch call."""
+        tr = self.trace
+        ends = tr.end[b_idx]
+        nxt_gpu = iv.next_start_after(self.gpu_busy, ends)
+        launches = tr.where_name(LAUNCH_CALLS, Kind.RUNTIME)
+        l_end = iv.first_after(tr.ts[launches], tr.end[launches], ends)
+        busy_at_end = iv.contains(self.gpu_busy, ends)
+        stop = np.minimum(np.minimum(nxt_gpu, l_end), ends + REFILL_CAP_US)
+        return np.where(busy_at_end, ends, stop)
+
+    @cached_property
+    def blocking(self) -> Blocking:
+        tr = self.trace
+        idx, copy, memi = self._blocking_raw
+        att = self.attribution
+        wait = iv.overlap_each(tr.ts[idx], tr.end[idx], att["host_wait"])
+        refill = iv.overlap_each(tr.end[idx], self._refill_end(idx), att["refill"])
+        # Calls on several threads can overlap: never hand out more than the attributed total.
+        for col, key in ((wait, "host_wait"), (refill, "refill")):
+            tot, have = iv.total(att[key]), float(col.sum())
+            if have > tot > 0:
+                col *= tot / have
+        in_dl = iv.contains(self.dataloader_spans, tr.ts[idx])
+        in_win = iv.contains(self.windows, tr.ts[idx])
+        keep = in_win
+        return Blocking(idx[keep], copy[keep], wait[keep], refill[keep], in_dl[keep], memi[keep])
+
+    # ---- who caused a blocking call ----------------------------------------------------------
+    def owners(self, pattern: str, queries: np.ndarray) -> np.ndarray:
+        """For each query event, the enclosing event whose name matches `pattern` (-1 if none)."""
+        cont = self.trace.where_name(pattern, Kind.CPU_OP, Kind.ANNOTATION)
+        return enclosing(self.trace, cont, queries)
+
+    def per_step(self, x: float) -> float:
+        return x / max(self.n_steps, 1)
+
+    def pct(self, us_per_step: float) -> float:
+        return 100.0 * us_per_step / self.mean_step_us if self.mean_step_us > 0 else 0.0
+
+
+def sync_op_pattern() -> str:
+    return "|".join(SYNC_OPS)
+
+
+def sync_op_label(name: str) -> str:
+    for pat, label in SYNC_OPS.items():
+        if re.search(pat, name):
+            return label
+    return name

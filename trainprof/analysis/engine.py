@@ -1,0 +1,93 @@
+"""Run every rule on a trace and rank what they find."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainprof.analysis.breakdown import breakdown
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Diagnosis, Finding, Steps, severity_for, severity_rank
+from trainprof.errors import TrainprofError
+from trainprof.rules import all_rules, rule_ids
+from trainprof.runmeta import RunMeta
+from trainprof.trace.model import Trace
+from trainprof.trace.steps import SOURCE_TEXT
+
+
+def _selected(select: list[str] | None, ignore: list[str] | None) -> list:
+    known = set(rule_ids())
+    for r in (select or []) + (ignore or []):
+        if r not in known:
+            raise TrainprofError(f"unknown rule {r!r}; `trainprof rules` lists them")
+    return [
+        r
+        for r in all_rules()
+        if (not select or r.id in select) and (not ignore or r.id not in ignore)
+    ]
+
+
+def cap_savings(findings: list[Finding], step_ms: float) -> None:
+    """Rules split GPU idle time without overlap, but CPU-side estimates can overlap: never let
+    the total claimed exceed the step (later, smaller findings give way first)."""
+    budget = step_ms
+    for f in sorted(findings, key=lambda f: -f.est_saving_ms_per_step):
+        if f.est_saving_ms_per_step > budget:
+            scale = budget / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
+            f.est_saving_ms_per_step = round(max(budget, 0.0), 3)
+            f.est_saving_pct = round(f.est_saving_pct * scale, 2)
+            if f.severity != "low" or f.est_saving_pct > 0:
+                f.severity = severity_for(f.est_saving_pct)
+        budget -= f.est_saving_ms_per_step
+
+
+def rank(findings: list[Finding]) -> list[Finding]:
+    return sorted(
+        findings,
+        key=lambda f: (-f.est_saving_ms_per_step, severity_rank(f.severity), f.rule),
+    )
+
+
+def notes_for(ctx: Context) -> list[str]:
+    notes = [f"Steps: {SOURCE_TEXT[ctx.steps.source]}."]
+    d = ctx.device
+    if d.kind == "cpu":
+        notes.append("No GPU in this trace: costs are CPU wall time; GPU-only problems are "
+                     "listed as 'would stall a GPU'.")
+    elif d.kind == "mtia":
+        notes.append("Non-CUDA accelerator (MTIA): CUDA rules do not apply and were skipped.")
+    elif not d.gpu_timeline:
+        notes.append("The trace lists GPUs but holds no GPU kernels or copies: GPU idle "
+                     "cannot be measured, so GPU costs are not estimated.")
+    return notes
+
+
+def analyze(
+    trace: Trace,
+    meta: RunMeta | None = None,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+) -> Diagnosis:
+    ctx = Context(trace, meta)
+    findings: list[Finding] = []
+    for rule in _selected(select, ignore):
+        findings.extend(rule.check(ctx))
+    mean_ms = ctx.mean_step_us / 1000.0
+    cap_savings(findings, mean_ms)
+    durs = ctx.steps.durations / 1000.0
+    return Diagnosis(
+        trace=trace.path,
+        rank=trace.meta.rank,
+        device=ctx.device,
+        steps=Steps(
+            count=ctx.n_steps,
+            source=ctx.steps.source,
+            mean_ms=round(mean_ms, 3),
+            median_ms=round(float(np.median(durs)) if len(durs) else 0.0, 3),
+            durations_ms=[round(float(x), 3) for x in durs],
+            labels=ctx.steps.labels,
+        ),
+        breakdown={k: round(v, 3) for k, v in breakdown(ctx).items()},
+        gpu_busy_pct=None if ctx.gpu_busy_pct is None else round(ctx.gpu_busy_pct, 2),
+        findings=rank(findings),
+        notes=notes_for(ctx),
+    )

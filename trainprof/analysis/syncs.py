@@ -1,0 +1,127 @@
+"""Sync sites: every place the host waited for the GPU (or would have, on a GPU), with the op that
+caused it, where in the user's code, and the GPU idle it cost. Shared by `host-sync`,
+`metric-sync` and `per-step-logging`."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainprof.analysis.context import (
+    COPY_OPS,
+    HOST_READ_PROBE,
+    METRIC_SPANS,
+    Context,
+    sync_op_label,
+    sync_op_pattern,
+)
+from trainprof.trace import intervals as iv
+from trainprof.trace.frames import probe_location
+from trainprof.trace.model import Kind, Trace
+from trainprof.trace.nesting import END_SLACK, enclosing
+
+_CALL_LABEL = {
+    "DeviceSynchronize": "synchronize",
+    "StreamSynchronize": "stream-sync",
+    "EventSynchronize": "event-sync",
+    "CtxSynchronize": "synchronize",
+}
+
+
+@dataclass
+class SyncSite:
+    # item | is_nonzero | nonzero | ... | copy (to host) | htod-copy (pageable, host to device)
+    # | synchronize | stream-sync | event-sync
+    label: str
+    location: str | None
+    in_dataloader: bool
+    in_metric: bool
+    count: int = 0  # occurrences inside the step windows
+    calls: int = 0  # blocking runtime calls they made
+    host_us: float = 0.0  # host time blocked
+    cost_us: float = 0.0  # GPU idle attributed to them
+    ops: list[int] = field(default_factory=list)
+
+
+def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
+    """Drop events nested inside another event of the same set on the same thread."""
+    if not len(idx):
+        return idx
+    keep = []
+    for t in np.unique(trace.thread[idx]):
+        sub = idx[trace.thread[idx] == t]
+        sub = sub[np.lexsort((-trace.dur[sub], trace.ts[sub]))]
+        ends = trace.end[sub]
+        prev_max = np.r_[-np.inf, np.maximum.accumulate(ends)[:-1]]
+        nested = (trace.ts[sub] < prev_max) & (ends <= prev_max + END_SLACK)
+        keep.append(sub[~nested])
+    out = np.concatenate(keep)
+    return out[np.argsort(trace.ts[out], kind="stable")]
+
+
+def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals) -> bool:
+    if iv.contains(metric_spans, np.array([ctx.trace.ts[op]]))[0]:
+        return True
+    return any("torchmetrics/" in f for f in ctx.frames(op))
+
+
+def sync_sites(ctx: Context) -> list[SyncSite]:
+    """Sync sites grouped by (cause, location, in DataLoader, in a metric)."""
+    cached = ctx._cache.get("sync_sites")
+    if cached is not None:
+        return cached
+    tr = ctx.trace
+    host = (Kind.CPU_OP, Kind.ANNOTATION)
+    ops = tr.where_name(sync_op_pattern(), *host)
+    ops = outermost(tr, ops[ctx.in_windows(ops)])
+    b = ctx.blocking
+    b_idx, b_cost, b_copy = b.idx, b.cost, b.copy
+    owner = enclosing(tr, ops, b_idx)
+    # Blocking calls outside any sync op: a copy (`.to()`/`.cpu()` with non_blocking=False makes
+    # a copy and a stream sync) or an explicit synchronize.
+    loose = np.flatnonzero(owner < 0)
+    copy_owner = enclosing(tr, tr.where_name(COPY_OPS, *host), b_idx[loose])
+    probes = tr.where_name(HOST_READ_PROBE, *host)
+    metric_spans = ctx.spans(METRIC_SPANS)
+
+    labels: dict[int, str] = {int(o): sync_op_label(tr.name(o)) for o in ops}
+    per_op_calls: dict[int, list[int]] = defaultdict(list)
+    for j, o in enumerate(owner.tolist()):
+        if o >= 0:
+            per_op_calls[o].append(j)
+    for j, c in zip(loose.tolist(), copy_owner.tolist(), strict=True):
+        call = int(b_idx[j])
+        if c >= 0 or b_copy[j]:
+            op, label = (c if c >= 0 else call), "copy"
+        else:
+            name = tr.name(call)
+            op = call
+            label = next((v for k, v in _CALL_LABEL.items() if k in name), "synchronize")
+        labels.setdefault(op, label)
+        per_op_calls[op].append(j)
+        if b_copy[j] == "pageable_htod":
+            labels[op] = "htod-copy"  # the pageable-memcpy rule's, not a sync of the step
+    rows = list(labels.items())
+
+    probe_of = enclosing(tr, probes, np.array([r[0] for r in rows], np.int64))
+    in_dl = iv.contains(ctx.dataloader_spans, tr.ts[np.array([r[0] for r in rows], np.int64)])
+    groups: dict[tuple, SyncSite] = {}
+    for k, (op, label) in enumerate(rows):
+        p = int(probe_of[k])
+        loc = probe_location(tr.name(p)) if p >= 0 else None
+        loc = loc or ctx.location(op)
+        key = (label, loc, bool(in_dl[k]), _in_metric(ctx, op, metric_spans))
+        site = groups.get(key)
+        if site is None:
+            site = groups[key] = SyncSite(label, loc, key[2], key[3])
+        site.count += 1
+        site.ops.append(op)
+        for j in per_op_calls.get(op, []):
+            site.calls += 1
+            site.host_us += float(tr.dur[b_idx[j]])
+            site.cost_us += float(b_cost[j])
+    out = sorted(groups.values(), key=lambda s: (-s.cost_us, -s.count))
+    ctx._cache["sync_sites"] = out
+    return out

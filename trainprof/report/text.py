@@ -1,0 +1,43 @@
+"""Plain-text pieces shared by the renderers."""
+
+from __future__ import annotations
+
+from trainprof.analysis.model import Diagnosis, Finding
+
+
+def device_line(d: Diagnosis) -> str:
+    dev = d.device
+    if dev.kind == "cpu":
+        return "CPU only (no GPU in this trace)"
+    names = ", ".join(dev.names) if dev.names else dev.kind.upper()
+    if dev.kind == "mtia":
+        return f"{names} (non-CUDA accelerator)"
+    if not dev.gpu_timeline:
+        return f"{names} (no GPU activity recorded)"
+    return names
+
+
+def step_line(d: Diagnosis) -> str:
+    s = d.steps
+    line = f"{s.count} step{'s' if s.count != 1 else ''}, mean {s.mean_ms:.1f} ms, " \
+        f"median {s.median_ms:.1f} ms"
+    if d.gpu_busy_pct is not None:
+        line += f", GPU busy {d.gpu_busy_pct:.1f} %"
+    return line
+
+
+def breakdown_line(d: Diagnosis) -> str:
+    total = sum(d.breakdown.values()) or 1.0
+    parts = [f"{k} {100 * v / total:.1f} %" for k, v in d.breakdown.items() if v > 0]
+    return ", ".join(parts)
+
+
+def saving_text(f: Finding) -> str:
+    if f.est_saving_ms_per_step <= 0:
+        return "-"
+    return f"{f.est_saving_ms_per_step:.2f} ms/step ({f.est_saving_pct:.1f} %)"
+
+
+def title_of(d: Diagnosis) -> str:
+    rank = f" (rank {d.rank})" if d.rank is not None else ""
+    return f"{d.trace}{rank}"

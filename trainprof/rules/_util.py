@@ -1,0 +1,42 @@
+"""Small helpers shared by rule modules (not a rule: modules starting with _ are skipped)."""
+
+from __future__ import annotations
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Finding, severity_for
+
+
+def ms(us: float) -> str:
+    """A duration for evidence text."""
+    v = us / 1000.0
+    return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms"
+
+
+def finding(
+    ctx: Context,
+    *,
+    rule: str,
+    title: str,
+    evidence: str,
+    fix: str,
+    saving_us_per_step: float,
+    location: str | None = None,
+    metrics: dict | None = None,
+    severity: str | None = None,
+) -> Finding:
+    """A finding whose saving and severity follow from the GPU (or CPU) time it costs per step."""
+    pct = ctx.pct(saving_us_per_step)
+    return Finding(
+        rule=rule,
+        severity=severity or severity_for(pct),
+        title=title,
+        evidence=evidence,
+        fix=fix,
+        est_saving_ms_per_step=round(saving_us_per_step / 1000.0, 3),
+        est_saving_pct=round(pct, 2),
+        location=location,
+        metrics=metrics or {},
+    )
+
+
+GPU_ONLY_NOTE = "would stall a GPU"

@@ -1,0 +1,121 @@
+"""dataloader-starvation: the training loop waits for the next batch.
+
+Why it costs: with `num_workers=0` the main process decodes and augments every batch itself,
+so nothing runs on the GPU (or, on a CPU run, no training happens) while it does. With too few
+workers, or CPU-heavy transforms, the workers cannot keep up and the loop still waits.
+
+Detection: `enumerate(DataLoader)#..._DataLoaderIter.__next__` (and trainprof's `trainprof/fetch`
+probe) clipped to the step windows: the fetch time per step and its share of the step. Whether
+the loader already has workers comes from the run metadata, else from the iterator's class
+(`_SingleProcessDataLoaderIter` means `num_workers=0`).
+
+Saving estimate: on a GPU trace, the GPU idle time that falls inside fetches (never more than
+the fetch share). On a CPU trace, the fetch time itself: an upper bound, since workers compete
+with the model's threads for the same cores; the evidence says so when there are no spare cores.
+The suggested `num_workers` is the number of workers needed to produce one batch per
+compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
+"""
+
+from __future__ import annotations
+
+import math
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Finding
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.trace import intervals as iv
+
+MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
+
+
+def _workers(ctx: Context) -> int | None:
+    if ctx.meta and ctx.meta.dataloaders:
+        return max(d.num_workers for d in ctx.meta.dataloaders)
+    names = {ctx.trace.name(i) for i in ctx.dataloader_idx}
+    if any("_SingleProcess" in n for n in names):
+        return 0
+    if any("_MultiProcessing" in n for n in names):
+        return None  # some workers, how many unknown
+    return None
+
+
+def check(ctx: Context) -> list[Finding]:
+    if not len(ctx.dataloader_idx) or ctx.device.kind == "mtia":
+        return []
+    fetch = ctx.per_step(iv.total(iv.intersect(ctx.dataloader_spans, ctx.windows)))
+    share = ctx.pct(fetch)
+    if ctx.gpu_timeline:
+        saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
+    else:
+        saving = fetch
+    if share < MIN_SHARE and ctx.pct(saving) < 2.0:
+        return []
+    workers = _workers(ctx)
+    cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
+    compute = max(ctx.mean_step_us - fetch, 1.0)
+    need = math.ceil(fetch / compute) + 1
+    cap = cpus if cpus else 8
+    suggest = max(2, min(need, cap))
+    loc = None
+    if ctx.meta and ctx.meta.dataloaders:
+        loc = ctx.meta.dataloaders[0].location
+    loc = loc or ctx.location(int(ctx.dataloader_idx[0]))
+    evidence = (
+        f"Fetching batches takes {ms(fetch)} per step = {share:.1f} % of the step "
+        f"({len(ctx.dataloader_idx)} fetches)"
+    )
+    if ctx.gpu_timeline:
+        evidence += f"; the GPU is idle for {ms(saving)} of it per step."
+    else:
+        evidence += "; on CPU that time is not spent training."
+        spare = (cpus or 0) - (ctx.meta.torch_threads or 0) if ctx.meta else 0
+        if ctx.meta and ctx.meta.cpu_count and spare < 1:
+            evidence += (
+                f" Upper bound: {cpus} cores, all used by torch's {ctx.meta.torch_threads} "
+                "threads, so workers will compete with the model."
+            )
+    if workers == 0 or workers is None and "_SingleProcess" in ctx.trace.name(
+        int(ctx.dataloader_idx[0])
+    ):
+        title = f"DataLoader starves the step: num_workers=0, {share:.0f} % of step time fetching"
+        fix = (
+            f"DataLoader(..., num_workers={suggest}, persistent_workers=True, prefetch_factor=2"
+            + (", pin_memory=True)" if ctx.on_gpu else ")")
+            + (f"  # {cpus} CPUs here" if cpus else "")
+        )
+    else:
+        have = f"num_workers={workers}" if workers is not None else "worker processes"
+        title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"
+        fix = (
+            "The input pipeline is CPU-bound: raise num_workers up to the core count, "
+            "persistent_workers=True; move augmentation to the GPU (torchvision.transforms.v2 "
+            "on device tensors, NVIDIA DALI), or cache decoded samples."
+        )
+    return [
+        finding(
+            ctx,
+            rule="dataloader-starvation",
+            title=title,
+            evidence=evidence,
+            fix=fix,
+            saving_us_per_step=saving,
+            location=loc,
+            metrics={
+                "fetch_ms_per_step": round(fetch / 1000, 3),
+                "share_pct": round(share, 2),
+                "gpu_idle_ms_per_step": round(saving / 1000, 3) if ctx.gpu_timeline else 0.0,
+                "num_workers": -1 if workers is None else workers,
+                "suggested_num_workers": suggest,
+            },
+        )
+    ]
+
+
+RULE = Rule(
+    id="dataloader-starvation",
+    detects="The step waits for the DataLoader (num_workers=0, too few workers, slow transforms).",
+    fix="num_workers>0, persistent_workers=True, pin_memory=True; lighter CPU transforms.",
+    check=check,
+    order=10,
+)

@@ -1,0 +1,132 @@
+"""host-sync: the host waits for the GPU inside the training step.
+
+Why it costs: `loss.item()`, `if tensor:`, `torch.nonzero`, `.cpu()` and explicit
+`torch.cuda.synchronize()` make the CPU wait until every queued kernel has run. While it waits
+it launches nothing, so when the GPU drains its queue it idles until the CPU returns and launches
+the next kernel. A 100 ms wait while the GPU is busy with queued work costs nothing; the cost is
+the GPU idle it causes.
+
+Detection: blocking runtime calls (`cuda*Synchronize`, `hip*Synchronize`, blocking `cudaMemcpy*`
+into pageable memory) inside the step windows, each tied to the op that issued it
+(`aten::item`, `aten::_local_scalar_dense`, `aten::is_nonzero`, `aten::nonzero`, copies to
+host, or none: an explicit synchronize) and to the user's file:line (trainprof probe, Python
+stack or `Call stack`). Syncs inside a DataLoader fetch belong to the data pipeline, syncs in
+TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`.
+
+Saving estimate: the GPU idle attributed to these calls (host blocked while the GPU idled, plus
+the refill gap until the next launch, capped at 1 ms), per step. On a CPU-only trace the same ops
+cost nothing measurable: they are listed as "would stall a GPU", severity low, no saving claimed.
+"""
+
+from __future__ import annotations
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Finding
+from trainprof.analysis.syncs import SyncSite, sync_sites
+from trainprof.rules import Rule
+from trainprof.rules._util import GPU_ONLY_NOTE, finding, ms
+
+WHAT = {
+    "item": "`.item()` (aten::item) reads a GPU scalar on the host",
+    "is_nonzero": "`if tensor:` / `bool(tensor)` (aten::is_nonzero) branches on a GPU value",
+    "nonzero": "`torch.nonzero` / boolean-mask indexing has a data-dependent shape",
+    "masked_select": "`masked_select` has a data-dependent shape",
+    "unique": "`torch.unique` has a data-dependent shape",
+    "repeat_interleave": "`repeat_interleave` without `output_size` has a data-dependent shape",
+    "copy": "a copy to host memory (`.cpu()`, `.numpy()`, `.tolist()`, `.to('cpu')`)",
+    "synchronize": "an explicit `torch.cuda.synchronize()`",
+    "stream-sync": "a stream synchronize",
+    "event-sync": "a CUDA event wait on the host (`event.synchronize()`)",
+}
+
+FIX = {
+    "item": "Accumulate on the device and read rarely: `total += loss.detach()` every step, "
+    "`total.item()` every N steps (log every N steps).",
+    "is_nonzero": "Keep the decision on the device: `torch.where(cond, a, b)`, or check the "
+    "condition every N steps instead of every step.",
+    "nonzero": "Avoid data-dependent shapes in the step: multiply by a mask or use "
+    "`torch.where`; pass `size=` to `torch.nonzero` when the count is known.",
+    "masked_select": "Use `torch.where(mask, x, 0)` with a fixed shape instead of masked_select.",
+    "unique": "Move `torch.unique` out of the step, or run it on the host data before the copy.",
+    "repeat_interleave": "Pass `output_size=` to `repeat_interleave`.",
+    "copy": "Keep tensors on the device; when the host needs them, copy with "
+    "`.to('cpu', non_blocking=True)` into pinned memory and read them a step later.",
+    "synchronize": "Remove `torch.cuda.synchronize()` from the step (keep it only around timing "
+    "code, or time with CUDA events).",
+    "stream-sync": "Remove the stream synchronize from the step; order work with "
+    "`stream.wait_stream()` / events on the device.",
+    "event-sync": "Wait on the device with `torch.cuda.current_stream().wait_event(e)` "
+    "instead of `e.synchronize()` on the host.",
+}
+
+
+def _title(site: SyncSite, per_step: float) -> str:
+    what = WHAT.get(site.label, site.label)
+    return f"Host-GPU sync: {what}, {per_step:.3g}x per step"
+
+
+def check(ctx: Context) -> list[Finding]:
+    if not ctx.on_gpu and ctx.device.kind != "cpu":
+        return []  # MTIA and other non-CUDA accelerators: no CUDA findings
+    out: list[Finding] = []
+    for site in sync_sites(ctx):
+        if site.in_dataloader or site.in_metric or site.label == "htod-copy":
+            continue
+        if ctx.gpu_timeline and not site.calls:
+            continue  # no blocking call inside: a read of a CPU tensor, which never syncs
+        per_step = site.count / max(ctx.n_steps, 1)
+        cost = ctx.per_step(site.cost_us)
+        metrics = {
+            "count": site.count,
+            "per_step": round(per_step, 3),
+            "blocking_calls": site.calls,
+            "host_blocked_ms_per_step": round(ctx.per_step(site.host_us) / 1000, 3),
+            "gpu_idle_ms_per_step": round(cost / 1000, 3),
+        }
+        if not ctx.gpu_timeline:
+            where = "on CPU" if ctx.device.kind == "cpu" else "here (no GPU activity recorded)"
+            out.append(
+                finding(
+                    ctx,
+                    rule="host-sync",
+                    title=_title(site, per_step),
+                    evidence=f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step); "
+                    f"costs nothing measurable {where}, but {GPU_ONLY_NOTE} every time.",
+                    fix=FIX.get(site.label, FIX["synchronize"]),
+                    saving_us_per_step=0.0,
+                    location=site.location,
+                    metrics=metrics,
+                    severity="low",
+                )
+            )
+            continue
+        evidence = (
+            f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step), host blocked "
+            f"{ms(ctx.per_step(site.host_us))}/step, GPU idle caused {ms(cost)}/step "
+            f"({ctx.pct(cost):.1f} % of the step)."
+        )
+        if site.calls and cost < 0.05 * ctx.per_step(site.host_us):
+            evidence += " The GPU stayed busy while the host waited: little to gain."
+        out.append(
+            finding(
+                ctx,
+                rule="host-sync",
+                title=_title(site, per_step),
+                evidence=evidence,
+                fix=FIX.get(site.label, FIX["synchronize"]),
+                saving_us_per_step=cost,
+                location=site.location,
+                metrics=metrics,
+            )
+        )
+    return out
+
+
+RULE = Rule(
+    id="host-sync",
+    detects="The host waits for the GPU in the step (.item(), if tensor:, nonzero, .cpu(), "
+    "synchronize).",
+    fix="Keep values on the device; read them every N steps.",
+    check=check,
+    order=20,
+)

@@ -1,0 +1,97 @@
+"""pageable-memcpy: host-to-device copies from pageable (not pinned) memory.
+
+Why it costs: a copy from pageable memory is staged by the driver through a pinned buffer, and
+`cudaMemcpyAsync` returns only when the data has been staged: the host cannot run ahead, and
+`non_blocking=True` has no effect. The copy also runs at a fraction of the pinned bandwidth.
+
+Detection: GPU copies named `Memcpy HtoD (Pageable -> Device)` inside the step windows, linked
+to their `cudaMemcpyAsync` by correlation id, and to the user's code through the enclosing
+`aten::to` / `aten::copy_` (whose stream synchronize, issued because `non_blocking=False`, is
+counted here too, not under host-sync). ROCm traces (`Memcpy HtoD (Host -> Device)`) do not
+say whether the source was pinned and are not reported.
+
+Saving estimate: the GPU idle attributed to those calls (host blocked while the GPU idled, plus
+the refill gap after them), per step. Copy time on the GPU itself is not counted as a saving.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Finding
+from trainprof.analysis.syncs import sync_sites
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.trace.model import Kind
+
+FIX = (
+    "DataLoader(..., pin_memory=True) and `batch.to(device, non_blocking=True)`; for tensors "
+    "made on the host, allocate them pinned (`torch.empty(..., pin_memory=True)`) or create "
+    "them on the device."
+)
+
+
+def check(ctx: Context) -> list[Finding]:
+    if not ctx.gpu_timeline:
+        return []
+    tr = ctx.trace
+    m = tr.where_name(r"^Memcpy HtoD \(Pageable -> Device\)$", Kind.MEMCPY)
+    if not len(m):
+        return []
+    # GPU copies lag their launch: place each at its runtime call when there is one.
+    calls = {int(tr.corr[i]): int(i) for i in tr.where_kind(Kind.RUNTIME) if tr.corr[i] >= 0}
+    host_t = np.array([tr.ts[calls.get(int(tr.corr[i]), i)] for i in m])
+    inside = ctx.in_windows(np.array([calls.get(int(tr.corr[i]), i) for i in m]))
+    m, host_t = m[inside], host_t[inside]
+    if not len(m):
+        return []
+    sites = [x for x in sync_sites(ctx) if x.label == "htod-copy"]
+    cost = ctx.per_step(sum(x.cost_us for x in sites))
+    host_blocked = ctx.per_step(sum(x.host_us for x in sites))
+    n = len(m)
+    per_step = n / max(ctx.n_steps, 1)
+    nbytes = int(np.clip(tr.nbytes[m], 0, None).sum())
+    gpu_copy = ctx.per_step(float(tr.dur[m].sum()))
+    located = [x for x in sites if x.location]
+    loc = max(located, key=lambda x: x.count).location if located else None
+    pinned = tr.count(r"^Memcpy HtoD \(Pinned -> Device\)$", Kind.MEMCPY)
+    loaders = ctx.meta.dataloaders if ctx.meta else []
+    unpinned = [d for d in loaders if not d.pin_memory]
+    evidence = (
+        f"{n} pageable host-to-device copies in {ctx.n_steps} steps ({per_step:.3g}/step, "
+        f"{nbytes / max(ctx.n_steps, 1) / 1e6:.1f} MB/step, {ms(gpu_copy)}/step on the GPU); "
+        f"host blocked {ms(host_blocked)}/step, GPU idle caused {ms(cost)}/step; "
+        f"{pinned} pinned copies."
+    )
+    if unpinned:
+        evidence += f" DataLoader at {unpinned[0].location or '?'} has pin_memory=False."
+        loc = loc or unpinned[0].location
+    return [
+        finding(
+            ctx,
+            rule="pageable-memcpy",
+            title=f"Pageable host-to-device copies, {per_step:.3g}x per step (synchronous)",
+            evidence=evidence,
+            fix=FIX,
+            saving_us_per_step=cost,
+            location=loc,
+            metrics={
+                "count": n,
+                "per_step": round(per_step, 3),
+                "bytes_per_step": nbytes // max(ctx.n_steps, 1),
+                "pinned_count": pinned,
+                "host_blocked_ms_per_step": round(host_blocked / 1000, 3),
+                "gpu_idle_ms_per_step": round(cost / 1000, 3),
+            },
+        )
+    ]
+
+
+RULE = Rule(
+    id="pageable-memcpy",
+    detects="Host-to-device copies from pageable memory (synchronous, slow).",
+    fix="pin_memory=True on the DataLoader and .to(device, non_blocking=True).",
+    check=check,
+    order=20,
+)

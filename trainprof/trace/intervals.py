@@ -1,0 +1,122 @@
+"""Vectorised interval algebra on sets of disjoint, sorted intervals ("merged sets").
+
+A merged set is a pair of float arrays (starts, ends), sorted, non-overlapping, non-empty
+intervals. Everything here is numpy: no Python loop over events.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+Intervals = tuple[np.ndarray, np.ndarray]
+
+EMPTY: Intervals = (np.zeros(0), np.zeros(0))
+
+
+def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
+    """Union of possibly overlapping intervals, as a merged set."""
+    starts = np.asarray(starts, np.float64)
+    ends = np.asarray(ends, np.float64)
+    keep = ends > starts
+    starts, ends = starts[keep], ends[keep]
+    if not len(starts):
+        return EMPTY
+    order = np.argsort(starts, kind="stable")
+    s, e = starts[order], ends[order]
+    run_end = np.maximum.accumulate(e)
+    # A new interval begins where the start is past every end seen so far.
+    new = np.empty(len(s), bool)
+    new[0] = True
+    new[1:] = s[1:] > run_end[:-1]
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(s) - 1]
+    return s[first], run_end[last]
+
+
+def total(iv: Intervals) -> float:
+    return float((iv[1] - iv[0]).sum())
+
+
+def _covered_before(iv: Intervals, x: np.ndarray) -> np.ndarray:
+    """Length of `iv` lying before each point x."""
+    s, e = iv
+    if not len(s):
+        return np.zeros(np.shape(x))
+    cum = np.r_[0.0, np.cumsum(e - s)]
+    k = np.searchsorted(s, x, side="right") - 1
+    kc = np.clip(k, 0, len(s) - 1)
+    part = np.clip(x - s[kc], 0.0, e[kc] - s[kc])
+    return np.where(k >= 0, cum[kc] + part, 0.0)
+
+
+def overlap_each(starts: np.ndarray, ends: np.ndarray, iv: Intervals) -> np.ndarray:
+    """For each query interval, how much of it lies inside the merged set `iv`."""
+    starts = np.asarray(starts, np.float64)
+    ends = np.maximum(np.asarray(ends, np.float64), starts)
+    return _covered_before(iv, ends) - _covered_before(iv, starts)
+
+
+def contains(iv: Intervals, x: np.ndarray) -> np.ndarray:
+    """Whether each point lies inside the merged set."""
+    s, e = iv
+    if not len(s):
+        return np.zeros(np.shape(x), bool)
+    k = np.searchsorted(s, x, side="right") - 1
+    kc = np.clip(k, 0, len(s) - 1)
+    return (k >= 0) & (x < e[kc])
+
+
+def _combine(a: Intervals, b: Intervals, keep_a: bool, keep_b: bool, both: bool) -> Intervals:
+    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
+    if len(pts) < 2:
+        return EMPTY
+    lo, hi = pts[:-1], pts[1:]
+    mid = (lo + hi) / 2
+    in_a, in_b = contains(a, mid), contains(b, mid)
+    if both:
+        sel = in_a & in_b
+    else:
+        sel = (in_a if keep_a else ~in_a) & (in_b if keep_b else ~in_b)
+    return merge(lo[sel], hi[sel])
+
+
+def intersect(a: Intervals, b: Intervals) -> Intervals:
+    if not len(a[0]) or not len(b[0]):
+        return EMPTY
+    return _combine(a, b, True, True, both=True)
+
+
+def subtract(a: Intervals, b: Intervals) -> Intervals:
+    """Parts of `a` not in `b`."""
+    if not len(a[0]) or not len(b[0]):
+        return a
+    return _combine(a, b, True, False, both=False)
+
+
+def union(*sets: Intervals) -> Intervals:
+    return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
+
+
+def gaps(iv: Intervals, lo: float, hi: float) -> Intervals:
+    """The complement of `iv` within [lo, hi]."""
+    s, e = intersect(iv, (np.array([lo]), np.array([hi])))
+    starts = np.r_[lo, e]
+    ends = np.r_[s, hi]
+    return merge(starts, ends)
+
+
+def next_start_after(iv: Intervals, x: np.ndarray) -> np.ndarray:
+    """Start of the first interval beginning at or after each x (inf when none)."""
+    s = iv[0]
+    if not len(s):
+        return np.full(np.shape(x), np.inf)
+    k = np.searchsorted(s, x, side="left")
+    return np.where(k < len(s), s[np.clip(k, 0, len(s) - 1)], np.inf)
+
+
+def first_after(starts: np.ndarray, values: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """values[j] of the first sorted start >= each x (inf when none)."""
+    if not len(starts):
+        return np.full(np.shape(x), np.inf)
+    k = np.searchsorted(starts, x, side="left")
+    return np.where(k < len(starts), values[np.clip(k, 0, len(starts) - 1)], np.inf)

@@ -1,0 +1,158 @@
+"""The in-memory trace: one numpy column per field over the complete ("X") events, names interned.
+
+Timestamps and durations are microseconds, as Kineto writes them whatever `displayTimeUnit` says
+(a trace with "ns" still has µs values, with a fractional part).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+
+class Kind(IntEnum):
+    OTHER = 0
+    CPU_OP = 1
+    ANNOTATION = 2  # user_annotation: ProfilerStep#, DataLoader, Optimizer.step#, trainprof probes
+    PYTHON = 3
+    RUNTIME = 4  # cuda_runtime / Runtime, hip* calls included
+    DRIVER = 5
+    KERNEL = 6
+    MEMCPY = 7
+    MEMSET = 8
+    GPU_ANNOTATION = 9
+    CUDA_SYNC = 10
+    ACCEL_RUNTIME = 11  # non-CUDA accelerators (MTIA)
+    TRACE = 12
+
+
+# Both the current schema and the 2021 one (tb-profiler samples).
+KIND_BY_CAT: dict[str, int] = {
+    "cpu_op": Kind.CPU_OP,
+    "Operator": Kind.CPU_OP,
+    "user_annotation": Kind.ANNOTATION,
+    "python_function": Kind.PYTHON,
+    "cuda_runtime": Kind.RUNTIME,
+    "Runtime": Kind.RUNTIME,
+    "cuda_driver": Kind.DRIVER,
+    "kernel": Kind.KERNEL,
+    "Kernel": Kind.KERNEL,
+    "gpu_memcpy": Kind.MEMCPY,
+    "Memcpy": Kind.MEMCPY,
+    "gpu_memset": Kind.MEMSET,
+    "Memset": Kind.MEMSET,
+    "gpu_user_annotation": Kind.GPU_ANNOTATION,
+    "cuda_sync": Kind.CUDA_SYNC,
+    "mtia_runtime": Kind.ACCEL_RUNTIME,
+    "mtia_ccp_events": Kind.ACCEL_RUNTIME,
+    "Trace": Kind.TRACE,
+}
+
+HOST_KINDS = (Kind.CPU_OP, Kind.ANNOTATION, Kind.PYTHON, Kind.RUNTIME, Kind.DRIVER)
+GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+
+
+@dataclass
+class Memory:
+    """`[memory]` instant events (profile_memory=True)."""
+
+    ts: np.ndarray
+    total_allocated: np.ndarray
+    device: np.ndarray  # -1 for CPU
+
+
+@dataclass
+class TraceMeta:
+    device_properties: list[dict[str, Any]] | None  # None when the key is absent, [] on CPU
+    distributed_info: dict[str, Any]
+    schema_version: int | None
+    display_time_unit: str | None
+    categories: list[str]
+    flow_count: int
+    process_count: int
+
+    @property
+    def rank(self) -> int | None:
+        r = self.distributed_info.get("rank")
+        return r if isinstance(r, int) else None
+
+    @property
+    def world_size(self) -> int | None:
+        w = self.distributed_info.get("world_size")
+        return w if isinstance(w, int) else None
+
+
+@dataclass
+class Trace:
+    path: str
+    names: list[str]
+    name_id: np.ndarray  # int32 index into names
+    kind: np.ndarray  # int8 Kind
+    thread: np.ndarray  # int32 index into thread_keys ((pid, tid) pairs)
+    thread_keys: list[tuple[Any, Any]]
+    ts: np.ndarray  # float64 µs
+    dur: np.ndarray  # float64 µs
+    corr: np.ndarray  # int64 correlation id, -1 when absent
+    ext: np.ndarray  # int64 External id, -1 when absent
+    py_id: np.ndarray
+    py_parent: np.ndarray
+    nbytes: np.ndarray
+    stream: np.ndarray
+    memory: Memory
+    call_stacks: dict[int, str]  # event index -> "Call stack" (2021 schema with_stack)
+    shapes: dict[int, tuple[Any, Any]]  # event index -> raw (Input Dims, Input type)
+    meta: TraceMeta
+    _name_cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    @cached_property
+    def end(self) -> np.ndarray:
+        return self.ts + self.dur
+
+    def name(self, i: int) -> str:
+        return self.names[self.name_id[i]]
+
+    def where_kind(self, *kinds: int) -> np.ndarray:
+        """Indices of events of these kinds, sorted by start time."""
+        idx = np.flatnonzero(np.isin(self.kind, kinds))
+        return idx[np.argsort(self.ts[idx], kind="stable")]
+
+    def name_ids(self, pattern: str) -> np.ndarray:
+        """Ids of interned names matching a regex (searched, not full-matched)."""
+        ids = self._name_cache.get(pattern)
+        if ids is None:
+            rx = re.compile(pattern)
+            ids = np.array([i for i, n in enumerate(self.names) if rx.search(n)], np.int32)
+            self._name_cache[pattern] = ids
+        return ids
+
+    def where_name(self, pattern: str, *kinds: int) -> np.ndarray:
+        """Indices of events whose name matches `pattern` (and of these kinds), by start time."""
+        mask = np.isin(self.name_id, self.name_ids(pattern))
+        if kinds:
+            mask &= np.isin(self.kind, kinds)
+        idx = np.flatnonzero(mask)
+        return idx[np.argsort(self.ts[idx], kind="stable")]
+
+    def count(self, pattern: str, *kinds: int) -> int:
+        return len(self.where_name(pattern, *kinds))
+
+    @cached_property
+    def has_gpu_activity(self) -> bool:
+        return bool(np.isin(self.kind, GPU_KINDS).any())
+
+    @cached_property
+    def has_runtime(self) -> bool:
+        return bool((self.kind == Kind.RUNTIME).any())
+
+    @cached_property
+    def is_rocm(self) -> bool:
+        rt = np.unique(self.name_id[self.kind == Kind.RUNTIME])
+        return any(self.names[i].startswith("hip") for i in rt)

@@ -1,0 +1,84 @@
+"""Step windows: `ProfilerStep#N`; without them, optimizer-step or DataLoader cycles; without
+any of those, the whole span as one window (and the output says so)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from trainprof.trace.model import GPU_KINDS, HOST_KINDS, Kind, Trace
+
+PROFILER_STEP = r"^ProfilerStep#\d+$"
+OPTIMIZER_STEP = r"^Optimizer\.step#"
+DATALOADER_NEXT = r"^enumerate\(DataLoader\)#.*__next__$|^trainprof/fetch$"
+
+SOURCE_TEXT = {
+    "ProfilerStep": "ProfilerStep# markers",
+    "optimizer": "no ProfilerStep markers: steps are the cycles between optimizer steps",
+    "dataloader": "no ProfilerStep markers: steps are the cycles between DataLoader fetches",
+    "span": "no step markers: the whole trace is analysed as one window",
+}
+
+
+@dataclass
+class Steps:
+    start: np.ndarray  # µs
+    end: np.ndarray
+    labels: list[str]
+    source: str  # ProfilerStep | optimizer | dataloader | span
+    thread: int | None  # the thread that carries the step markers (the training loop's)
+
+    def __len__(self) -> int:
+        return len(self.start)
+
+    @property
+    def durations(self) -> np.ndarray:
+        return self.end - self.start
+
+
+def _cycles(trace: Trace, idx: np.ndarray, source: str, use_end: bool) -> Steps | None:
+    """Windows between consecutive boundary events (their ends, or their starts)."""
+    b = (trace.end if use_end else trace.ts)[idx]
+    b = np.unique(b)
+    if len(b) < 2:
+        return None
+    thread = int(np.bincount(trace.thread[idx]).argmax())
+    labels = [f"{source}#{i}" for i in range(1, len(b))]
+    return Steps(b[:-1], b[1:], labels, source, thread)
+
+
+def find_steps(trace: Trace) -> Steps:
+    marks = trace.where_name(PROFILER_STEP, Kind.CPU_OP, Kind.ANNOTATION)
+    if len(marks):
+        # Some traces carry the same step twice (cpu_op and user_annotation): keep one of each.
+        seen: dict[str, int] = {}
+        for i in marks:
+            seen.setdefault(trace.name(i), int(i))
+        idx = np.array(sorted(seen.values(), key=lambda i: trace.ts[i]))
+        labels = [trace.name(i) for i in idx]
+        thread = int(np.bincount(trace.thread[idx]).argmax())
+        return Steps(trace.ts[idx], trace.end[idx], labels, "ProfilerStep", thread)
+    host = (Kind.CPU_OP, Kind.ANNOTATION)
+    for pattern, source, use_end in (
+        (OPTIMIZER_STEP, "optimizer", True),
+        (DATALOADER_NEXT, "dataloader", False),
+    ):
+        found = _cycles(trace, trace.where_name(pattern, *host), source, use_end)
+        if found is not None:
+            return found
+    live = ~np.isin(trace.kind, (Kind.TRACE,))
+    lo = float(trace.ts[live].min()) if live.any() else 0.0
+    hi = float(trace.end[live].max()) if live.any() else 0.0
+    host_idx = np.flatnonzero(np.isin(trace.kind, HOST_KINDS))
+    thread = int(np.bincount(trace.thread[host_idx]).argmax()) if len(host_idx) else None
+    return Steps(np.array([lo]), np.array([hi]), ["whole trace"], "span", thread)
+
+
+def step_number(label: str) -> int | None:
+    m = re.search(r"#(\d+)$", label)
+    return int(m.group(1)) if m else None
+
+
+__all__ = ["Steps", "find_steps", "step_number", "GPU_KINDS"]
