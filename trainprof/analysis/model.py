@@ -6,6 +6,7 @@ import msgspec
 
 SCHEMA = 1
 SEVERITIES = ("high", "medium", "low", "info")
+MAX_AT = 200
 
 
 def severity_rank(severity: str) -> int:
@@ -35,6 +36,9 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=False):
     location: str | None = None  # file:line in user code
     metrics: dict[str, float | int | str] = {}  # the same evidence, machine-readable
     ranks: list[int] | None = None  # multi-rank: ranks where it was found
+    # Where it happens on the timeline: [start_us, dur_us] in the trace's own clock, at most
+    # MAX_AT occurrences (for annotated traces and the HTML report).
+    at: list[list[float]] = []
 
 
 class Device(msgspec.Struct, kw_only=True):

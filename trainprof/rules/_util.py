@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from itertools import islice
+
 from trainprof.analysis.context import Context
-from trainprof.analysis.model import Finding, severity_for
+from trainprof.analysis.model import MAX_AT, Finding, severity_for
 
 
 def ms(us: float) -> str:
@@ -23,6 +26,7 @@ def finding(
     location: str | None = None,
     metrics: dict | None = None,
     severity: str | None = None,
+    at: Iterable[int] = (),
 ) -> Finding:
     """A finding whose saving and severity follow from the GPU (or CPU) time it costs per step."""
     pct = ctx.pct(saving_us_per_step)
@@ -36,7 +40,14 @@ def finding(
         est_saving_pct=round(pct, 2),
         location=location,
         metrics=metrics or {},
+        at=occurrences(ctx, at),
     )
+
+
+def occurrences(ctx: Context, idx: Iterable[int]) -> list[list[float]]:
+    """[start_us, dur_us] of up to MAX_AT events, for the timeline views."""
+    tr = ctx.trace
+    return [[float(tr.ts[i]), float(tr.dur[i])] for i in islice(idx, MAX_AT)]
 
 
 GPU_ONLY_NOTE = "would stall a GPU"

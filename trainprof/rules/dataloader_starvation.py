@@ -108,6 +108,7 @@ def check(ctx: Context) -> list[Finding]:
                 "num_workers": -1 if workers is None else workers,
                 "suggested_num_workers": suggest,
             },
+            at=ctx.dataloader_idx[ctx.in_windows(ctx.dataloader_idx)].tolist(),
         )
     ]
 

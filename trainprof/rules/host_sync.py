@@ -97,6 +97,7 @@ def check(ctx: Context) -> list[Finding]:
                     location=site.location,
                     metrics=metrics,
                     severity="low",
+                    at=site.ops,
                 )
             )
             continue
@@ -117,6 +118,7 @@ def check(ctx: Context) -> list[Finding]:
                 saving_us_per_step=cost,
                 location=site.location,
                 metrics=metrics,
+                at=site.ops,
             )
         )
     return out

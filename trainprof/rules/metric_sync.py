@@ -70,6 +70,7 @@ def check(ctx: Context) -> list[Finding]:
             metrics={"count": count, "per_step": round(per_step, 3),
                      "gpu_idle_ms_per_step": round(cost / 1000, 3)},
             severity=severity,
+            at=[op for s in sites for op in s.ops],
         )
     ]
 

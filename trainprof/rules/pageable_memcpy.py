@@ -84,6 +84,7 @@ def check(ctx: Context) -> list[Finding]:
                 "host_blocked_ms_per_step": round(host_blocked / 1000, 3),
                 "gpu_idle_ms_per_step": round(cost / 1000, 3),
             },
+            at=[op for x in sites for op in x.ops] or m.tolist(),
         )
     ]
 
