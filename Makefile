@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.trainprof-installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean bench-deps
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,11 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# HolisticTraceAnalysis for benchmarks/diagnose_speed.py, in its own venv (it pulls in jupyterlab).
+bench-deps:
+	test -x .venv-bench/bin/python || python3 -m venv .venv-bench
+	.venv-bench/bin/python -m pip install -q HolisticTraceAnalysis
 
 clean:
 	rm -rf runs .pytest_cache
