@@ -1,0 +1,467 @@
+"""`trainprof compare A B`: did B make the training step faster, and which findings went away?
+
+`compare()` is pure: two loaded runs in, one `Comparison` out (JSON schema 1, below); loading
+and printing live in `load_run()` and `compare_command()`.
+
+Step time
+    From run metadata (`trainprof.json`, `step_times_s`: the wall time of every step of the run,
+    not only the traced window) when there is some. The first max(wait + warmup, 10 % of the
+    steps) are dropped as warm-up (at most half of them): `wait` and `warmup` are the profiler
+    schedule's, whose `wait` steps are the run's first (cold caches, allocator, cudnn autotune,
+    compile) and whose `warmup` steps run with the profiler starting up. Profiled steps stay in:
+    a few slow steps barely move a median.
+    Without metadata (a bare trace, a folder of traces) the trace's own step durations are used,
+    none dropped (the profiler already skipped its warm-up), and a note says so: traces hold few
+    steps, so the interval is wide. With several ranks, only the lowest rank's steps count.
+
+Statistic
+    Median step time of each side and the ratio median(B)/median(A) with 95 % percentile
+    bootstrap intervals (`trainprof.stats`, 2000 resamples, seeded: the output is deterministic).
+    "B is 31 % faster" means B's median step time is 31 % shorter; the difference is significant
+    when the interval of the change excludes 0. Fewer than MIN_STEPS steps on a side: no verdict.
+
+Breakdown
+    `Diagnosis.breakdown` of each side (ms per traced step, by category), and B - A.
+
+Findings
+    Matched by rule and location; a finding with no location by rule and title with its numbers
+    stripped. A finding whose line moved (the fix added lines above it) still matches when rule,
+    file and title (numbers stripped) agree. Unmatched in B: resolved; only in B: new.
+
+Mismatches (different devices, step sources, a failed run) are notes, never errors. A run folder
+with metadata but no trace (the script failed before the profiler recorded) still gives step
+times; its breakdown and findings are then not compared.
+
+JSON schema 1 (`--json`):
+
+    {"schema": 1,
+     "a": Side, "b": Side,
+     "change": {"ratio": median(B)/median(A), "ratio_low", "ratio_high",
+                "change_pct": 100 * (ratio - 1), "change_low_pct", "change_high_pct",
+                "significant": bool (null when not tested), "faster": "A" | "B" | null,
+                "verdict": str, "confidence": 0.95, "resamples": 2000, "seed": 0},
+     "breakdown": [{"category", "a_ms", "b_ms", "delta_ms"}],   # ms per traced step, null = n/a
+     "findings": [{"status": "resolved" | "new" | "still present", "rule", "title", "location",
+                   "severity_a", "severity_b", "saving_a_ms", "saving_b_ms"}],  # null = absent
+     "notes": [str]}
+    Side = {"path", "traces": [str], "device": str, "status": str | null (run metadata's),
+            "steps": {"source": "metadata" | "trace", "count", "dropped", "median_ms",
+                      "median_low_ms", "median_high_ms", "mean_ms"},
+            "gpu_busy_pct": float | null}
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import numpy as np
+
+from trainprof import stats
+from trainprof.analysis.model import Diagnosis, Finding
+from trainprof.errors import TrainprofError
+from trainprof.runmeta import META_NAME, RunMeta, read_meta
+
+SCHEMA = 1
+MIN_STEPS = 5  # below this a median's interval means nothing
+WARMUP_SHARE = 0.10
+
+
+# ---- the result (JSON schema 1) -------------------------------------------------------------
+class StepStats(msgspec.Struct, kw_only=True):
+    source: str  # metadata | trace
+    count: int  # steps used
+    dropped: int  # warm-up steps left out
+    median_ms: float
+    median_low_ms: float | None
+    median_high_ms: float | None
+    mean_ms: float
+
+
+class Side(msgspec.Struct, kw_only=True):
+    path: str
+    traces: list[str]
+    device: str
+    status: str | None
+    steps: StepStats
+    gpu_busy_pct: float | None
+
+
+class Change(msgspec.Struct, kw_only=True):
+    ratio: float
+    ratio_low: float | None
+    ratio_high: float | None
+    change_pct: float
+    change_low_pct: float | None
+    change_high_pct: float | None
+    significant: bool | None  # None: too few steps to test
+    faster: str | None  # "A" | "B" | None
+    verdict: str
+    confidence: float = stats.CONFIDENCE
+    resamples: int = stats.RESAMPLES
+    seed: int = stats.SEED
+
+
+class CategoryDelta(msgspec.Struct, kw_only=True):
+    category: str
+    a_ms: float | None
+    b_ms: float | None
+    delta_ms: float | None
+
+
+class FindingDelta(msgspec.Struct, kw_only=True):
+    status: str  # resolved | new | still present
+    rule: str
+    title: str
+    location: str | None
+    severity_a: str | None
+    severity_b: str | None
+    saving_a_ms: float | None
+    saving_b_ms: float | None
+
+
+class Comparison(msgspec.Struct, kw_only=True):
+    schema: int = SCHEMA
+    a: Side
+    b: Side
+    change: Change
+    breakdown: list[CategoryDelta] = []
+    findings: list[FindingDelta] = []
+    notes: list[str] = []
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+@dataclass
+class RunInput:
+    """One side of a comparison, loaded: its diagnoses (one per trace) and run metadata."""
+
+    path: str
+    diagnoses: list[Diagnosis]
+    meta: RunMeta | None = None
+
+
+def _folder_meta(folder: Path) -> RunMeta | None:
+    """trainprof.json, else the lowest rank's trainprof.rank<R>.json."""
+    meta = read_meta(folder / META_NAME)
+    if meta is not None:
+        return meta
+    ranked = []
+    for p in folder.glob("trainprof.rank*.json"):
+        m = re.fullmatch(r"trainprof\.rank(\d+)\.json", p.name)
+        if m:
+            ranked.append((int(m.group(1)), p))
+    for _, p in sorted(ranked):
+        meta = read_meta(p)
+        if meta is not None:
+            return meta
+    return None
+
+
+def load_run(path: Path) -> RunInput:
+    """Diagnose every trace at `path` (a run folder, a folder of traces or one trace) and read
+    its run metadata. A run folder with metadata but no trace still gives step times."""
+    from trainprof.diagnose import _meta_for, diagnose_path
+
+    path = Path(path)
+    if not path.exists():
+        raise TrainprofError(f"no such file or folder: {path}")
+    meta = _meta_for(path) if path.is_file() else _folder_meta(path)
+    try:
+        diags = diagnose_path(path)
+    except TrainprofError:
+        if meta is None or not meta.step_times_s:
+            raise
+        diags = []
+    return RunInput(str(path), diags, meta)
+
+
+# ---- step times -----------------------------------------------------------------------------
+def warmup_steps(n: int, meta: RunMeta | None) -> int:
+    """Steps dropped from the start of the run: max(wait + warmup, 10 %), at most half."""
+    schedule = meta.window.wait + meta.window.warmup if meta is not None else 0
+    return min(max(schedule, math.ceil(WARMUP_SHARE * n)), n // 2)
+
+
+def _main_rank(diags: list[Diagnosis]) -> list[Diagnosis]:
+    """The diagnoses of the lowest rank (all of them for single-process runs)."""
+    if not diags:
+        return []
+    low = min(-1 if d.rank is None else d.rank for d in diags)
+    return [d for d in diags if (-1 if d.rank is None else d.rank) == low]
+
+
+def step_sample(run: RunInput) -> tuple[np.ndarray, str, int]:
+    """(step times in ms, source 'metadata' | 'trace', warm-up steps dropped)."""
+    if run.meta is not None and run.meta.step_times_s:
+        ms = np.asarray(run.meta.step_times_s, dtype=float) * 1000.0
+        k = warmup_steps(len(ms), run.meta)
+        return ms[k:], "metadata", k
+    durs = [x for d in _main_rank(run.diagnoses) for x in d.steps.durations_ms]
+    return np.asarray(durs, dtype=float), "trace", 0
+
+
+# ---- pieces of the comparison ----------------------------------------------------------------
+def _device(run: RunInput) -> str:
+    names = sorted({n for d in run.diagnoses for n in d.device.names})
+    kinds = sorted({d.device.kind for d in run.diagnoses})
+    if not kinds and run.meta is not None:
+        names = sorted(set(run.meta.devices))
+        kinds = ["cuda"] if names else ["cpu"]
+    if names:
+        return ", ".join(names)
+    return "/".join(kinds) if kinds else "unknown"
+
+
+def _breakdown(diags: list[Diagnosis]) -> dict[str, float]:
+    """Mean ms per step by category over several traces, weighted by their step counts."""
+    total: dict[str, float] = {}
+    steps = 0
+    for d in diags:
+        n = max(d.steps.count, 1)
+        steps += n
+        for k, v in d.breakdown.items():
+            total[k] = total.get(k, 0.0) + v * n
+    return {k: v / steps for k, v in total.items()} if steps else {}
+
+
+def breakdown_deltas(a: list[Diagnosis], b: list[Diagnosis]) -> list[CategoryDelta]:
+    ba, bb = _breakdown(a), _breakdown(b)
+    rows = []
+    for cat in list(ba) + [k for k in bb if k not in ba]:
+        va, vb = ba.get(cat), bb.get(cat)
+        rows.append(
+            CategoryDelta(
+                category=cat,
+                a_ms=None if va is None else round(va, 3),
+                b_ms=None if vb is None else round(vb, 3),
+                delta_ms=None if va is None or vb is None else round(vb - va, 3),
+            )
+        )
+    return rows
+
+
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+def _plain_title(f: Finding) -> str:
+    return " ".join(_NUMBER.sub("", f.title).split())
+
+
+def _key(f: Finding) -> tuple[str, str]:
+    return (f.rule, f.location) if f.location else (f.rule, "title:" + _plain_title(f))
+
+
+def _loose_key(f: Finding) -> tuple[str, str, str]:
+    file = f.location.rsplit(":", 1)[0] if f.location else ""
+    return f.rule, file, _plain_title(f)
+
+
+def _unique(diags: list[Diagnosis]) -> dict[tuple[str, str], Finding]:
+    """One finding per key (several traces or ranks may report the same): the costliest."""
+    out: dict[tuple[str, str], Finding] = {}
+    for d in diags:
+        for f in d.findings:
+            k = _key(f)
+            if k not in out or f.est_saving_ms_per_step > out[k].est_saving_ms_per_step:
+                out[k] = f
+    return out
+
+
+def _delta(status: str, fa: Finding | None, fb: Finding | None) -> FindingDelta:
+    f = fb or fa
+    assert f is not None
+    return FindingDelta(
+        status=status,
+        rule=f.rule,
+        title=f.title,
+        location=f.location,
+        severity_a=fa.severity if fa else None,
+        severity_b=fb.severity if fb else None,
+        saving_a_ms=fa.est_saving_ms_per_step if fa else None,
+        saving_b_ms=fb.est_saving_ms_per_step if fb else None,
+    )
+
+
+def finding_deltas(a: list[Diagnosis], b: list[Diagnosis]) -> list[FindingDelta]:
+    """Resolved (A only), new (B only) and still present (both), costliest first in each."""
+    fa, fb = _unique(a), _unique(b)
+    pairs = [(fa.pop(k), fb.pop(k)) for k in [k for k in fa if k in fb]]
+    # Second pass: the same rule, file and title, at another line (the fix moved the code).
+    loose_b: dict[tuple[str, str, str], list[tuple[str, str]]] = {}
+    for k, f in fb.items():
+        loose_b.setdefault(_loose_key(f), []).append(k)
+    for k in list(fa):
+        cands = loose_b.get(_loose_key(fa[k]))
+        if cands:
+            pairs.append((fa.pop(k), fb.pop(cands.pop(0))))
+
+    def saving(f: Finding | None) -> float:
+        return -(f.est_saving_ms_per_step if f else 0.0)
+
+    out = [_delta("resolved", f, None) for f in sorted(fa.values(), key=saving)]
+    out += [_delta("new", None, f) for f in sorted(fb.values(), key=saving)]
+    out += [_delta("still present", x, y) for x, y in sorted(pairs, key=lambda p: saving(p[1]))]
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{x:.1f}"
+
+
+def verdict(shift: stats.MedianShift | None, n_a: int, n_b: int) -> str:
+    if shift is None:
+        return f"too few steps to test (A {n_a}, B {n_b}; at least {MIN_STEPS} each needed)"
+    c = shift.change
+    lo, hi = 100 * c.low, 100 * c.high
+    if not shift.significant:
+        return (
+            f"no significant difference (B {100 * c.value:+.1f} %, "
+            f"95 % CI {lo:+.1f} to {hi:+.1f} %)"
+        )
+    if c.value < 0:
+        return f"B is {_pct(-100 * c.value)} % faster (95 % CI {_pct(-hi)}–{_pct(-lo)} %)"
+    return f"B is {_pct(100 * c.value)} % slower (95 % CI {_pct(lo)}–{_pct(hi)} %)"
+
+
+def _change(a: np.ndarray, b: np.ndarray, seed: int, resamples: int) -> tuple[Change, tuple]:
+    """The Change record and the per-side median intervals ((lo, hi) or None)."""
+    med_a, med_b = float(np.median(a)), float(np.median(b))
+    ratio = med_b / med_a
+    if len(a) < MIN_STEPS or len(b) < MIN_STEPS:
+        change = Change(
+            ratio=round(ratio, 5), ratio_low=None, ratio_high=None,
+            change_pct=round(100 * (ratio - 1), 3), change_low_pct=None, change_high_pct=None,
+            significant=None, faster=None, verdict=verdict(None, len(a), len(b)),
+            resamples=resamples, seed=seed,
+        )
+        return change, (None, None)
+    shift = stats.compare_medians(a, b, resamples=resamples, seed=seed)
+    c = shift.change
+    faster = None if not shift.significant else "B" if c.value < 0 else "A"
+    change = Change(
+        ratio=round(shift.ratio.value, 5),
+        ratio_low=round(shift.ratio.low, 5),
+        ratio_high=round(shift.ratio.high, 5),
+        change_pct=round(100 * c.value, 3),
+        change_low_pct=round(100 * c.low, 3),
+        change_high_pct=round(100 * c.high, 3),
+        significant=shift.significant,
+        faster=faster,
+        verdict=verdict(shift, len(a), len(b)),
+        resamples=resamples,
+        seed=seed,
+    )
+    return change, ((shift.a.low, shift.a.high), (shift.b.low, shift.b.high))
+
+
+def _side(run: RunInput, sample: np.ndarray, source: str, dropped: int, ci) -> Side:
+    busy = [d.gpu_busy_pct for d in _main_rank(run.diagnoses) if d.gpu_busy_pct is not None]
+    return Side(
+        path=run.path,
+        traces=[d.trace for d in run.diagnoses],
+        device=_device(run),
+        status=run.meta.status if run.meta is not None else None,
+        steps=StepStats(
+            source=source,
+            count=len(sample),
+            dropped=dropped,
+            median_ms=round(float(np.median(sample)), 3),
+            median_low_ms=None if ci is None else round(ci[0], 3),
+            median_high_ms=None if ci is None else round(ci[1], 3),
+            mean_ms=round(float(np.mean(sample)), 3),
+        ),
+        gpu_busy_pct=round(float(np.mean(busy)), 2) if busy else None,
+    )
+
+
+def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
+    notes = []
+    for name, run, side in (("A", a, sa), ("B", b, sb)):
+        s = side.steps
+        if s.source == "trace":
+            why = "no run metadata" if run.meta is None else "the run metadata has no step times"
+            notes.append(
+                f"{name}: {why}; step times are the {s.count} traced steps' durations."
+            )
+        else:
+            notes.append(
+                f"{name}: step times of all {s.count + s.dropped} steps from run metadata; "
+                f"the first {s.dropped} dropped as warm-up."
+            )
+        if side.status not in (None, "ok"):
+            notes.append(f"{name}: the run ended with status {side.status!r}.")
+        if len({d.rank for d in run.diagnoses}) > 1 and s.source == "trace":
+            notes.append(f"{name}: several ranks; step times are the lowest rank's.")
+    if sa.steps.source != sb.steps.source:
+        notes.append(
+            f"Step times come from different sources (A: {sa.steps.source}, "
+            f"B: {sb.steps.source}): not like for like."
+        )
+    if a.meta and b.meta and a.meta.step_source != b.meta.step_source:
+        notes.append(
+            f"Steps end at different events (A: {a.meta.step_source}, "
+            f"B: {b.meta.step_source})."
+        )
+    src_a = {d.steps.source for d in a.diagnoses}
+    src_b = {d.steps.source for d in b.diagnoses}
+    if src_a and src_b and src_a != src_b:
+        notes.append(
+            f"Traced steps are delimited differently (A: {', '.join(sorted(src_a))}, "
+            f"B: {', '.join(sorted(src_b))})."
+        )
+    if sa.device != sb.device:
+        notes.append(f"Different devices (A: {sa.device}, B: {sb.device}).")
+    return notes
+
+
+def compare(
+    a: RunInput, b: RunInput, seed: int = stats.SEED, resamples: int = stats.RESAMPLES
+) -> Comparison:
+    """Compare run B against run A (pure: no I/O)."""
+    xa, src_a, drop_a = step_sample(a)
+    xb, src_b, drop_b = step_sample(b)
+    for name, x, run in (("A", xa, a), ("B", xb, b)):
+        if len(x) == 0:
+            raise TrainprofError(f"{name} ({run.path}) has no step times")
+    change, (ci_a, ci_b) = _change(xa, xb, seed, resamples)
+    sa = _side(a, xa, src_a, drop_a, ci_a)
+    sb = _side(b, xb, src_b, drop_b, ci_b)
+    notes = _notes(a, b, sa, sb)
+    if not a.diagnoses or not b.diagnoses:
+        # Without a trace on one side, every finding would look resolved or new.
+        missing = " and ".join(n for n, r in (("A", a), ("B", b)) if not r.diagnoses)
+        notes.append(f"No trace in {missing}: breakdown and findings are not compared.")
+        return Comparison(a=sa, b=sb, change=change, notes=notes)
+    return Comparison(
+        a=sa,
+        b=sb,
+        change=change,
+        breakdown=breakdown_deltas(_main_rank(a.diagnoses), _main_rank(b.diagnoses)),
+        findings=finding_deltas(a.diagnoses, b.diagnoses),
+        notes=notes,
+    )
+
+
+def compare_paths(a: Path, b: Path) -> Comparison:
+    for p in (a, b):  # fail before diagnosing the other side
+        if not Path(p).exists():
+            raise TrainprofError(f"no such file or folder: {p}")
+    return compare(load_run(a), load_run(b))
+
+
+def compare_command(a: Path, b: Path, fmt: str = "console") -> int:
+    """Print the comparison of B against A in `fmt` (console | json | markdown)."""
+    from trainprof.report import compare_render
+
+    comp = compare_paths(a, b)
+    if fmt == "json":
+        sys.stdout.write(compare_render.render_json(comp) + "\n")
+    elif fmt == "markdown":
+        sys.stdout.write(compare_render.render_markdown(comp))
+    else:
+        compare_render.print_comparison(comp)
+    return 0

@@ -1,0 +1,169 @@
+"""Rendering of a `Comparison` (trainprof/compare.py): console, Markdown (a PR comment: the
+verdict first, then tables) and JSON (schema 1, documented in trainprof/compare.py)."""
+
+from __future__ import annotations
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Side
+
+_STATUS_STYLE = {"resolved": "green", "new": "bold red", "still present": "yellow"}
+_SOURCE = {"metadata": "run metadata", "trace": "trace"}
+
+
+def _ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def _signed_ms(x: float | None) -> str:
+    return "-" if x is None else f"{x:+.1f}"
+
+
+def _median(side: Side) -> str:
+    s = side.steps
+    text = f"{s.median_ms:.1f} ms"
+    if s.median_low_ms is not None and s.median_high_ms is not None:
+        text += f" (95 % CI {s.median_low_ms:.1f}–{s.median_high_ms:.1f})"
+    return text
+
+
+def _steps(side: Side) -> str:
+    s = side.steps
+    dropped = f", first {s.dropped} dropped" if s.dropped else ""
+    return f"{s.count} steps from the {_SOURCE.get(s.source, s.source)}{dropped}"
+
+
+def _change_cell(c: Comparison) -> str:
+    ch = c.change
+    text = f"{ch.change_pct:+.1f} %"
+    if ch.change_low_pct is not None and ch.change_high_pct is not None:
+        text += f" (95 % CI {ch.change_low_pct:+.1f} to {ch.change_high_pct:+.1f} %)"
+    return text
+
+
+def _busy(side: Side) -> str:
+    return "-" if side.gpu_busy_pct is None else f"{side.gpu_busy_pct:.1f} %"
+
+
+def _shown(rows: list[CategoryDelta]) -> list[CategoryDelta]:
+    """Categories with time on either side (the rest are 0 in both)."""
+    return [r for r in rows if (r.a_ms or 0.0) >= 0.05 or (r.b_ms or 0.0) >= 0.05]
+
+
+def _saving(f: FindingDelta) -> str:
+    return f"{_ms(f.saving_a_ms)} → {_ms(f.saving_b_ms)}"
+
+
+def headline(c: Comparison) -> str:
+    """The verdict with the medians: the one line to read."""
+    return (
+        f"{c.change.verdict}: median step {c.a.steps.median_ms:.1f} → "
+        f"{c.b.steps.median_ms:.1f} ms"
+    )
+
+
+# ---- JSON ------------------------------------------------------------------------------------
+def render_json(c: Comparison) -> str:
+    return msgspec.json.format(msgspec.json.encode(c), indent=2).decode()
+
+
+# ---- Markdown --------------------------------------------------------------------------------
+def _cell(s: str | None) -> str:
+    return (s or "-").replace("|", "\\|").replace("\n", " ")
+
+
+def render_markdown(c: Comparison) -> str:
+    a, b = c.a, c.b
+    out = [
+        f"### trainprof compare: {headline(c)}",
+        "",
+        "| | A | B | B vs A |",
+        "|---|---|---|---|",
+        f"| median step | {_median(a)} | {_median(b)} | {_change_cell(c)} |",
+        f"| steps | {_steps(a)} | {_steps(b)} | |",
+        f"| device | {_cell(a.device)} | {_cell(b.device)} | |",
+    ]
+    if a.gpu_busy_pct is not None or b.gpu_busy_pct is not None:
+        out.append(f"| GPU busy | {_busy(a)} | {_busy(b)} | |")
+    out.append("")
+    rows = _shown(c.breakdown)
+    if rows:
+        out += [
+            "**Breakdown** (ms per traced step)",
+            "",
+            "| category | A | B | B − A |",
+            "|---|---:|---:|---:|",
+        ]
+        out += [
+            f"| {r.category} | {_ms(r.a_ms)} | {_ms(r.b_ms)} | {_signed_ms(r.delta_ms)} |"
+            for r in rows
+        ]
+        out.append("")
+    if c.findings:
+        out += [
+            "**Findings**",
+            "",
+            "| status | rule | finding | where | est. saving ms/step A → B |",
+            "|---|---|---|---|---|",
+        ]
+        out += [
+            f"| {f.status} | `{f.rule}` | {_cell(f.title)} | "
+            f"{_cell(f'`{f.location}`' if f.location else None)} | {_saving(f)} |"
+            for f in c.findings
+        ]
+        out.append("")
+    out += [f"- Note: {_cell(n)}" for n in c.notes]
+    out += [f"- A: `{a.path}`", f"- B: `{b.path}`", ""]
+    return "\n".join(out)
+
+
+# ---- console ---------------------------------------------------------------------------------
+def _console() -> Console:
+    return Console(width=None if Console().is_terminal else 100, soft_wrap=False)
+
+
+def _verdict_style(c: Comparison) -> str:
+    if not c.change.significant:
+        return "bold"
+    return "bold green" if c.change.faster == "B" else "bold red"
+
+
+def print_comparison(c: Comparison, console: Console | None = None) -> None:
+    console = console or _console()
+    console.print(Text(headline(c), style=_verdict_style(c)))
+    for name, side in (("A", c.a), ("B", c.b)):
+        console.print(Text(f"{name}: {side.path}", style="bold"))
+        console.print(f"   median step {_median(side)}, {_steps(side)}")
+        busy = "" if side.gpu_busy_pct is None else f", GPU busy {_busy(side)}"
+        console.print(f"   {side.device}{busy}")
+    console.print(f"Change of the median step time: {_change_cell(c)}")
+    rows = _shown(c.breakdown)
+    if rows:
+        table = Table(title="Breakdown, ms per traced step", title_justify="left", pad_edge=False)
+        table.add_column("category")
+        for col in ("A", "B", "B − A"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            table.add_row(r.category, _ms(r.a_ms), _ms(r.b_ms), _signed_ms(r.delta_ms))
+        console.print(table)
+    if c.findings:
+        table = Table(title="Findings", title_justify="left", expand=True, pad_edge=False)
+        table.add_column("status", no_wrap=True)
+        table.add_column("finding", ratio=5)
+        table.add_column("where", ratio=2, overflow="fold")
+        table.add_column("est. saving ms/step A → B", ratio=2)
+        for f in c.findings:
+            table.add_row(
+                Text(f.status, style=_STATUS_STYLE.get(f.status, "")),
+                Text(f"{f.title}\n", style="bold").append(f.rule, style="dim"),
+                f.location or "-",
+                _saving(f),
+            )
+        console.print(table)
+    else:
+        console.print("No findings in either run.")
+    for note in c.notes:
+        console.print(Text(f"Note: {note}", style="dim"))
