@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.trainprof-installed
 
-.PHONY: setup demo test lint clean bench-deps
+.PHONY: setup demo test lint clean bench-deps browser
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,15 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# Headless Chromium for the browser tests (Debian's package), when missing and we are root.
+# Best effort: it never fails the build; without it those tests skip and say why.
+browser:
+	@if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "make browser: installing chromium for the browser tests"; \
+	  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium) \
+	    >/dev/null 2>&1 || echo "make browser: chromium not installed; browser tests will skip"; \
+	fi
 
 # HolisticTraceAnalysis for benchmarks/diagnose_speed.py, in its own venv (it pulls in jupyterlab).
 bench-deps:

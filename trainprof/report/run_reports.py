@@ -1,0 +1,102 @@
+"""The reports written into a run folder (TensorBoard event files and `report.html`), and the
+`trainprof report` command that writes the HTML report of any run folder or trace."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Diagnosis
+from trainprof.errors import TrainprofError
+from trainprof.report.html import ReportItem, render_html
+from trainprof.report.per_step import PerStep, per_step
+from trainprof.report.tensorboard import write_tensorboard
+from trainprof.runmeta import RunMeta, read_meta
+
+REPORT_NAME = "report.html"
+
+
+def _meta_for(trace_file: Path) -> RunMeta | None:
+    from trainprof.diagnose import _meta_for
+
+    return _meta_for(trace_file)
+
+
+def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
+    """Diagnose every trace at `path` and compute its per-step figures (one load per trace);
+    also return the run's metadata (the folder's trainprof.json, else the first trace's)."""
+    from trainprof.analysis.engine import analyze
+    from trainprof.diagnose import find_traces
+    from trainprof.trace.load import load_trace
+
+    items = []
+    for f in find_traces(path):
+        trace = load_trace(f)
+        meta = _meta_for(f)
+        items.append(ReportItem(analyze(trace, meta), per_step(Context(trace, meta)), meta))
+    run_meta = read_meta(path) if Path(path).is_dir() else None
+    return items, run_meta or items[0].meta
+
+
+def _per_step_of(d: Diagnosis, meta: RunMeta | None) -> PerStep | None:
+    from trainprof.trace.load import load_trace
+
+    try:
+        return per_step(Context(load_trace(d.trace), meta))
+    except (TrainprofError, OSError):
+        return None  # the trace moved or vanished since it was diagnosed: report without it
+
+
+def _tb_dirs(run_dir: Path, diagnoses: list[Diagnosis]) -> list[Path]:
+    """One TensorBoard run per trace: the run folder itself, or rank<R>/ (trace<i>/ when ranks
+    are unknown) inside it for several traces, so that TensorBoard overlays them per chart."""
+    if len(diagnoses) == 1:
+        return [run_dir]
+    ranks = [d.rank for d in diagnoses]
+    if None not in ranks and len(set(ranks)) == len(ranks):
+        return [run_dir / f"rank{r}" for r in ranks]
+    return [run_dir / f"trace{i}" for i in range(len(diagnoses))]
+
+
+def write_run_reports(
+    run_dir: Path, diagnoses: list[Diagnosis], meta: RunMeta | None
+) -> list[Path]:
+    """Write TensorBoard event files and report.html into `run_dir`; return the files written.
+
+    `meta` is the run's metadata; with several traces each rank's trainprof.rank<R>.json is
+    used for that rank when present."""
+    run_dir = Path(run_dir)
+    if not diagnoses:
+        return []
+    several = len(diagnoses) > 1
+    items = []
+    written = []
+    for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
+        m = (_meta_for(Path(d.trace)) if several else None) or meta
+        ps = _per_step_of(d, m)
+        items.append(ReportItem(d, ps, m))
+        written.append(write_tensorboard(tb, d, ps, m))
+    html_path = run_dir / REPORT_NAME
+    html_path.write_text(render_html(items, run_dir.name, meta), encoding="utf-8")
+    written.append(html_path)
+    return written
+
+
+def report_command(path: Path, html_out: Path | None, force: bool = False) -> int:
+    """`trainprof report PATH --html OUT`: write the self-contained HTML report."""
+    if html_out is None:
+        raise TrainprofError("say where to write the report: --html FILE")
+    html_out = Path(html_out)
+    if html_out.exists() and not force:
+        raise TrainprofError(f"{html_out} exists; pass --force to overwrite it")
+    if html_out.is_dir():
+        raise TrainprofError(f"{html_out} is a folder; --html takes a file name")
+    items, meta = collect(Path(path))
+    title = Path(path).resolve().name
+    try:
+        html_out.write_text(render_html(items, title, meta), encoding="utf-8")
+    except OSError as err:
+        raise TrainprofError(f"cannot write {html_out}: {err.strerror}") from None
+    sys.stderr.write(f"trainprof: wrote {html_out}\n")
+    return 0
