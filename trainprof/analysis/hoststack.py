@@ -1,0 +1,97 @@
+"""What the training thread was doing at a point in time: its Python frames (with_stack traces),
+else the `Call stack` of the innermost operator running then (2021 schema), else the names of the
+host events open at that moment. Used to name the code that ran while the GPU idled.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainprof.analysis.context import Context
+from trainprof.trace.model import Kind
+from trainprof.trace.steps import PROFILER_STEP
+
+_HOST = (Kind.CPU_OP, Kind.ANNOTATION, Kind.RUNTIME)
+
+
+def _thread_events(ctx: Context, thread: int) -> np.ndarray:
+    key = f"hoststack.{thread}"
+    hit = ctx._cache.get(key)
+    if hit is None:
+        tr = ctx.trace
+        idx = tr.where_kind(*_HOST)
+        idx = idx[tr.thread[idx] == thread]
+        idx = idx[~np.isin(tr.name_id[idx], tr.name_ids(PROFILER_STEP))]
+        hit = ctx._cache[key] = idx  # sorted by start
+    return hit
+
+
+def open_events(ctx: Context, thread: int, t: float) -> np.ndarray:
+    """Host events on `thread` open at time t, innermost (latest started) first."""
+    tr = ctx.trace
+    idx = _thread_events(ctx, thread)
+    k = int(np.searchsorted(tr.ts[idx], t, side="right"))
+    cand = idx[:k]
+    cand = cand[tr.end[cand] >= t]
+    return cand[::-1]
+
+
+def _host_threads(ctx: Context) -> list[int]:
+    """Host threads, busiest first."""
+    hit = ctx._cache.get("hoststack.threads")
+    if hit is None:
+        tr = ctx.trace
+        th = tr.thread[np.isin(tr.kind, _HOST)]
+        counts = np.bincount(th, minlength=len(tr.thread_keys)) if len(th) else np.zeros(0)
+        hit = ctx._cache["hoststack.threads"] = [
+            int(t) for t in np.argsort(-counts, kind="stable") if counts[t] > 0
+        ]
+    return hit
+
+
+def _stack_on(ctx: Context, thread: int, t: float) -> tuple[list[str], str]:
+    if ctx.stacks:
+        fr = ctx.stacks.frames(thread, t)
+        if fr:
+            return fr, "python"
+    tr = ctx.trace
+    opened = open_events(ctx, thread, t)
+    for i in opened.tolist():
+        cs = tr.call_stacks.get(i)
+        if cs:
+            return [f for f in cs.split(";") if f], "callstack"
+    return [tr.name(i) for i in opened.tolist()], "ops"
+
+
+def stack_at(ctx: Context, thread: int | None, t: float) -> tuple[list[str], str]:
+    """(frames innermost first, source: 'python', 'callstack', 'ops' or 'none') of the training
+    thread at time t. When nothing is open there (the main thread waits inside `backward()`,
+    which is no operator), the busiest other host thread with something open speaks for it:
+    the autograd engine's thread runs the backward ops."""
+    if thread is not None:
+        fr, src = _stack_on(ctx, thread, t)
+        if fr:
+            return fr, src
+    for other in _host_threads(ctx):
+        if other != thread:
+            fr, src = _stack_on(ctx, other, t)
+            if fr:
+                return fr, src
+    return [], "none"
+
+
+def common_frame(stacks: list[list[str]]) -> tuple[str | None, list[str]]:
+    """The deepest frame shared by every stack (stacks innermost first), and the shared
+    outer part (innermost first). (None, []) when they share nothing."""
+    stacks = [s for s in stacks if s]
+    if not stacks:
+        return None, []
+    rev = [s[::-1] for s in stacks]
+    shared: list[str] = []
+    for level in zip(*rev, strict=False):
+        if any(f != level[0] for f in level):
+            break
+        shared.append(level[0])
+    if not shared:
+        return None, []
+    return shared[-1], shared[::-1]

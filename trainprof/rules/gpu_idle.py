@@ -1,0 +1,223 @@
+"""gpu-idle: the GPU has no work while the CPU runs code that no other rule explains.
+
+Why it costs: work the CPU does between launches (input preprocessing in the training loop,
+Python bookkeeping, CPU tensor ops, logging, checkpoint I/O, CUDA set-up) runs on the step's
+critical path whenever the GPU has nothing queued: the GPU idles for all of it.
+
+Detection: what is left of the GPU idle inside the steps after every cause-specific rule took its
+share: DataLoader fetches, host waits and refills (Context.attribution) and dispatch gaps
+(`launch-bound`, see `analysis/dispatch.py`), and what `optimizer-foreach` / `zero-grad-not-none`
+claimed. The longest idle gaps are sampled (a few points
+each, on the training thread) and named by the deepest Python frame common to all samples of a
+gap (`with_stack` traces), else by the `Call stack` of the running operator (2021 traces), else
+by the host events open at that moment. Gaps with the same name are summed; each name above
+5 % of the step is one finding (at most 3), the remainder one more if it is above 3 %.
+
+Saving estimate: the idle time itself, per step: what moving that work off the critical path
+(DataLoader workers, a background thread, the GPU) can recover at most.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.dispatch import split_other, unclaimed
+from trainprof.analysis.hoststack import common_frame, stack_at
+from trainprof.analysis.model import Finding
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.trace.frames import first_user_frame, parse_frame
+
+MIN_GROUP_PCT = 5.0
+MIN_REST_PCT = 3.0
+MAX_FINDINGS = 3
+SAMPLED_GAPS = 64
+NO_OP = "Python code with no operator running"
+
+PREPROCESS = re.compile(
+    r"(?i)preprocess|transform|tokeni[sz]|decode|collate|augment|image_process|feature_extract"
+    r"|frombytes|imread|read_video|resize|normali[sz]e|rescale"
+)
+SETUP = re.compile(
+    r"^(cuda|hip)(DeviceGetStreamPriorityRange|Malloc|Free|HostAlloc|StreamCreate\w*|"
+    r"EventCreate\w*|GetDevice\w*|FuncGetAttributes|LaunchKernel|ModuleLoad\w*)$|^cu(Module|Ctx)"
+)
+
+FIX_PREPROCESS = (
+    "Move preprocessing off the critical path: do it in DataLoader workers "
+    "(`DataLoader(dataset_with_transforms, num_workers=4, persistent_workers=True, "
+    "pin_memory=True)`), on the GPU (torchvision.transforms.v2 on CUDA tensors), or overlap it "
+    "with the previous batch (prepare batch N+1 in a background thread while the GPU runs N)."
+)
+FIX_SETUP = (
+    "One-off CUDA set-up (context creation, allocator growth, module loading) ran inside the "
+    "profiled window: profile after warm-up (`schedule(wait=1, warmup=2, active=3)`); if it "
+    "repeats every step, keep shapes fixed and drop `torch.cuda.empty_cache()` from the loop."
+)
+FIX_GENERIC = (
+    "Take this CPU work off the step: run it in a DataLoader worker or a background thread, "
+    "every N steps instead of every step, or on the GPU; `torch.compile` removes Python "
+    "overhead between ops."
+)
+FIX_NO_OP = (
+    "Record the Python stack to name this code (`torch.profiler.profile(with_stack=True)`, or "
+    "`trainprof run`), then take it off the step: background thread, DataLoader worker, every "
+    "N steps, or on the GPU."
+)
+
+
+@dataclass
+class Group:
+    label: str
+    source: str  # python | callstack | ops | none
+    idle_us: float = 0.0
+    gaps: list[int] = field(default_factory=list)
+    shared: list[str] = field(default_factory=list)  # common outer frames, innermost first
+
+
+def _samples(length: float) -> int:
+    return 7 if length >= 10_000 else 3
+
+
+def _groups(ctx: Context, gaps: tuple[np.ndarray, np.ndarray]) -> list[Group]:
+    starts, ends = gaps
+    lengths = ends - starts
+    order = np.argsort(-lengths, kind="stable")[:SAMPLED_GAPS]
+    thread = ctx.steps.thread
+    groups: dict[str, Group] = {}
+    for g in order.tolist():
+        n = _samples(float(lengths[g]))
+        pts = starts[g] + lengths[g] * (np.arange(1, n + 1) / (n + 1))
+        stacks, source = [], "none"
+        for t in pts.tolist():
+            fr, src = stack_at(ctx, thread, t)
+            stacks.append(fr)
+            source = src if fr else source
+        label, shared = common_frame(stacks)
+        if label is None:
+            label, source = NO_OP, "none"
+        grp = groups.setdefault(label, Group(label, source, shared=shared))
+        grp.idle_us += float(lengths[g])
+        grp.gaps.append(g)
+    return sorted(groups.values(), key=lambda x: -x.idle_us)
+
+
+def _pretty(label: str) -> str:
+    p = parse_frame(label)
+    if p:
+        return f"{p[2]} ({p[0]}:{p[1]})"
+    return label
+
+
+def _fix(grp: Group) -> str:
+    # Function names only: a path such as `transformers/...` says nothing about the work.
+    funcs = [p[2] for p in map(parse_frame, grp.shared[:3]) if p]
+    text = " ".join(funcs) if funcs else grp.label
+    if grp.source == "none":
+        return FIX_NO_OP
+    if PREPROCESS.search(text):
+        return FIX_PREPROCESS
+    if SETUP.search(grp.label):
+        return FIX_SETUP
+    return FIX_GENERIC
+
+
+def _finding(ctx: Context, grp: Group, gaps: tuple[np.ndarray, np.ndarray]) -> Finding:
+    starts, ends = gaps
+    idx = np.array(sorted(grp.gaps), np.int64)
+    lengths = ends[idx] - starts[idx]
+    saving = ctx.per_step(grp.idle_us)
+    longest = int(idx[np.argmax(lengths)])
+    step_k = int(np.searchsorted(ctx.steps.start, starts[longest], side="right")) - 1
+    offset = starts[longest] - ctx.steps.start[max(step_k, 0)]
+    what = _label(grp)
+    evidence = (
+        f"GPU idle {ms(saving)}/step ({ctx.pct(saving):.1f} % of the step) while the training "
+        f"thread ran {what}: {len(idx)} gap(s), the longest {ms(float(lengths.max()))} starting "
+        f"{ms(float(offset))} into its step."
+    )
+    if grp.source == "ops":
+        evidence += " (Named by the operators open then: the trace has no Python stacks.)"
+    loc = first_user_frame(grp.shared) if grp.source in ("python", "callstack") else None
+    title = f"GPU idle while the CPU runs {_pretty(grp.label)}: {ctx.pct(saving):.0f} % of the step"
+    if grp.source == "none":
+        title = f"GPU idle during Python code between ops: {ctx.pct(saving):.0f} % of the step"
+    f = finding(
+        ctx,
+        rule="gpu-idle",
+        title=title,
+        evidence=evidence,
+        fix=_fix(grp),
+        saving_us_per_step=saving,
+        location=loc,
+        metrics={
+            "idle_ms_per_step": round(saving / 1000, 3),
+            "gaps": len(idx),
+            "longest_gap_ms": round(float(lengths.max()) / 1000, 3),
+            "longest_gap_offset_ms": round(float(offset) / 1000, 3),
+            "frame": grp.label,
+            "frame_source": grp.source,
+        },
+    )
+    f.at = [[float(starts[i]), float(ends[i] - starts[i])] for i in idx[:200].tolist()]
+    return f
+
+
+def _label(grp: Group) -> str:
+    return NO_OP.lower() if grp.source == "none" else f"`{grp.label}`"
+
+
+def check(ctx: Context) -> list[Finding]:
+    if not ctx.gpu_timeline or not ctx.on_gpu:
+        return []
+    gaps = unclaimed(ctx, split_other(ctx).host)
+    total = ctx.per_step(float((gaps[1] - gaps[0]).sum()))
+    if ctx.pct(total) < MIN_REST_PCT:
+        return []
+    out: list[Finding] = []
+    groups = _groups(ctx, gaps)
+    named = [g for g in groups[:MAX_FINDINGS] if ctx.pct(ctx.per_step(g.idle_us)) >= MIN_GROUP_PCT]
+    out = [_finding(ctx, g, gaps) for g in named]
+    rest = total - ctx.per_step(sum(g.idle_us for g in named))
+    if ctx.pct(rest) < MIN_REST_PCT:
+        return out
+    n = len(gaps[0]) / max(ctx.n_steps, 1)
+    others = [g for g in groups if g not in named][:3]
+    places = ", ".join(f"{_label(g)} {ctx.pct(ctx.per_step(g.idle_us)):.1f} %" for g in others)
+    evidence = (
+        f"GPU idle {ms(rest)}/step ({ctx.pct(rest):.1f} % of the step) in ~{n:.0f} host gaps per "
+        "step that neither the DataLoader, host waits nor launch overhead explain"
+        + (", outside the places named in the other gpu-idle findings" if named else "")
+        + (f"; the largest: {places}." if places else ".")
+    )
+    top = others[0] if others else None
+    out.append(
+        finding(
+            ctx,
+            rule="gpu-idle",
+            title=f"GPU idle spread over many host gaps: {ctx.pct(rest):.0f} % of the step",
+            evidence=evidence,
+            fix=FIX_NO_OP if top is not None and top.source == "none" else FIX_GENERIC,
+            saving_us_per_step=rest,
+            location=first_user_frame(top.shared) if top is not None else None,
+            metrics={
+                "idle_ms_per_step": round(rest / 1000, 3),
+                "gaps_per_step": round(n, 1),
+                "frame": top.label if top is not None else "",
+            },
+        )
+    )
+    return out
+
+
+RULE = Rule(
+    id="gpu-idle",
+    detects="The GPU idles while the CPU runs other code (preprocessing, Python, CPU ops).",
+    fix="Move that CPU work off the step: DataLoader workers, a background thread, the GPU.",
+    check=check,
+    order=95,
+)

@@ -1,0 +1,203 @@
+"""launch-bound: the GPU waits for the CPU to launch many tiny kernels.
+
+Why it costs: every eager PyTorch op pays a fixed CPU price (Python, the dispatcher, the
+allocator, `cudaLaunchKernel`: tens of µs) before its kernel can start. When the kernels are
+shorter than that price (small models, small batches, element-wise chains, per-parameter
+optimizer loops) the GPU finishes each kernel before the next is launched and idles in between,
+however fast it is.
+
+Detection (HolisticTraceAnalysis' "host wait" idle and kernel launch statistics): the GPU idle
+left after DataLoader, host waits and refills (`other`) is split by `analysis/dispatch.py`; the
+part that falls while the host is inside an operator that launches GPU work (or within 100 µs of
+Python glue between two of them), in gaps shorter than 1 ms, is this rule's. Longer gaps and idle
+while the host does something else go to `gpu-idle`; idle that `optimizer-foreach` or
+`zero-grad-not-none` explain (per-parameter launch gaps) is theirs, not counted here. Evidence:
+kernels per step, median kernel vs median launch-call duration, the share of kernels that ran
+shorter than their launch call, the launch delay (launch end to kernel start: a few µs when the
+GPU is starved, milliseconds when it is the bottleneck), and the operators during which the idle
+happened.
+
+On a CPU-only trace there is no launch, but the same fixed per-op cost dominates when the step
+is a long chain of tiny ops: reported (severity low, no saving claimed) when the median top-level
+op takes under 20 µs and the median step holds one top-level op per 100 µs or less.
+
+When the step is already compiled (`CompiledFunction` ops, or `compile_used` in the run
+metadata), the fix offered is CUDA graphs and graph-break hunting rather than `torch.compile`.
+
+Saving estimate: the launch-bound idle per step. An upper bound: CUDA graphs (torch.compile
+mode="reduce-overhead") remove the per-kernel CPU cost entirely, fusion and a larger batch
+remove part of it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.dispatch import OP_PATTERN, launch_stats, split_other, unclaimed
+from trainprof.analysis.model import Finding
+from trainprof.analysis.syncs import outermost
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
+
+MIN_PCT = 3.0  # % of the step below which launch overhead is not worth a finding
+STARVED_DELAY_US = 20.0  # a median launch delay under this: nothing queued, the GPU is starved
+CPU_TINY_OP_US = 20.0
+CPU_OP_SLOT_US = 100.0
+
+FIX = (
+    "Launch fewer, bigger kernels: `model = torch.compile(model)` (fuses element-wise chains), "
+    'or `torch.compile(model, mode="reduce-overhead")` to replay the step as a CUDA graph; '
+    "a larger batch (fixed per-step overhead, more work per kernel); "
+    "`torch.optim.AdamW(params, fused=True)` (or foreach=True) instead of a per-parameter loop."
+)
+FIX_COMPILED = (
+    "The step is already compiled: replay it as a CUDA graph with "
+    '`torch.compile(model, mode="reduce-overhead")` (static shapes), use a larger batch, and '
+    "`fused=True` optimizers; check for graph breaks (`TORCH_LOGS=graph_breaks`) that leave "
+    "eager ops between compiled regions."
+)
+COMPILED = r"^CompiledFunction|^Torch-Compiled Region|^TorchDynamo"
+CPU_FIX = (
+    "Per-op overhead dominates: batch more samples per step, `torch.compile(model)` to fuse the "
+    "small ops, or torch.jit / fewer Python-level ops in the loop."
+)
+
+
+def _top_ops(ctx: Context, idle: iv.Intervals) -> list[tuple[str, float]]:
+    """Launch-bound idle per step, by the outermost operator dispatching at that moment."""
+    tr = ctx.trace
+    ops = split_other(ctx).outer_ops
+    if not len(ops) or not len(idle[0]):
+        return []
+    got = iv.overlap_each(tr.ts[ops], tr.end[ops], idle)
+    per_name = np.bincount(tr.name_id[ops], weights=got)
+    top = np.argsort(-per_name, kind="stable")[:3]
+    return [(tr.names[i], ctx.per_step(float(per_name[i]))) for i in top if per_name[i] > 0]
+
+
+def _gpu(ctx: Context) -> list[Finding]:
+    split = split_other(ctx)
+    idle = unclaimed(ctx, split.launch)
+    saving = ctx.per_step(iv.total(idle))
+    if ctx.pct(saving) < MIN_PCT:
+        return []
+    st = launch_stats(ctx)
+    per_step = st.kernels / max(ctx.n_steps, 1)
+    gaps = int(len(idle[0]) / max(ctx.n_steps, 1))
+    tops = _top_ops(ctx, idle)
+    where = ", ".join(f"{n} {ms(v)}" for n, v in tops)
+    evidence = (
+        f"GPU idle {ms(saving)}/step ({ctx.pct(saving):.1f} % of the step) in ~{gaps} short gaps "
+        f"while the CPU dispatched ops; {per_step:.0f} kernels/step, median kernel "
+        f"{st.median_kernel_us:.1f} µs vs median launch call {st.median_launch_us:.1f} µs, "
+        f"{100 * st.short_share:.0f} % of kernels ran shorter than their launch; median launch "
+        f"delay {st.median_delay_us:.1f} µs"
+        + (
+            " (kernels start as soon as they are launched: the GPU waits for the CPU)."
+            if st.median_delay_us < STARVED_DELAY_US
+            else " (work queues up elsewhere in the step; these gaps are where it does not)."
+        )
+    )
+    if where:
+        evidence += f" Mostly during {where} per step."
+    claimed = ctx.per_step(iv.total(split.launch) - iv.total(idle))
+    if claimed > 0:
+        evidence += f" ({ms(claimed)}/step more is in the optimizer findings.)"
+    compiled = bool(len(ctx.trace.name_ids(COMPILED))) or bool(
+        ctx.meta is not None and ctx.meta.flags.compile_used
+    )
+    loc = None
+    if len(split.outer_ops):
+        by_op = iv.overlap_each(ctx.trace.ts[split.outer_ops], ctx.trace.end[split.outer_ops], idle)
+        if by_op.max() > 0:
+            loc = ctx.location(int(split.outer_ops[int(np.argmax(by_op))]))
+    f = finding(
+        ctx,
+        rule="launch-bound",
+        title=f"Launch-bound: the GPU waits for kernel launches, {ctx.pct(saving):.0f} % of "
+        "the step",
+        evidence=evidence,
+        fix=FIX_COMPILED if compiled else FIX,
+        saving_us_per_step=saving,
+        location=loc,
+        metrics={
+            "idle_ms_per_step": round(saving / 1000, 3),
+            "kernels_per_step": round(per_step, 1),
+            "median_kernel_us": round(st.median_kernel_us, 2),
+            "median_launch_us": round(st.median_launch_us, 2),
+            "short_kernel_share": round(st.short_share, 3),
+            "median_launch_delay_us": round(st.median_delay_us, 2),
+            "p90_launch_delay_us": round(st.p90_delay_us, 2),
+            "launch_delay_outliers": st.delay_outliers,
+            "runtime_outliers": st.runtime_outliers,
+            "gpu_busy_pct": round(ctx.gpu_busy_pct or 0.0, 2),
+        },
+    )
+    order = np.argsort(-(idle[1] - idle[0]), kind="stable")[:200]
+    f.at = [[float(idle[0][i]), float(idle[1][i] - idle[0][i])] for i in np.sort(order)]
+    return [f]
+
+
+def _cpu(ctx: Context) -> list[Finding]:
+    tr = ctx.trace
+    ops = tr.where_name(OP_PATTERN, Kind.CPU_OP)
+    if ctx.steps.thread is not None:
+        ops = ops[tr.thread[ops] == ctx.steps.thread]
+    ops = outermost(tr, ops[ctx.in_windows(ops)])
+    if not len(ops):
+        return []
+    per_step = len(ops) / max(ctx.n_steps, 1)
+    med = float(np.median(tr.dur[ops]))
+    # The median step: one slow step (a GC pause, the profiler flushing) must not hide the rest.
+    step_us = float(np.median(ctx.steps.durations))
+    slot = step_us / per_step
+    if med >= CPU_TINY_OP_US or slot > CPU_OP_SLOT_US:
+        return []
+    # Where the loop spends its ops: the user frame issuing the most of them.
+    locs = Counter(ctx.location(int(i)) for i in ops[:: max(1, len(ops) // 200)])
+    locs.pop(None, None)
+    return [
+        finding(
+            ctx,
+            rule="launch-bound",
+            title=f"Framework overhead: {per_step:.0f} tiny ops per step (median {med:.1f} µs)",
+            evidence=f"The median step ({ms(step_us)}) runs {per_step:.0f} top-level ops of median "
+            f"{med:.1f} µs: one op per {slot:.0f} µs, so the time goes to fixed per-op and Python "
+            "overhead rather than arithmetic. On a GPU each op would be a kernel launch. No "
+            "saving is claimed: the overhead's share is not measurable from the trace.",
+            fix=CPU_FIX,
+            saving_us_per_step=0.0,
+            severity="low",
+            location=locs.most_common(1)[0][0] if locs else None,
+            metrics={
+                "ops_per_step": round(per_step, 1),
+                "median_op_us": round(med, 2),
+                "us_per_op": round(slot, 1),
+                "median_step_ms": round(step_us / 1000, 3),
+            },
+            at=ops.tolist(),
+        )
+    ]
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.gpu_timeline:
+        return _gpu(ctx)
+    if ctx.device.kind == "cpu":
+        return _cpu(ctx)
+    return []  # GPU listed but no GPU timeline, or a non-CUDA accelerator: nothing to measure
+
+
+RULE = Rule(
+    id="launch-bound",
+    detects="The GPU idles between tiny kernels while the CPU dispatches and launches them.",
+    fix='torch.compile(model) (mode="reduce-overhead" for CUDA graphs), larger batch, fused '
+    "optimizers.",
+    check=check,
+    order=80,
+)
