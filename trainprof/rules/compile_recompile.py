@@ -1,0 +1,176 @@
+"""compile-recompile: torch.compile compiles again inside the training loop.
+
+Why it costs: TorchDynamo guards every compiled frame on what it specialised on: input shapes
+and dtypes (with `dynamic=False`, or before automatic dynamic shapes kick in), Python scalars,
+global flags. When a guard fails the frame is traced and compiled again, on the host, in the
+middle of a step: tens of milliseconds with the eager backend, seconds with Inductor. A frame
+that keeps failing its guards recompiles every step until `torch._dynamo.config.cache_size_limit`
+(8 by default) is hit, after which it silently runs eagerly. A graph break splits a function
+into several compiled frames (dynamo restarts its trace at the break), each with its own
+guards, and runs the Python in between eagerly.
+
+Detection: Dynamo's compile spans inside the step windows: `entire_frame_compile`,
+`_compile.compile_inner (dynamo_timed)`, `OutputGraph.call_user_compiler`, `compile_fx`,
+`backend_compile`, or the `torch/_dynamo/convert_frame.py: _compile` Python frame (outermost,
+on any thread). The `..._data: compile_id=F/C` markers inside a span name the frame F and its
+compile number C: C >= 1 is a recompile of frame F; C = 0 is a frame's first compile (warm-up,
+not reported). Spans without a marker count as recompiles when they happen after the first step
+of the window. `compile_attempt_1` inside a compile means Dynamo restarted its trace, which it
+does at a graph break. Frames that were recompiled before the window (a `Torch-Compiled Region:
+0/1` running with no compile inside the window) cost nothing here and are not reported.
+
+Saving estimate: the time of the recompiles per step. On a CPU trace that is host wall time; on
+a GPU trace, the GPU idle during the recompiles that no other cause explains (the GPU drains its
+queue while the host compiles). Recompiles confined to one step of a window of three or more
+(typically automatic dynamic shapes settling after the first new shape) are reported with
+severity low and no saving: they do not recur.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+
+import numpy as np
+
+from trainprof.analysis.context import Context
+from trainprof.analysis.model import Finding
+from trainprof.analysis.syncs import outermost
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.rules.optimizer_foreach import claim
+from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
+from trainprof.trace.nesting import enclosing
+
+COMPILE_SPANS = (
+    r"^(entire_frame_compile|_compile\.compile_inner|OutputGraph\.call_user_compiler"
+    r"|compile_fx(_inner)?|backend_compile|inductor_compile)( \(dynamo_timed\))?$"
+    r"|^torch/_dynamo/convert_frame\.py\(\d+\): _compile$"
+)
+COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
+ID_MARKERS = r"_data: .*compile_id=\d+/\d+"
+RESTART = r"^compile_attempt_[1-9]\d*$"
+ONE_OFF_STEPS = 3  # a recompile in 1 step of at least this many is a one-off
+CACHE_LIMIT = 8  # torch._dynamo.config.cache_size_limit (recompile_limit) default
+FIX = (
+    "Find the guard that fails: `TORCH_LOGS=recompiles python train.py`. Shapes that change "
+    "every step: `torch._dynamo.mark_dynamic(x, 0)` on the varying dimension or "
+    "`torch.compile(..., dynamic=True)`, or pad inputs to a few fixed sizes; pass changing Python "
+    "numbers as tensors. Graph breaks: `TORCH_LOGS=graph_breaks` or "
+    "`torch._dynamo.explain(fn)(*args)`."
+)
+
+
+def compiles(ctx: Context) -> tuple[np.ndarray, list[set[tuple[int, int]]], np.ndarray]:
+    """Outermost compile spans inside the windows, the compile ids each holds, and whether
+    Dynamo restarted its trace inside it."""
+    tr = ctx.trace
+    host = (Kind.CPU_OP, Kind.ANNOTATION, Kind.PYTHON)
+    spans = tr.where_name(COMPILE_SPANS, *host)
+    spans = outermost(tr, spans[ctx.in_windows(spans)])
+    if not len(spans):
+        return spans, [], np.zeros(0, bool)
+    markers = tr.where_name(ID_MARKERS, Kind.CPU_OP, Kind.ANNOTATION)
+    owner = enclosing(tr, spans, markers)
+    ids: list[set[tuple[int, int]]] = [set() for _ in spans]
+    where = {int(s): k for k, s in enumerate(spans.tolist())}
+    for m, o in zip(markers.tolist(), owner.tolist(), strict=True):
+        hit = COMPILE_ID.search(tr.name(m))
+        if o >= 0 and hit:
+            ids[where[o]].add((int(hit.group(1)), int(hit.group(2))))
+    restarts = tr.where_name(RESTART, Kind.CPU_OP, Kind.ANNOTATION)
+    restarted = np.isin(spans, enclosing(tr, spans, restarts))
+    return spans, ids, restarted
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.device.kind == "mtia":
+        return []
+    spans, ids, restarted = compiles(ctx)
+    if not len(spans):
+        return []
+    tr = ctx.trace
+    step = np.searchsorted(ctx.steps.start, tr.ts[spans], side="right") - 1
+    again = np.array(
+        [any(c >= 1 for _, c in got) if got else s > 0
+         for got, s in zip(ids, step.tolist(), strict=True)],
+        bool,
+    )
+    re_spans = spans[again]
+    if not len(re_spans):
+        return []
+    n_first = int((~again).sum())
+    busy = iv.merge(tr.ts[re_spans], tr.end[re_spans])
+    wall = ctx.per_step(iv.total(busy))
+    per_frame: dict[int, list[int]] = defaultdict(list)
+    for got in (ids[k] for k in np.flatnonzero(again).tolist()):
+        for f, c in got:
+            per_frame[f].append(c)
+    frames = ", ".join(
+        f"frame {f} x{len(cs)} (compile ids {f}/{min(cs)}..{f}/{max(cs)})"
+        for f, cs in sorted(per_frame.items())
+    )
+    steps_hit = len(np.unique(step[again]))
+    evidence = (
+        f"{len(re_spans)} recompiles in {steps_hit} of {ctx.n_steps} steps"
+        + (f" ({frames})" if frames else "")
+        + f" took {ms(wall)} per step ({ctx.pct(wall):.1f} % of the step) on the host."
+    )
+    breaks = int(restarted[again].sum())
+    if breaks:
+        evidence += f" Dynamo restarted its trace (a graph break) in {breaks} of them."
+    top = max((c for cs in per_frame.values() for c in cs), default=0)
+    if top >= CACHE_LIMIT - 1:
+        evidence += (
+            f" Compile id {top} reaches the cache limit ({CACHE_LIMIT}): past it the frame "
+            "silently runs eagerly."
+        )
+    if n_first:
+        evidence += f" {n_first} first compiles (warm-up) in the window are not counted."
+    severity = None
+    if steps_hit == 1 and ctx.n_steps >= ONE_OFF_STEPS:
+        # One step of several: typically automatic dynamic shapes settling after a first
+        # shape change; later steps ran from the cache, so it is not a per-step cost.
+        saving, severity = 0.0, "low"
+        evidence += " It did not recur in the other steps: no per-step saving is claimed."
+    elif ctx.gpu_timeline:
+        idle = iv.intersect(busy, ctx.attribution["other"])
+        claim(ctx, "compile-recompile", idle)
+        saving = ctx.per_step(iv.total(idle))
+        evidence += f" GPU idle during them: {ms(saving)}/step."
+    elif ctx.device.kind == "cpu":
+        saving = wall
+    else:
+        saving, severity = 0.0, "low"  # GPUs listed but no GPU timeline: not measurable
+    return [
+        finding(
+            ctx,
+            rule="compile-recompile",
+            title=f"torch.compile recompiles inside the loop ({len(re_spans)} in "
+            f"{ctx.n_steps} steps)",
+            evidence=evidence,
+            fix=FIX,
+            saving_us_per_step=saving,
+            location=ctx.location(int(re_spans[0])),
+            severity=severity,
+            metrics={
+                "recompiles": len(re_spans),
+                "steps_with_recompiles": steps_hit,
+                "compile_ms_per_step": round(wall / 1000, 3),
+                "graph_break_restarts": breaks,
+                "first_compiles": n_first,
+                "max_compile_id": top,
+            },
+            at=re_spans.tolist(),
+        )
+    ]
+
+
+RULE = Rule(
+    id="compile-recompile",
+    detects="torch.compile recompiling (failed guards, graph breaks) inside the training loop.",
+    fix="TORCH_LOGS=recompiles; mark_dynamic / dynamic=True / fixed shapes; fix graph breaks.",
+    check=check,
+    order=30,
+)

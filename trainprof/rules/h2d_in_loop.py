@@ -1,0 +1,198 @@
+"""h2d-in-loop: a tensor is built on the host and copied to the GPU inside every step.
+
+Why it costs: `torch.tensor([...]).to(device)`, `torch.tensor(x, device="cuda")`,
+`torch.zeros(n).cuda()` or `torch.arange(n).to(device)` inside the loop build the tensor in host
+memory, then copy it: a host-side allocation and fill, a `cudaMemcpyAsync` from pageable memory
+(which returns only once the data is staged, and makes `.to()` synchronise the stream) and a tiny
+transfer, every step, for data that is either constant or could be made on the GPU directly. The
+batch the DataLoader returns is not this rule's: copying it is necessary (see pageable-memcpy).
+
+Detection: GPU traces only. Host-to-device copies (`Memcpy HtoD`, linked to their runtime call
+by correlation id) issued inside the step windows, outside DataLoader fetches, by a copy operator
+(`aten::to`, `aten::_to_copy`, `aten::copy_`, outermost) whose previous operator on the same
+thread and nesting level created a host tensor (`aten::empty` of `torch.tensor`, `aten::zeros`,
+`ones`, `full`, `arange`, `rand*`, `scalar_tensor`, ...; `lift_fresh`/`detach_` of
+`torch.tensor` skipped), at least 0.8 times per step. `torch.tensor(data, device=...)` shows
+as `aten::empty`, `aten::to`, `aten::lift_fresh`. `torch.from_numpy` runs no operator, so a copy
+of its result is not seen. On a CPU trace there is no copy and nothing to report.
+
+Saving estimate: the GPU idle inside those host spans (from the creation to the end of the copy)
+that is not already attributed to a host wait or the DataLoader: the time the host spends making
+and shipping the tensor while the GPU has nothing to do. The blocking wait of a pageable copy
+(and the refill after it) is pageable-memcpy's and is not counted again.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from trainprof.analysis.context import COPY_OPS, Context, memcpy_direction
+from trainprof.analysis.model import Finding
+from trainprof.analysis.syncs import outermost
+from trainprof.rules import Rule
+from trainprof.rules._util import finding, ms
+from trainprof.rules.optimizer_foreach import claim
+from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
+from trainprof.trace.nesting import END_SLACK, enclosing
+
+CREATION = (
+    r"^aten::(empty|tensor|scalar_tensor|zeros|ones|full|arange|linspace|logspace|eye|rand|randn"
+    r"|randint|randperm|normal|bernoulli_?|zeros_like|ones_like|full_like|rand_like|randn_like)$"
+)
+PASS_THROUGH = r"^(aten::)?(lift_fresh|detach_|detach|alias)$"  # torch.tensor's own tail ops
+MADE_BY = {"aten::empty": "torch.tensor (aten::empty)"}
+MIN_PER_STEP = 0.8  # "every step": occurrences per step below which it is not reported
+FIX = (
+    "Build it on the device (`torch.zeros(n, device=device)`, `torch.arange(n, device=device)`), "
+    "or once before the loop (`weights = torch.tensor(w).to(device)` outside, reused every step)."
+)
+
+
+@dataclass
+class Site:
+    location: str | None
+    copies: list[int] = field(default_factory=list)  # copy operators
+    creators: list[int] = field(default_factory=list)  # the factory op that made the tensor
+    memcpys: list[int] = field(default_factory=list)
+
+
+def _prev_sibling(tr, pool: np.ndarray, parent: int, q: int) -> int:
+    """The last operator of `pool` (one thread, sorted by start) that ended before `q` started,
+    at `q`'s nesting level (inside `parent`, -1 for top level); -1 when there is none."""
+    lo = tr.ts[parent] if parent >= 0 else -np.inf
+    a = int(np.searchsorted(tr.ts[pool], lo, side="left"))
+    b = int(np.searchsorted(tr.ts[pool], tr.ts[q], side="left"))
+    cand = pool[a:b]
+    cand = cand[(tr.end[cand] <= tr.ts[q] + END_SLACK) & (cand != parent)]
+    if not len(cand):
+        return -1
+    last = tr.end[cand].max()
+    close = cand[tr.end[cand] >= last - END_SLACK]
+    return int(close[np.argmin(tr.ts[close])])  # the outermost of those ending last
+
+
+def _created_by(tr, pool: np.ndarray, parent: int, q: int, creation: set, skip: set) -> int:
+    """The operator that created the host tensor `q` copies: its previous sibling when that is a
+    factory, looking past torch.tensor's lift_fresh/detach_ (-1 when it is not fresh)."""
+    cur = q
+    for _ in range(4):
+        prev = _prev_sibling(tr, pool, parent, cur)
+        if prev < 0:
+            return -1
+        if int(tr.name_id[prev]) in creation:
+            return prev
+        if int(tr.name_id[prev]) not in skip:
+            return -1
+        cur = prev
+    return -1
+
+
+def sites(ctx: Context) -> list[Site]:
+    tr = ctx.trace
+    mem = tr.where_name(r"^Memcpy HtoD", Kind.MEMCPY)
+    mem = mem[tr.corr[mem] >= 0]
+    if not len(mem):
+        return []
+    rt = tr.where_kind(Kind.RUNTIME)
+    rt = rt[tr.corr[rt] >= 0]
+    order = np.argsort(tr.corr[rt], kind="stable")
+    rc = tr.corr[rt][order]
+    pos = np.clip(np.searchsorted(rc, tr.corr[mem]), 0, max(len(rc) - 1, 0))
+    hit = rc[pos] == tr.corr[mem] if len(rc) else np.zeros(len(mem), bool)
+    mem, calls = mem[hit], rt[order][pos[hit]]
+    keep = ctx.in_windows(calls) & ~iv.contains(ctx.dataloader_spans, tr.ts[calls])
+    mem, calls = mem[keep], calls[keep]
+    copies = outermost(tr, tr.where_name(COPY_OPS, Kind.CPU_OP))
+    owner = enclosing(tr, copies, calls)
+    mem, owner = mem[owner >= 0], owner[owner >= 0]
+    if not len(owner):
+        return []
+    ops = tr.where_kind(Kind.CPU_OP, Kind.ANNOTATION)
+    # No copy operator encloses an outermost one: leaving them out keeps the copy itself (and
+    # its `_to_copy`, which can span the very same µs) from being taken for its parent.
+    not_copy = ops[~np.isin(tr.name_id[ops], tr.name_ids(COPY_OPS))]
+    parents = enclosing(tr, not_copy, owner)
+    by_thread = {
+        int(t): ops[tr.thread[ops] == t] for t in np.unique(tr.thread[owner]).tolist()
+    }
+    creation = set(tr.name_ids(CREATION).tolist())
+    skip = set(tr.name_ids(PASS_THROUGH).tolist())
+    out: dict[str | None, Site] = defaultdict(lambda: Site(None))
+    for k, (m, q) in enumerate(zip(mem.tolist(), owner.tolist(), strict=True)):
+        pool = by_thread[int(tr.thread[q])]
+        src = _created_by(tr, pool, int(parents[k]), q, creation, skip)
+        if src < 0:
+            continue
+        loc = ctx.location(q)
+        site = out[loc]
+        site.location = loc
+        site.copies.append(q)
+        site.creators.append(src)
+        site.memcpys.append(m)
+    return sorted(out.values(), key=lambda s: -len(s.copies))
+
+
+def check(ctx: Context) -> list[Finding]:
+    if not ctx.gpu_timeline or not ctx.on_gpu:
+        return []
+    tr = ctx.trace
+    out = []
+    for site in sites(ctx):
+        c = np.array(site.copies, np.int64)
+        src = np.array(site.creators, np.int64)
+        m = np.array(site.memcpys, np.int64)
+        spans = iv.merge(np.minimum(tr.ts[src], tr.ts[c]), tr.end[c])
+        n = len(c)
+        per_step = n / max(ctx.n_steps, 1)
+        if per_step < MIN_PER_STEP:
+            continue
+        idle = iv.intersect(spans, ctx.attribution["other"])
+        claim(ctx, f"h2d-in-loop:{site.location}", idle)
+        saving = ctx.per_step(iv.total(idle))
+        nbytes = int(np.clip(tr.nbytes[m], 0, None).sum())
+        pageable = sum(memcpy_direction(tr.name(i)) == "pageable_htod" for i in m.tolist())
+        made = sorted({MADE_BY.get(tr.name(i), tr.name(i)) for i in src.tolist()})
+        evidence = (
+            f"{n} host tensors made ({', '.join(made)}) and copied to the GPU in "
+            f"{ctx.n_steps} steps ({per_step:.3g}/step, {nbytes / max(n, 1):.0f} B each); "
+            f"GPU idle while the host built and shipped them: {ms(saving)}/step."
+        )
+        if pageable:
+            evidence += (
+                f" {pageable} of the copies are from pageable memory: their blocking wait is "
+                "counted under pageable-memcpy."
+            )
+        out.append(
+            finding(
+                ctx,
+                rule="h2d-in-loop",
+                title=f"Host tensor built and copied to the GPU every step ({per_step:.3g}x)",
+                evidence=evidence,
+                fix=FIX,
+                saving_us_per_step=saving,
+                location=site.location,
+                metrics={
+                    "count": n,
+                    "per_step": round(per_step, 3),
+                    "bytes_per_copy": nbytes // max(n, 1),
+                    "pageable": pageable,
+                    "gpu_idle_ms_per_step": round(saving / 1000, 3),
+                },
+                at=c.tolist(),
+            )
+        )
+    return out
+
+
+RULE = Rule(
+    id="h2d-in-loop",
+    detects="A tensor built on the host and copied to the GPU every step (torch.tensor(...)"
+    ".to(device)).",
+    fix="Create it on the device (device=...) or once outside the loop.",
+    check=check,
+    order=30,
+)
