@@ -6,7 +6,7 @@ import re
 import sys
 from pathlib import Path
 
-from trainprof.analysis.model import Diagnosis, severity_rank
+from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis, severity_rank
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import META_NAME, read_meta
 
@@ -47,14 +47,31 @@ def _meta_for(trace_file: Path):
 def diagnose_path(
     path: Path, select: list[str] | None = None, ignore: list[str] | None = None
 ) -> list[Diagnosis]:
-    """One Diagnosis per trace found at `path` (a file, a run folder or a logdir)."""
+    """One Diagnosis per trace found at `path` (a file, a run folder or a logdir); several
+    traces are diagnosed in parallel, one process per core."""
     from trainprof.analysis.engine import analyze
     from trainprof.trace.load import load_trace
 
-    return [
-        analyze(load_trace(f), _meta_for(f), select=select, ignore=ignore)
-        for f in find_traces(path)
-    ]
+    files = find_traces(path)
+    if len(files) > 1:
+        from trainprof.ranks.load import diagnose_files
+
+        metas = [_meta_for(f) for f in files]
+        return [r.diagnosis for r in diagnose_files(files, metas, select, ignore)]
+    return [analyze(load_trace(f), _meta_for(f), select=select, ignore=ignore) for f in files]
+
+
+def diagnose_items(
+    path: Path, select: list[str] | None = None, ignore: list[str] | None = None
+) -> list[Diagnosis | MultiRankDiagnosis]:
+    """Like diagnose_path, but the traces of one multi-rank job (several distinct ranks in one
+    folder) become one MultiRankDiagnosis (see trainprof/ranks)."""
+    files = find_traces(path)
+    if len(files) == 1:
+        return list(diagnose_path(path, select=select, ignore=ignore))
+    from trainprof.ranks import diagnose_traces
+
+    return diagnose_traces(files, [_meta_for(f) for f in files], select, ignore)
 
 
 def diagnose_command(
@@ -63,11 +80,22 @@ def diagnose_command(
     fail_on: str | None = None,
     select: list[str] | None = None,
     ignore: list[str] | None = None,
+    annotate: Path | None = None,
 ) -> int:
-    """Print the diagnosis of `path` in `fmt` (console | json | markdown); return the exit code."""
+    """Print the diagnosis of `path` in `fmt` (console | json | markdown); return the exit code.
+    With `annotate`, also write the trace with the findings marked on its timeline there."""
     if fail_on is not None and fail_on not in ("high", "medium", "low", "info"):
         raise TrainprofError(f"--fail-on takes high, medium, low or info, not {fail_on!r}")
-    diags = diagnose_path(path, select=select, ignore=ignore)
+    if annotate is not None:
+        from trainprof.report.annotate import check_output
+
+        check_output(annotate)
+        if len(traces := find_traces(path)) != 1:
+            raise TrainprofError(f"--annotate takes one trace; {path} holds {len(traces)}")
+    items = diagnose_items(path, select=select, ignore=ignore)
+    diags = [d for d in items if isinstance(d, Diagnosis)]
+    if len(diags) < len(items):  # a multi-rank job: its merged view
+        return _render_items(items, fmt, fail_on)
     if fmt == "json":
         from trainprof.report.jsonout import render_json
 
@@ -80,8 +108,35 @@ def diagnose_command(
         from trainprof.report.console import print_diagnoses
 
         print_diagnoses(diags)
+    if annotate is not None:
+        from trainprof.report.annotate import annotate_trace
+
+        n = annotate_trace(traces[0], diags[0], annotate)
+        sys.stderr.write(f"trainprof: wrote {annotate} ({n} finding markers on a "
+                         "'trainprof findings' track); open it in https://ui.perfetto.dev\n")
     if fail_on is not None:
         limit = severity_rank(fail_on)
         if any(severity_rank(f.severity) <= limit for d in diags for f in d.findings):
+            return FAIL_EXIT
+    return 0
+
+
+def _render_items(items: list, fmt: str, fail_on: str | None) -> int:
+    """Output for a folder holding a multi-rank job (and maybe single traces beside it)."""
+    if fmt == "json":
+        from trainprof.report.jsonout import render_items_json
+
+        sys.stdout.write(render_items_json(items) + "\n")
+    elif fmt == "markdown":
+        from trainprof.report.ranks_markdown import render_items_markdown
+
+        sys.stdout.write(render_items_markdown(items))
+    else:
+        from trainprof.report.ranks_console import print_items
+
+        print_items(items)
+    if fail_on is not None:
+        limit = severity_rank(fail_on)
+        if any(severity_rank(f.severity) <= limit for x in items for f in x.findings):
             return FAIL_EXIT
     return 0

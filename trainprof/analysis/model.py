@@ -67,3 +67,59 @@ class Diagnosis(msgspec.Struct, kw_only=True):
     gpu_busy_pct: float | None = None  # None when there is no GPU timeline
     findings: list[Finding] = []
     notes: list[str] = []
+
+
+# ---- multi-rank (several ranks of one job diagnosed together; see trainprof/ranks) -------------
+
+
+class OpStat(msgspec.Struct, kw_only=True):
+    count: int = 0  # events inside the step windows
+    ms: float = 0.0  # their summed duration
+
+
+class RankSummary(msgspec.Struct, kw_only=True):
+    """One rank's row in the side-by-side view. Times are ms per step unless named otherwise."""
+
+    rank: int
+    trace: str
+    steps: int
+    mean_ms: float
+    median_ms: float
+    step_labels: list[str] = []
+    durations_ms: list[float] = []  # aligned with step_labels
+    breakdown: dict[str, float] = {}
+    gpu_busy_pct: float | None = None
+    comm_backend: str = ""  # nccl | rccl (GPU kernels) | cpu (gloo: host-side ops) | "" (none)
+    comm_ms: float = 0.0  # communication time (union) per step
+    comm_calls: float = 0.0  # collectives (kernels, or host ops for gloo) per step
+    comm_exposed_ms: float = 0.0  # communication not overlapped by any compute kernel
+    # Waiting in collectives for the last rank to arrive; None when collectives were not matched
+    # across ranks (CPU-side comms, unaligned clocks, traces from different windows).
+    comm_wait_ms: float | None = None
+    late_ms: float | None = None  # start of HTA's metric collective minus the median rank's
+    last_arrivals: int = 0  # matched collectives this rank reached last
+    caused_wait_ms: float = 0.0  # the others' waiting in the collectives it reached last
+    sync_ms: float = 0.0  # host blocked in synchronising runtime calls, per step
+    ops: dict[str, OpStat] = {}  # watched ops in the step windows (totals, not per step)
+    findings: int = 0
+
+
+class MultiRankDiagnosis(msgspec.Struct, kw_only=True):
+    schema: int = SCHEMA
+    kind: str = "multi-rank"
+    path: str = ""
+    world_size: int | None = None  # from distributedInfo / run metadata
+    ranks_present: list[int] = []
+    step_labels: list[str] = []  # every step label seen on any rank, in step order
+    slowest_rank: list[int | None] = []  # per step label: the rank with the longest step
+    step_spread_ms: list[float] = []  # per step label: longest minus shortest rank
+    # max / median over ranks of the mean step time (1.0 = balanced)
+    imbalance: float = 1.0
+    collectives_matched: int = 0  # collective instances found on every present rank
+    straggler_collective: str | None = None  # HTA's metric kernel (name), when one was chosen
+    ranks: list[RankSummary] = []
+    # Folded per-rank findings (one row per rule + location + title modulo numbers, `ranks` set)
+    # and the cross-rank ones (straggler, rank-imbalance), ranked by saving.
+    findings: list[Finding] = []
+    notes: list[str] = []
+    diagnoses: list[Diagnosis] = []  # each rank's own diagnosis, unfolded, in rank order

@@ -1,0 +1,93 @@
+"""Multi-rank diagnosis: several traces of one distributed job, diagnosed as one job.
+
+A folder holds one job's ranks when, in one sub-folder, traces carry at least two distinct ranks
+(`distributedInfo.rank`, else trainprof's `rank<R>.` file names, else the run metadata) with the
+same world size. When a rank has several traces (profiler windows repeated), the k-th trace of
+every rank forms the k-th job view. Anything else is diagnosed trace by trace, as before.
+
+Pipeline (one module per job):
+
+- `load`: every trace diagnosed in its own worker process (one per core); a worker returns the
+  rank's Diagnosis and a few small arrays, never the Trace.
+- `comm`: per-trace communication time, and the part no compute hides (also used by the
+  `comm-bound` rule).
+- `collectives`: the same collective found on every rank, waiting inside it, HTA's stragglers.
+- `stats`: step times side by side, slowest rank per step, imbalance, the per-rank rows.
+- `fold`: findings present on several ranks become one row with `ranks` (saving = mean over
+  those ranks).
+- `crossrank`: the `straggler` and `rank-imbalance` findings, and `comm-bound` corrected for
+  waiting.
+- `job`: all of it assembled into a `MultiRankDiagnosis` (trainprof/analysis/model.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
+from trainprof.runmeta import RunMeta
+
+CROSS_RANK_RULES = ("straggler", "rank-imbalance")
+
+
+def _split_rules(
+    select: list[str] | None, ignore: list[str] | None
+) -> tuple[list[str] | None, list[str] | None]:
+    """The per-trace part of --select/--ignore (cross-rank ids are applied by the job view)."""
+    from trainprof.rules import rule_ids
+
+    if select:
+        own = [r for r in select if r not in CROSS_RANK_RULES]
+        if not own:  # only cross-rank rules selected: run no per-trace rule
+            return None, rule_ids()
+        select = own
+    if ignore:
+        ignore = [r for r in ignore if r not in CROSS_RANK_RULES] or None
+    return select, ignore
+
+
+def diagnose_traces(
+    files: list[Path],
+    metas: list[RunMeta | None],
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    workers: int | None = None,
+) -> list[Diagnosis | MultiRankDiagnosis]:
+    """Every trace diagnosed in parallel; the ranks of one job merged into one view. The items
+    keep the order of the files (a job where its first trace was)."""
+    from trainprof.ranks.job import build_job
+    from trainprof.ranks.load import diagnose_files
+
+    own_select, own_ignore = _split_rules(select, ignore)
+    results = diagnose_files(files, metas, own_select, own_ignore, workers=workers)
+    groups: dict[tuple, list[int]] = {}
+    for i, r in enumerate(results):
+        groups.setdefault((str(Path(r.file).parent), r.world_size), []).append(i)
+    first_of: dict[int, list[int]] = {}  # position of a job's first file -> its members
+    in_job: set[int] = set()
+    for members in groups.values():
+        by_rank: dict[int, list[int]] = {}
+        for i in members:
+            if results[i].rank is not None:
+                by_rank.setdefault(results[i].rank, []).append(i)
+        if len(by_rank) < 2:
+            continue
+        for lst in by_rank.values():
+            lst.sort(key=lambda i: Path(results[i].file).name)
+        for k in range(max(len(v) for v in by_rank.values())):
+            window = [v[k] for _, v in sorted(by_rank.items()) if len(v) > k]
+            if len(window) >= 2:
+                first_of[min(window)] = window
+                in_job.update(window)
+    out: list[Diagnosis | MultiRankDiagnosis] = []
+    for i, r in enumerate(results):
+        if i in first_of:
+            members = first_of[i]
+            folder = str(Path(results[members[0]].file).parent)
+            out.append(build_job([results[j] for j in members], folder, select, ignore))
+        elif i not in in_job:
+            out.append(r.diagnosis)
+    return out
+
+
+__all__ = ["CROSS_RANK_RULES", "diagnose_traces"]

@@ -1,0 +1,137 @@
+"""Assemble one MultiRankDiagnosis from the ranks' compact results."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainprof.analysis.engine import rank as rank_findings
+from trainprof.analysis.model import Finding, MultiRankDiagnosis
+from trainprof.ranks import collectives as coll
+from trainprof.ranks.crossrank import correct_comm_bound, imbalance_finding, straggler_finding
+from trainprof.ranks.fold import fold, rank_list
+from trainprof.ranks.load import RankResult
+from trainprof.ranks.stats import imbalance, step_table, summaries
+
+
+def _wanted(rule: str, select: list[str] | None, ignore: list[str] | None) -> bool:
+    return (not select or rule in select) and (not ignore or rule not in ignore)
+
+
+def _notes(
+    results: list[RankResult], world: int | None, ids: list[int], matched: int, dropped: list[int]
+) -> list[str]:
+    notes = []
+    if world is not None and world > len(ids):
+        missing = sorted(set(range(world)) - set(ids))
+        listed = f" (missing: {rank_list(missing)})" if len(missing) <= 16 else ""
+        notes.append(
+            f"The job has {world} ranks; only {len(ids)} are present ({rank_list(ids)}){listed}: "
+            "cross-rank figures cover these ranks only."
+        )
+    backends = {r.arrays.backend for r in results}
+    if matched:
+        fewest = min(len(r.arrays.comm_ts) for r in results)
+        notes.append(
+            f"{matched} collectives matched on every rank (of {fewest} communication kernels on "
+            "the rank with the fewest; by their common end time): waiting and stragglers are "
+            "measured on them."
+        )
+    elif backends == {"cpu"}:
+        notes.append(
+            "CPU (gloo) collectives: host ops do not show when each peer arrived, so waiting "
+            "and stragglers are not measured."
+        )
+    elif backends - {"", "cpu"}:
+        notes.append(
+            "No collective could be matched across the ranks (clocks not aligned, or traces "
+            "from different windows): waiting and stragglers are not measured."
+        )
+    if dropped:
+        notes.append(
+            f"comm-bound dropped on ranks {rank_list(dropped)}: their exposed communication is "
+            "mostly waiting for other ranks."
+        )
+    notes.append(
+        "Findings present on several ranks are folded into one row; its saving is the mean over "
+        "those ranks."
+    )
+    seen: list[str] = []
+    for r in results:
+        for n in r.diagnosis.notes:
+            if n not in seen:
+                seen.append(n)
+    return notes + seen
+
+
+def build_job(
+    results: list[RankResult],
+    path: str = "",
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+) -> MultiRankDiagnosis:
+    """Cross-rank view of the ranks of one job (results sorted by rank)."""
+    arrays = [r.arrays for r in results]
+    means = np.array([r.diagnosis.steps.mean_ms for r in results])
+    mean_iter_us = float(means.mean()) * 1000.0 if len(means) else 0.0
+    m = coll.match(arrays)
+    table = step_table(results)
+    n_ranks = len(results)
+    if len(m):
+        in_win = m.step >= 0
+        wait = m.wait
+        wait_us = wait[in_win].sum(axis=0)
+        last_n, caused = coll.last_arrivals(m.subset(in_win))
+        strag = coll.stragglers(m, mean_iter_us)
+        exposed_wait = coll.exposed_wait_us(m, arrays)
+        starts = table.start[:, ~np.isnan(table.start).any(axis=0)]
+        start_spread = float(np.ptp(starts, axis=0).max()) / 1000 if starts.size else None
+    else:
+        wait_us = None
+        last_n, caused = np.zeros(n_ranks, np.int64), np.zeros(n_ranks)
+        strag = coll.Stragglers(None, late_us=np.zeros(n_ranks))
+        exposed_wait = None
+        start_spread = None
+    rows = summaries(
+        results, wait_us, strag.late_us if strag.collective else None, last_n, caused
+    )
+    ids = [r.rank for r in rows]
+    dropped: list[int] = []
+    per_rank: list[tuple[int, list[Finding]]] = []
+    for p, r in enumerate(results):
+        n = max(r.diagnosis.steps.count, 1)
+        ew = None if exposed_wait is None else float(exposed_wait[p]) / n / 1000.0
+        kept, gone = correct_comm_bound(r.diagnosis.findings, ew, r.diagnosis.steps.mean_ms)
+        if gone:
+            dropped.append(ids[p])
+        per_rank.append((ids[p], kept))
+    findings = fold(per_rank)
+    ratio = imbalance(means)
+    job_step = float(np.median(means)) if len(means) else 0.0
+    s_find = None
+    if strag.collective and _wanted("straggler", select, ignore):
+        s_find = straggler_finding(strag, results, rows, job_step, mean_iter_us)
+    if s_find:
+        findings.append(s_find)
+    if _wanted("rank-imbalance", select, ignore):
+        i_find = imbalance_finding(
+            rows, ratio, s_find.est_saving_ms_per_step if s_find else 0.0, start_spread
+        )
+        if i_find:
+            findings.append(i_find)
+    worlds = {r.world_size for r in results if r.world_size is not None}
+    world = max(worlds) if worlds else None
+    return MultiRankDiagnosis(
+        path=path,
+        world_size=world,
+        ranks_present=ids,
+        step_labels=table.labels,
+        slowest_rank=table.slowest(ids),
+        step_spread_ms=table.spread_ms(),
+        imbalance=round(ratio, 3),
+        collectives_matched=len(m),
+        straggler_collective=strag.collective,
+        ranks=rows,
+        findings=rank_findings(findings),
+        notes=_notes(results, world, ids, len(m), dropped),
+        diagnoses=[r.diagnosis for r in results],
+    )

@@ -1,0 +1,187 @@
+"""Diagnose many traces at once: one worker process per core, each loading one trace at a time.
+
+A worker returns only what the cross-rank analysis needs: the rank's own Diagnosis and a few
+small arrays (its communication kernels, its exposed-communication intervals, its step windows,
+counts of a few watched ops). The Trace itself never leaves the worker, so the parent's memory
+grows with the number of ranks by kilobytes, and each worker's by one trace at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from itertools import repeat
+from pathlib import Path
+
+import numpy as np
+
+from trainprof.analysis.model import Diagnosis, OpStat
+from trainprof.runmeta import RunMeta
+from trainprof.trace import intervals as iv
+
+# Ops compared across ranks (counted inside the step windows).
+WATCHED_OPS: dict[str, str] = {
+    "aten::item": r"^aten::item$",
+    "aten::_local_scalar_dense": r"^aten::_local_scalar_dense$",
+    "cudaStreamSynchronize": r"^(cuda|hip)StreamSynchronize$",
+    "cudaDeviceSynchronize": r"^(cuda|hip)DeviceSynchronize$",
+    "cudaEventSynchronize": r"^(cuda|hip)EventSynchronize$",
+    "cudaMemcpyAsync": r"^(cuda|hip)MemcpyAsync$",
+    "Memcpy HtoD (Pageable -> Device)": r"^Memcpy HtoD \(Pageable -> Device\)$",
+    "record_param_comms": r"^record_param_comms$",
+    "DataLoader fetch": r"^enumerate\(DataLoader\)#.*__next__$|^trainprof/fetch$",
+}
+_FILE_RANK = re.compile(r"(?:^|[^a-z])rank[-_]?(\d+)[._-]", re.IGNORECASE)
+
+
+@dataclass
+class RankArrays:
+    """The compact per-rank data the cross-rank analysis uses."""
+
+    step_labels: list[str]
+    step_start: np.ndarray  # µs, the trace's clock
+    step_end: np.ndarray
+    comm_names: list[str]  # distinct communication kernel names
+    comm_name: np.ndarray  # int32 index into comm_names, one per communication kernel
+    comm_ts: np.ndarray  # every communication kernel of the trace, sorted by start
+    comm_dur: np.ndarray
+    comm_stream: np.ndarray  # int64 CUDA stream id, -1 when absent
+    comm_step: np.ndarray  # int32 index into step_labels of the launching step, -1 outside
+    exposed: iv.Intervals  # communication time with no compute running, inside the windows
+    backend: str
+    comm_us: float  # totals inside the windows
+    exposed_us: float
+    free_compute_us: float
+    comm_calls: int
+    sync_us: float  # host blocked in synchronising runtime calls inside the windows
+    ops: dict[str, OpStat]
+
+
+@dataclass
+class RankResult:
+    file: str
+    rank: int | None  # distributedInfo, else the file name (rank<R>.), else run metadata
+    world_size: int | None
+    diagnosis: Diagnosis
+    arrays: RankArrays
+
+
+def file_rank(path: str | Path) -> int | None:
+    """The rank in trainprof's (and torchrun users') file names: `rank3.<ts>.pt.trace.json.gz`,
+    `rank-3...`, `..._rank_3.json`."""
+    m = _FILE_RANK.search(Path(path).name)
+    return int(m.group(1)) if m else None
+
+
+def _launch_times(tr, kernels: np.ndarray) -> np.ndarray:
+    """Host time of each kernel's launch (its runtime call, by correlation id), else its own
+    start: a kernel belongs to the step that launched it, however late it runs."""
+    from trainprof.trace.model import Kind
+
+    rt = np.flatnonzero((tr.kind == Kind.RUNTIME) & (tr.corr >= 0))
+    out = tr.ts[kernels].copy()
+    if not len(rt) or not len(kernels):
+        return out
+    order = np.argsort(tr.corr[rt], kind="stable")
+    corr_sorted = tr.corr[rt][order]
+    k_corr = tr.corr[kernels]
+    pos = np.clip(np.searchsorted(corr_sorted, k_corr), 0, len(corr_sorted) - 1)
+    hit = (corr_sorted[pos] == k_corr) & (k_corr >= 0)
+    out[hit] = tr.ts[rt[order[pos[hit]]]]
+    return out
+
+
+def _arrays(ctx) -> RankArrays:
+    from trainprof.analysis.context import COMM_KERNEL, SYNC_CALLS
+    from trainprof.ranks.comm import comm_stats
+    from trainprof.trace.model import Kind
+
+    tr = ctx.trace
+    steps = ctx.steps
+    k = tr.where_name(COMM_KERNEL, Kind.KERNEL) if ctx.gpu_timeline else np.zeros(0, np.int64)
+    names, name_idx = np.unique(tr.name_id[k], return_inverse=True)
+    launch = _launch_times(tr, k)
+    j = np.searchsorted(steps.start, launch, side="right") - 1
+    jc = np.clip(j, 0, max(len(steps) - 1, 0))
+    in_step = (j >= 0) & (launch < steps.end[jc]) if len(steps) else np.zeros(len(k), bool)
+    c = comm_stats(ctx)
+    syncs = tr.where_name(SYNC_CALLS, Kind.RUNTIME)
+    syncs = syncs[ctx.in_windows(syncs)]
+    ops: dict[str, OpStat] = {}
+    for label, pattern in WATCHED_OPS.items():
+        idx = tr.where_name(pattern)
+        idx = idx[ctx.in_windows(idx)]
+        if len(idx):
+            ops[label] = OpStat(count=len(idx), ms=round(float(tr.dur[idx].sum()) / 1000, 3))
+    return RankArrays(
+        step_labels=list(steps.labels),
+        step_start=steps.start.copy(),
+        step_end=steps.end.copy(),
+        comm_names=[tr.names[i] for i in names],
+        comm_name=name_idx.astype(np.int32).reshape(-1),
+        comm_ts=tr.ts[k].copy(),
+        comm_dur=tr.dur[k].copy(),
+        comm_stream=tr.stream[k].copy(),
+        comm_step=np.where(in_step, j, -1).astype(np.int32),
+        exposed=c.exposed,
+        backend=c.backend,
+        comm_us=c.comm_us,
+        exposed_us=c.exposed_us,
+        free_compute_us=c.free_compute_us,
+        comm_calls=len(c.idx),
+        sync_us=float(tr.dur[syncs].sum()),
+        ops=ops,
+    )
+
+
+def diagnose_rank(
+    path: str,
+    meta: RunMeta | None,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+) -> RankResult:
+    """Load one trace, diagnose it, and keep only the compact result (runs in a worker)."""
+    from trainprof.analysis.context import Context
+    from trainprof.analysis.engine import analyze
+    from trainprof.trace.load import load_trace
+
+    tr = load_trace(path)
+    diag = analyze(tr, meta, select=select, ignore=ignore)
+    arrays = _arrays(Context(tr, meta))
+    rank = tr.meta.rank
+    if rank is None:
+        rank = file_rank(path)
+    if rank is None and meta is not None:
+        rank = meta.rank
+    world = tr.meta.world_size or (meta.world_size if meta else None)
+    return RankResult(str(path), rank, world, diag, arrays)
+
+
+def _preload() -> None:
+    """Import the analysis and every rule before the workers fork, so each worker starts with
+    them instead of importing them again."""
+    import trainprof.analysis.engine  # noqa: F401
+    import trainprof.trace.load  # noqa: F401
+    from trainprof.rules import all_rules
+
+    all_rules()
+
+
+def diagnose_files(
+    files: list[Path],
+    metas: list[RunMeta | None],
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    workers: int | None = None,
+) -> list[RankResult]:
+    """diagnose_rank over every file, in parallel (one process per core), in file order."""
+    n = len(files)
+    workers = min(workers or os.cpu_count() or 1, n)
+    args = ([str(f) for f in files], metas, repeat(select), repeat(ignore))
+    if workers <= 1:
+        return list(map(diagnose_rank, *args))
+    _preload()
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(diagnose_rank, *args))
