@@ -69,7 +69,11 @@ def compare(trace: Path, rounds: int) -> None:
             runs["HTA"].append(timed([str(HTA_PY), "-c", HTA, str(hta_dir)]))
     shutil.rmtree(tmp)
     print(f"trace: {trace.name} ({trace.stat().st_size / 1e6:.1f} MB gz), {rounds} rounds")
-    med = {k: (statistics.median(w for w, _ in v), max(m for _, m in v)) for k, v in runs.items() if v}
+    med = {
+        k: (statistics.median(w for w, _ in v), max(m for _, m in v))
+        for k, v in runs.items()
+        if v
+    }
     for k, (w, m) in med.items():
         print(f"  {k:10s} wall {w:6.2f} s   peak RSS {m:7.0f} MB")
     if "HTA" in med:
@@ -111,7 +115,8 @@ def big(target_gb: float) -> None:
     size = len(gzip.decompress(path.read_bytes()))
     wall, rss = timed([sys.executable, "-c", TRAINPROF, str(path)])
     print(f"big trace: {size / 1e9:.2f} GB JSON ({path.stat().st_size / 1e6:.0f} MB gz)")
-    print(f"  trainprof wall {wall:.1f} s, peak RSS {rss:.0f} MB ({rss * 1e6 / size:.2f}x the JSON)")
+    ratio = rss * 1e6 / size
+    print(f"  trainprof wall {wall:.1f} s, peak RSS {rss:.0f} MB ({ratio:.2f}x the JSON size)")
     shutil.rmtree(tmp)
 
 

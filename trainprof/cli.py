@@ -23,7 +23,12 @@ def _fail(err: TrainprofError) -> None:
 
 
 @app.command(
-    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    # Options after SCRIPT belong to the script (`run train.py --config x.yaml`), as with python.
+    context_settings={
+        "allow_extra_args": True,
+        "ignore_unknown_options": True,
+        "allow_interspersed_args": False,
+    },
 )
 def run(
     ctx: typer.Context,
@@ -79,6 +84,14 @@ def run(
     raise typer.Exit(code)
 
 
+def _list_rules(value: bool) -> None:
+    if value:
+        from trainprof.report.console import print_rules
+
+        print_rules()
+        raise typer.Exit(0)
+
+
 @app.command()
 def diagnose(
     path: Path = typer.Argument(
@@ -91,6 +104,13 @@ def diagnose(
     ),
     select: list[str] = typer.Option(None, "--select", help="Only these rules."),
     ignore: list[str] = typer.Option(None, "--ignore", help="Skip these rules."),
+    _rules: bool = typer.Option(
+        False, "--rules", is_eager=True, callback=_list_rules, help="List the rules and exit."
+    ),
+    annotate: Path = typer.Option(
+        None, "--annotate", metavar="FILE",
+        help="Also write the trace with each finding marked on its timeline (for Perfetto).",
+    ),
 ) -> None:
     """Diagnose a PyTorch profiler (Kineto) trace: ranked findings with evidence and fixes."""
     from trainprof.diagnose import diagnose_command
@@ -102,6 +122,7 @@ def diagnose(
             fail_on=fail_on,
             select=select or None,
             ignore=ignore or None,
+            annotate=annotate,
         )
     except TrainprofError as err:
         _fail(err)
@@ -109,8 +130,69 @@ def diagnose(
 
 
 @app.command()
-def rules() -> None:
+def compare(
+    a: Path = typer.Argument(..., help="The baseline: a run folder, a trace or a trace folder."),
+    b: Path = typer.Argument(..., help="The candidate, compared against A."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema 1)."),
+    as_markdown: bool = typer.Option(False, "--markdown", help="Markdown (for a PR comment)."),
+) -> None:
+    """Compare two runs: median step time with a 95 % bootstrap CI, breakdown and findings."""
+    from trainprof.compare import compare_command
+
+    try:
+        code = compare_command(
+            a, b, fmt="json" if as_json else "markdown" if as_markdown else "console"
+        )
+    except TrainprofError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    path: Path = typer.Argument(..., help="A run folder, a trace, or a folder of traces."),
+    html: Path = typer.Option(None, "--html", metavar="FILE", help="Write the HTML report here."),
+    force: bool = typer.Option(False, "--force", help="Overwrite FILE if it exists."),
+) -> None:
+    """Write a self-contained HTML report (charts, findings, run metadata; works offline)."""
+    from trainprof.report.run_reports import report_command
+
+    try:
+        code = report_command(path, html, force=force)
+    except TrainprofError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
+@app.command()
+def tensorboard(
+    logdir: Path = typer.Argument(Path("runs"), help="The folder of run folders."),
+    port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0 picks a free one."),
+) -> None:
+    """Start TensorBoard on the runs (trainprof's scalars and findings, tb-profiler's views)."""
+    from trainprof.tboard import serve
+
+    try:
+        code = serve(logdir, port=port)
+    except TrainprofError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
+@app.command()
+def rules(
+    docs: Path = typer.Option(
+        None, "--docs", metavar="DIR",
+        help="Write the rule reference (one Markdown page per rule, and an index) to DIR.",
+    ),
+) -> None:
     """List the rules: id, what each detects, and the fix."""
+    if docs is not None:
+        from trainprof.report.ruledocs import write_docs
+
+        for written in write_docs(docs):
+            typer.echo(written)
+        return
     from trainprof.report.console import print_rules
 
     print_rules()

@@ -53,6 +53,17 @@ class Window(msgspec.Struct, kw_only=True):
     active: int = 0
     repeat: int = 1
     recorded_steps: list[int] = []  # step numbers that ended inside an active window
+    # The ProfilerStep#N still open when the script ended: it is in the trace but runs to the end
+    # of the script (teardown included), so it is not a full step. None when not recorded.
+    partial_step: int | None = None
+
+
+class SyncWarning(msgspec.Struct, kw_only=True):
+    """A CUDA sync-debug warning (`--sync-debug`), aggregated by user-code location."""
+
+    message: str = ""
+    location: str | None = None
+    count: int = 0
 
 
 class RunMeta(msgspec.Struct, kw_only=True):
@@ -64,7 +75,7 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cpu_count: int | None = None
     torch_threads: int | None = None
     script: str = ""
-    argv: list[str] = []
+    argv: list[str] = []  # re-runs it with python: [script, *args] or ["-m", module, *args]
     exit_code: int = 0
     status: str = "ok"  # ok | error | interrupted | incomplete
     wall_time_s: float = 0.0
@@ -78,6 +89,11 @@ class RunMeta(msgspec.Struct, kw_only=True):
     traces: list[str] = []  # trace file names, relative to the run folder
     rank: int | None = None
     world_size: int | None = None
+    module: str | None = None  # set when run with -m MODULE (script is then the module's file)
+    python_version: str = ""
+    started_at: str = ""  # local time, ISO 8601
+    notes: list[str] = []  # one-line remarks on the capture, e.g. "window incomplete: ..."
+    sync_warnings: list[SyncWarning] = []
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:

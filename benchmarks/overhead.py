@@ -1,0 +1,191 @@
+"""Overhead of `trainprof run` on a real CPU training loop.
+
+    .venv/bin/python benchmarks/overhead.py [--pairs 3] [--steps 300]
+
+Runs the same 300-step MLP loop (DataLoader, Adam, a loss.item() per step) with plain `python`
+and with `trainprof run` (default config: wait 5, warm-up 2, 3 recorded steps with stacks),
+interleaved A B A B so that machine noise hits both alike. The loop times itself, which
+separates trainprof's cost inside the loop from the fixed start-up (torch import, profiler
+set-up, saving the trace, the diagnosis). Prints both ratios, trainprof / plain: the median
+of the per-pair ratios, and the ratio of the best run of each (the least disturbed by other
+processes).
+
+Then, in-process, the cost of each probe outside the profiling window (what every call pays
+when trainprof is not recording): Tensor.item, a forward through nested modules, a DataLoader
+fetch, a backward, each with and without trainprof's wrappers installed.
+
+`--loop` runs the loop itself (that is what the two commands execute).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve()
+LOOP_TIME = re.compile(r"^LOOP_SECONDS (\S+)$", re.M)
+
+
+def loop(steps: int) -> None:
+    """The measured training loop: a few ms per step on a 2-core CPU."""
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # steadier on a small shared machine than competing OpenMP threads
+    batch = 128
+    data = TensorDataset(torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,)))
+    loader = DataLoader(data, batch_size=batch, shuffle=True)
+    model = nn.Sequential(
+        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+    )
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    t0 = time.perf_counter()
+    total = 0.0
+    for x, y in loader:
+        opt.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        total += loss.item()
+    elapsed = time.perf_counter() - t0
+    print(f"LOOP_SECONDS {elapsed:.6f}")
+    print(f"mean loss {total / steps:.4f}", file=sys.stderr)
+
+
+def _timed(cmd: list[str]) -> tuple[float, float]:
+    """(loop seconds as printed by the loop, whole-process seconds)."""
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if done.returncode != 0:
+        sys.exit(f"failed ({done.returncode}): {' '.join(cmd)}\n{done.stderr}")
+    found = LOOP_TIME.search(done.stdout)
+    if not found:
+        sys.exit(f"no LOOP_SECONDS in the output of {' '.join(cmd)}")
+    return float(found.group(1)), wall
+
+
+def probe_costs(rounds: int = 6, repeat: int = 25) -> None:
+    """ns per call outside the window, plain vs with trainprof's wrappers installed: short timed
+    blocks (a few ms), the two alternated `rounds` times, best block of each kept, to see
+    through a busy machine."""
+    import contextlib
+    import timeit
+
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from trainprof.capture.patching import Patches
+    from trainprof.capture.probes import install_probes
+    from trainprof.capture.state import S
+    from trainprof.capture.stepper import Stepper
+    from trainprof.capture.userframe import UserCode
+
+    torch.set_num_threads(1)
+    scalar = torch.tensor(1.0)
+    shallow = nn.Linear(8, 8)
+    deep = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(16)])  # 49
+    x = torch.randn(2, 8)
+    loader = DataLoader(TensorDataset(torch.randn(10**7, 1)), batch_size=1)
+    it = iter(loader)
+    w = torch.randn(8, requires_grad=True)
+    cases = {
+        "Tensor.item()": (lambda: scalar.item(), 10_000),
+        "forward, 1 module": (lambda: shallow(x), 1_000),
+        "forward, 49 modules": (lambda: deep(x), 20),  # nested modules add nothing
+        "DataLoader fetch": (lambda: next(it), 200),
+        "backward()": (lambda: (w * 2).sum().backward(), 100),
+    }
+
+    @contextlib.contextmanager
+    def trainprof_installed():
+        prof = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU],
+            schedule=torch.profiler.schedule(wait=10**9, warmup=1, active=1),
+        )
+        patches = Patches()
+        stepper = Stepper(prof)
+        stepper.install(patches)
+        install_probes(patches, stepper, UserCode())
+        prof.start()
+        S.enabled = True
+        try:
+            # Steps come from an optimizer, as in training: fetches and backward() do not step
+            # the profiler (one prof.step() per training step is any schedule's cost).
+            opt = torch.optim.SGD([w], lr=0.0)
+            (w * 2).sum().backward()
+            opt.step()
+            yield
+        finally:
+            S.enabled = False
+            prof.stop()
+            patches.restore()
+
+    best = {name: [float("inf"), float("inf")] for name in cases}
+    for _ in range(rounds):
+        for patched in (False, True):
+            with trainprof_installed() if patched else contextlib.nullcontext():
+                for name, (fn, n) in cases.items():
+                    t = min(timeit.repeat(fn, number=n, repeat=repeat)) / n
+                    best[name][patched] = min(best[name][patched], t)
+    print(f"probe cost outside the window, per call (best of {rounds}x{repeat} blocks):")
+    for name, (plain, patched) in best.items():
+        extra = (patched - plain) * 1e9
+        print(f"  {name:20s} {plain * 1e9:8.0f} ns -> {patched * 1e9:8.0f} ns ({extra:+.0f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--loop", action="store_true", help="run the loop itself")
+    parser.add_argument("--probes-only", action="store_true", help="only the per-probe costs")
+    args = parser.parse_args()
+    if args.loop:
+        loop(args.steps)
+        return
+    if args.probes_only:
+        probe_costs()
+        return
+
+    trainprof = Path(sys.executable).with_name("trainprof")
+    script_args = [str(HERE), "--loop", "--steps", str(args.steps)]
+    plain_cmd = [sys.executable, *script_args]
+    with tempfile.TemporaryDirectory() as tmp:
+        plain: list[tuple[float, float]] = []
+        prof: list[tuple[float, float]] = []
+        for i in range(args.pairs):
+            plain.append(_timed(plain_cmd))
+            out = os.path.join(tmp, f"run{i}")
+            prof.append(_timed([str(trainprof), "run", "--out", out, *script_args]))
+            print(
+                f"pair {i + 1}: loop {plain[-1][0]:.3f} s vs {prof[-1][0]:.3f} s, "
+                f"process {plain[-1][1]:.2f} s vs {prof[-1][1]:.2f} s"
+            )
+
+    def paired(k: int) -> float:  # a pair ran back to back, under about the same load
+        return statistics.median(b[k] / a[k] for a, b in zip(plain, prof, strict=True))
+
+    def best(k: int) -> float:  # the least disturbed run of each
+        return min(b[k] for b in prof) / min(a[k] for a in plain)
+
+    per_step = statistics.median(p[0] for p in plain) / args.steps * 1e3
+    print(f"steps: {args.steps}, plain step time {per_step:.2f} ms (median of {args.pairs} runs)")
+    print("ratio trainprof / plain       median of pairs   best run of each")
+    print(f"  loop time (the script's)    {paired(0):6.3f}            {best(0):6.3f}")
+    print(f"  whole process               {paired(1):6.3f}            {best(1):6.3f}")
+    probe_costs()
+
+
+if __name__ == "__main__":
+    main()

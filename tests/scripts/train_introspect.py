@@ -1,0 +1,41 @@
+"""Writes how it was run (argv, __name__, sys.path[0], cwd) to the JSON file argv[1], after a short
+training loop with DataLoader workers (forked: trainprof's patches must not break them) and a
+torchmetrics MeanMetric updated every step."""
+
+import json
+import os
+import sys
+
+import torch
+import torchmetrics
+from helper_mod import HIDDEN  # script-relative import
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+
+def main() -> None:
+    data = TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
+    loader = DataLoader(data, batch_size=16, num_workers=2, persistent_workers=True)  # LOADER
+    model = nn.Sequential(nn.Linear(8, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)  # OPT_LINE
+    mean_loss = torchmetrics.MeanMetric(nan_strategy="warn")  # METRIC_LINE
+    for x, y in loader:
+        opt.zero_grad()
+        loss = nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        mean_loss.update(loss.detach())
+    view = {
+        "argv": sys.argv,
+        "name": __name__,
+        "path0": sys.path[0],
+        "cwd": os.getcwd(),
+        "file": __file__,
+        "mean_loss": float(mean_loss.compute()),
+    }
+    with open(sys.argv[1], "w") as f:
+        json.dump(view, f)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""`trainprof run`: runs a training script unmodified under torch.profiler.
+
+Modules, one job each:
+
+* runner     RunOptions, run_script: checks the request, runs a Session, writes metadata, reports
+* session    one capture: installs everything, runs the script, saves, builds RunMeta
+* launch     runs the script / -m module like python; exit codes; trimmed tracebacks
+* config     schedule and options: default.toml, --config, flags
+* rundir     the run folder: default name, never overwritten without --force
+* stepper    finds training steps (optimizer > backward > dataloader) and steps the profiler
+* probes     trainprof/* record_function ranges: fetch, forward, backward, host reads
+* metrics    TorchMetrics ranges and metadata, patched only if the script imports it
+* metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
+* traces     the profiler and its trace files (tensorboard_trace_handler layout)
+* cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
+* noise      fd-level stderr filter: profiler noise to trainprof.log
+* progress   the little trainprof shows on a terminal
+* summary    step-time summary when no diagnosis is printed
+* state      the flags every probe checks; disables everything in forked workers
+* patching   reversible monkey-patching
+* userframe  file:line of the first user-code frame
+* compat     torch API differences across supported versions
+"""

@@ -1,0 +1,105 @@
+"""The profiling schedule and options: packaged defaults, then --config FILE, then flags."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from trainprof.errors import TrainprofError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - python 3.10
+    import tomli as tomllib
+
+TABLE = "run"
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    wait: int = 5
+    warmup: int = 2
+    active: int = 3
+    repeat: int = 1
+    with_stack: bool = True
+    record_shapes: bool = True
+    profile_memory: bool = False
+
+    @property
+    def first_recorded(self) -> int:
+        """Number of the first step recorded (steps count from 0, like ProfilerStep#N)."""
+        return self.wait + self.warmup
+
+    @property
+    def last_recorded(self) -> int:
+        return self.wait + self.warmup + self.active - 1
+
+
+_TYPES: dict[str, type] = {
+    "wait": int,
+    "warmup": int,
+    "active": int,
+    "repeat": int,
+    "with_stack": bool,
+    "record_shapes": bool,
+    "profile_memory": bool,
+}
+_MINIMUM = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0}
+assert set(_TYPES) == {f.name for f in fields(ProfileConfig)}
+
+
+def default_config_text() -> str:
+    """The packaged default.toml: a copy of configs/default.toml, so installs have it."""
+    return resources.files("trainprof").joinpath("default.toml").read_text(encoding="utf-8")
+
+
+def _parse(text: str, origin: str) -> dict[str, Any]:
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise TrainprofError(f"{origin}: invalid TOML: {err}") from None
+    stray = sorted(set(doc) & set(_TYPES))
+    if stray:
+        raise TrainprofError(f"{origin}: put {', '.join(stray)} under a [{TABLE}] table")
+    table = doc.get(TABLE, {})
+    if not isinstance(table, dict):
+        raise TrainprofError(f"{origin}: [{TABLE}] must be a table")
+    return table
+
+
+def _validate(values: Mapping[str, Any], origin: str | None) -> dict[str, Any]:
+    """Checked copy of `values`; origin is the file name, or None for command-line flags."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        kind = _TYPES.get(key)
+        if kind is None:
+            known = ", ".join(_TYPES)
+            raise TrainprofError(f"{origin}: unknown setting {key!r} (known: {known})")
+        name = f"{origin}: {key}" if origin else "--" + key.replace("_", "-")
+        # bool is a subclass of int: `wait = true` must not pass as 1.
+        if type(value) is not kind:
+            raise TrainprofError(f"{name} must be {kind.__name__}, got {value!r}")
+        if kind is int and value < _MINIMUM[key]:
+            raise TrainprofError(f"{name} must be >= {_MINIMUM[key]}, got {value}")
+        out[key] = value
+    return out
+
+
+def load_config(
+    path: Path | None = None, overrides: Mapping[str, Any] | None = None
+) -> ProfileConfig:
+    """Defaults from the packaged default.toml, then `path`, then `overrides` (the CLI flags)."""
+    cfg = ProfileConfig(**_validate(_parse(default_config_text(), "default.toml"), "default.toml"))
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise TrainprofError(f"config file not found: {path}")
+        table = _parse(path.read_text(encoding="utf-8"), str(path))
+        cfg = replace(cfg, **_validate(table, str(path)))
+    if overrides:
+        cfg = replace(cfg, **_validate(dict(overrides), None))
+    return cfg

@@ -1,0 +1,96 @@
+"""CUDA-only options: `--cuda-sync-events` (Kineto sync events) and `--sync-debug` (torch warns at
+every synchronizing call; the warnings are recorded by user-code location, not shown).
+
+Both are guarded: without a usable CUDA device they are ignored with a one-line note, since
+`torch.cuda.set_sync_debug_mode` raises without a driver.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+from typing import Any
+
+import torch
+
+from trainprof.capture.userframe import UserCode
+from trainprof.runmeta import SyncWarning
+
+_SYNC_WARNING = "synchroniz"  # "called a synchronizing CUDA operation"
+
+
+class CudaFlags:
+    def __init__(self, cuda_sync_events: bool, sync_debug: bool, user: UserCode) -> None:
+        self.available = torch.cuda.is_available()
+        self.user = user
+        self.notes: list[str] = []  # shown by the runner, kept in the metadata
+        self.sync_events = cuda_sync_events and self._usable("--cuda-sync-events")
+        self.sync_debug = sync_debug and self._usable("--sync-debug")
+        self._counts: dict[tuple[str, str | None], int] = {}
+        self._saved_filters: list[Any] | None = None
+        self._debug_on = False
+
+    def _usable(self, flag: str) -> bool:
+        if self.available:
+            return True
+        self._note(f"{flag} ignored: CUDA is not available (torch.cuda.is_available() is False)")
+        return False
+
+    def _note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def activities(self) -> list[Any]:
+        from torch.profiler import ProfilerActivity
+
+        return [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.available else [])
+
+    def experimental_config(self) -> Any:
+        if not self.sync_events:
+            return None
+        try:
+            from torch._C._profiler import _ExperimentalConfig
+
+            return _ExperimentalConfig(enable_cuda_sync_events=True)
+        except (ImportError, TypeError) as err:
+            self._note(f"--cuda-sync-events ignored: this torch does not support it ({err})")
+            return None
+
+    # ----- sync debug --------------------------------------------------------------------------
+    def start(self) -> None:
+        if not self.sync_debug:
+            return
+        try:
+            torch.cuda.set_sync_debug_mode("warn")
+            self._debug_on = True
+        except Exception as err:  # no driver, or an old torch
+            self._note(f"--sync-debug ignored: {type(err).__name__}: {err}")
+            return
+        self._saved_filters = list(warnings.filters)
+        # Count every occurrence, not only the first per location.
+        warnings.filterwarnings("always", message=f".*{_SYNC_WARNING}", category=UserWarning)
+
+    def stop(self) -> None:
+        if self._debug_on:
+            try:
+                torch.cuda.set_sync_debug_mode(0)
+            except Exception:
+                pass
+            self._debug_on = False
+        if self._saved_filters is not None:
+            warnings.filters[:] = self._saved_filters
+            self._saved_filters = None
+
+    def tap(self, message: Any, category: type, filename: str, lineno: int) -> bool:
+        """Warning tap (see noise.StderrFilter): consume and count sync-debug warnings."""
+        if not self._debug_on or _SYNC_WARNING not in str(message):
+            return False
+        where = self.user.location(sys._getframe(1)) or f"{filename}:{lineno}"
+        key = (str(message).splitlines()[0][:200], where)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        return True
+
+    def sync_warnings(self) -> list[SyncWarning]:
+        return [
+            SyncWarning(message=msg, location=where, count=n)
+            for (msg, where), n in sorted(self._counts.items(), key=lambda kv: -kv[1])
+        ]

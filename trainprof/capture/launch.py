@@ -1,0 +1,179 @@
+"""Running the user's script or module in this process exactly like `python SCRIPT args` / `-m`,
+and turning how it ended into an exit code, a status and what Python would have printed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import runpy
+import sys
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trainprof.errors import TrainprofError
+
+_TRAINPROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_RUNPY = os.path.abspath(runpy.__file__)
+
+
+@dataclass
+class Target:
+    """What to run. `path` is the file (the module's file for -m); `path0` goes to sys.path[0].
+
+    `command` re-runs it with python: [script, *args] or ["-m", module, *args].
+    """
+
+    argv0: str
+    args: list[str]
+    path: str
+    path0: str
+    stem: str
+    module: str | None = None
+    user_roots: list[str] = field(default_factory=list)
+
+    @property
+    def command(self) -> list[str]:
+        return ["-m", self.module, *self.args] if self.module else [self.argv0, *self.args]
+
+
+@dataclass
+class Outcome:
+    exit_code: int
+    status: str  # ok | error | interrupted
+    message: str | None = None  # what Python prints at exit: a traceback or the sys.exit() text
+    detail: str | None = None  # the untrimmed traceback, for trainprof.log
+
+
+def resolve_target(script: str | None, module: str | None, args: list[str]) -> Target:
+    """Check the script or module exists before anything starts; TrainprofError if not."""
+    if module:
+        if script:  # `-m mod a b`: the CLI parsed `a` as the script argument
+            args = [script, *args]
+        return _module_target(module, args)
+    if not script:
+        raise TrainprofError("nothing to run: give a SCRIPT or -m MODULE")
+    path = Path(script)
+    if path.is_dir() and not (path / "__main__.py").is_file():
+        raise TrainprofError(f"{script} is a folder without __main__.py")
+    if not path.exists():
+        raise TrainprofError(f"no such script: {script}")
+    real = os.path.realpath(path)
+    # Python puts the script's folder (symlinks resolved) first on sys.path; a folder runs itself.
+    path0 = real if path.is_dir() else os.path.dirname(real)
+    stem = path.resolve().name if path.is_dir() else path.stem
+    return Target(
+        argv0=script,
+        args=list(args),
+        path=os.path.abspath(path),
+        path0=path0,
+        stem=stem,
+        user_roots=[path0],
+    )
+
+
+def _module_target(module: str, args: list[str]) -> Target:
+    cwd = os.getcwd()
+    top = module.split(".")[0]
+    saved = list(sys.path)
+    sys.path.insert(0, cwd)  # like python -m: the current folder comes first
+    try:
+        # Only the top-level package is looked up here, without importing anything.
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        spec = None
+    finally:
+        sys.path[:] = saved
+    if spec is None:
+        raise TrainprofError(f"no module named {top!r} (for -m {module})")
+    origin = spec.origin if spec.origin not in (None, "built-in", "frozen") else None
+    locations = list(spec.submodule_search_locations or [])
+    root = locations[0] if locations else origin
+    return Target(
+        argv0=module,
+        args=list(args),
+        path=origin or module,
+        path0=cwd,
+        stem=module.rsplit(".", 1)[-1],
+        module=module,
+        user_roots=[root] if root else [],
+    )
+
+
+def run_target(target: Target) -> Outcome:
+    """Run it as __main__ with its own argv and sys.path[0]; never raises for the script's sake."""
+    saved_argv = sys.argv
+    saved_path0 = sys.path[0] if sys.path else None
+    sys.argv = [target.argv0, *target.args]
+    if sys.path:
+        sys.path[0] = target.path0
+    else:
+        sys.path.append(target.path0)
+    try:
+        if target.module:
+            target.path = _module_file(target.module) or target.path
+            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target.path, run_name="__main__")
+        return Outcome(0, "ok")
+    except SystemExit as exc:
+        return _system_exit(exc)
+    except KeyboardInterrupt as exc:
+        return Outcome(130, "interrupted", format_exception(exc), format_exception(exc, False))
+    except BaseException as exc:  # noqa: BLE001 - the script's failure is reported, not ours
+        return Outcome(1, "error", format_exception(exc), format_exception(exc, False))
+    finally:
+        sys.argv = saved_argv
+        if saved_path0 is not None and sys.path and sys.path[0] == target.path0:
+            sys.path[0] = saved_path0
+
+
+def _module_file(name: str) -> str | None:
+    """The file `python -m name` runs (a package's __main__.py). Imports the parent packages,
+    as running it does; any error is left for runpy to raise the way python would."""
+    try:
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.submodule_search_locations is not None:
+            spec = importlib.util.find_spec(f"{name}.__main__")
+        return spec.origin if spec is not None else None
+    except Exception:
+        return None
+
+
+def _system_exit(exc: SystemExit) -> Outcome:
+    code = exc.code
+    if code is None:
+        return Outcome(0, "ok")
+    if isinstance(code, int):  # bool included, as in Python
+        return Outcome(int(code), "ok" if code == 0 else "error")
+    return Outcome(1, "error", f"{code}\n")  # sys.exit("message"): printed, status 1
+
+
+def _internal(filename: str) -> bool:
+    if filename.startswith("<frozen runpy"):  # runpy is frozen since Python 3.11
+        return True
+    path = os.path.abspath(filename)
+    return path == _RUNPY or path.startswith(_TRAINPROF_DIR + os.sep)
+
+
+def format_exception(exc: BaseException, trim: bool = True) -> str:
+    """The traceback Python would print; with `trim`, without trainprof's and runpy's frames
+    (the probes' thin wrappers sit between user code and torch). The untrimmed text goes to
+    trainprof.log, so a trainprof bug stays traceable."""
+    te = traceback.TracebackException(type(exc), exc, exc.__traceback__)
+    if trim:
+        _trim(te, set())
+    return "".join(te.format())
+
+
+def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
+    if id(te) in seen:
+        return
+    seen.add(id(te))
+    kept = [f for f in te.stack if not _internal(f.filename)]
+    if kept:  # all internal: nothing of the script's is involved, keep everything
+        te.stack = traceback.StackSummary.from_list(kept)
+    for sub in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
+        if sub is not None:
+            _trim(sub, seen)

@@ -1,0 +1,219 @@
+"""Run metadata: what the script built (DataLoaders, optimizers, metrics), the flags it set, and
+the environment, collected into `RunMeta` (trainprof.json).
+
+Constructors are wrapped to learn *where* in user code each object was built; backend flags are
+read at the end of the run because scripts set them as they go.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import warnings
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+import trainprof
+from trainprof.capture.compat import is_compiling
+from trainprof.capture.patching import Patches
+from trainprof.capture.state import S
+from trainprof.capture.userframe import UserCode
+from trainprof.runmeta import DataLoaderInfo, Flags, MetricInfo, OptimizerInfo
+
+
+def _qualname(obj: Any) -> str:
+    return type(obj).__qualname__
+
+
+def _opt_bool(value: Any) -> bool | None:
+    return None if value is None else bool(value)
+
+
+class MetaCollector:
+    def __init__(self, patches: Patches, user: UserCode) -> None:
+        self.patches = patches
+        self.user = user
+        self.dataloaders: list[DataLoaderInfo] = []
+        self.optimizers: list[OptimizerInfo] = []
+        self._metrics: list[tuple[MetricInfo, weakref.ref[Any]]] = []
+        self.autocast_used = False
+        self.grad_scaler_used = False
+        self.compile_used = False
+
+    # ----- constructors ----------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.amp.autocast_mode import autocast
+        from torch.utils.data import DataLoader
+
+        self.patches.wrap(DataLoader, "__init__", lambda orig: self._after_init(orig, self._loader))
+        self.patches.wrap(
+            torch.optim.Optimizer, "__init__", lambda orig: self._after_init(orig, self._optimizer)
+        )
+        self.patches.wrap(autocast, "__enter__", self._wrap_autocast)
+        scaler = getattr(torch.amp, "GradScaler", None)
+        if scaler is not None:
+            self.patches.wrap(scaler, "__init__", self._wrap_scaler)
+        self.patches.wrap(torch, "compile", self._wrap_compile)
+
+    def _after_init(
+        self, orig: Callable[..., None], record: Callable[[Any, str | None], None]
+    ) -> Callable[..., None]:
+        user = self.user
+
+        @functools.wraps(orig)
+        def __init__(obj: Any, *args: Any, **kwargs: Any) -> None:
+            orig(obj, *args, **kwargs)
+            if S.enabled:
+                try:
+                    record(obj, user.caller())
+                except Exception:  # metadata is best effort; the script must not notice
+                    pass
+
+        return __init__
+
+    def _loader(self, loader: Any, where: str | None) -> None:
+        self.dataloaders.append(
+            DataLoaderInfo(
+                num_workers=int(loader.num_workers),
+                pin_memory=bool(loader.pin_memory),
+                batch_size=loader.batch_size,
+                persistent_workers=bool(loader.persistent_workers),
+                prefetch_factor=getattr(loader, "prefetch_factor", None),
+                dataset=_qualname(loader.dataset),
+                location=where,
+            )
+        )
+
+    def _optimizer(self, opt: Any, where: str | None) -> None:
+        group = opt.param_groups[0] if opt.param_groups else {}
+        defaults = getattr(opt, "defaults", {}) or {}
+        self.optimizers.append(
+            OptimizerInfo(
+                cls=_qualname(opt),
+                foreach=_opt_bool(group.get("foreach", defaults.get("foreach"))),
+                fused=_opt_bool(group.get("fused", defaults.get("fused"))),
+                location=where,
+            )
+        )
+
+    def _wrap_autocast(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def __enter__(ctx: Any) -> Any:
+            if not is_compiling() and S.enabled and getattr(ctx, "_enabled", True):
+                self.autocast_used = True
+            return orig(ctx)
+
+        return __enter__
+
+    def _wrap_scaler(self, orig: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(orig)
+        def __init__(scaler: Any, *args: Any, **kwargs: Any) -> None:
+            orig(scaler, *args, **kwargs)
+            if S.enabled:
+                self.grad_scaler_used = True
+
+        return __init__
+
+    def _wrap_compile(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def compile(*args: Any, **kwargs: Any) -> Any:
+            if S.enabled:
+                self.compile_used = True
+            return orig(*args, **kwargs)
+
+        return compile
+
+    # ----- torchmetrics (called by trainprof.capture.metrics) --------------------------------
+    def add_metric(self, metric: Any, where: str | None) -> None:
+        info = MetricInfo(cls=_qualname(metric), location=where)
+        self._metrics.append((info, weakref.ref(metric)))
+
+    def refresh_metric(self, metric: Any) -> None:
+        for info, ref in self._metrics:
+            if ref() is metric:
+                _read_metric(info, metric)
+
+    @property
+    def metrics(self) -> list[MetricInfo]:
+        for info, ref in self._metrics:
+            metric = ref()
+            if metric is not None:
+                _read_metric(info, metric)
+        return [info for info, _ in self._metrics]
+
+    # ----- end of run --------------------------------------------------------------------------
+    def flags(self) -> Flags:
+        """Backend flags as the script left them, plus what it used."""
+        flags = Flags(
+            autocast_used=self.autocast_used,
+            grad_scaler_used=self.grad_scaler_used,
+            compile_used=self.compile_used,
+        )
+        readers: dict[str, Callable[[], Any]] = {
+            "cudnn_benchmark": lambda: bool(torch.backends.cudnn.benchmark),
+            "cuda_matmul_allow_tf32": lambda: bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_allow_tf32": lambda: bool(torch.backends.cudnn.allow_tf32),
+            "float32_matmul_precision": torch.get_float32_matmul_precision,
+        }
+        with warnings.catch_warnings():  # newer torch deprecates the allow_tf32 getters
+            warnings.simplefilter("ignore")
+            for name, read in readers.items():
+                try:
+                    setattr(flags, name, read())
+                except Exception:
+                    pass
+        return flags
+
+
+def _read_metric(info: MetricInfo, metric: Any) -> None:
+    try:
+        strategy = getattr(metric, "nan_strategy", None)
+        info.nan_strategy = None if strategy is None else str(strategy)
+        info.device = str(metric.device)
+    except Exception:
+        pass
+
+
+def environment() -> dict[str, Any]:
+    """Versions, devices and CPUs, read at the end of the run (device names initialise CUDA,
+    which must not happen before the script forks its DataLoader workers)."""
+    devices: list[str] = []
+    try:
+        if torch.cuda.is_available():
+            devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+            devices = ["mps"]
+    except Exception:
+        pass
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))  # the CPUs this process may use
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    return {
+        "trainprof_version": trainprof.__version__,
+        "torch_version": str(torch.__version__),  # TorchVersion is a str subclass msgspec rejects
+        "cuda_version": None if torch.version.cuda is None else str(torch.version.cuda),
+        "python_version": platform.python_version(),
+        "devices": devices,
+        "cpu_count": cpus,
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def distributed() -> tuple[int | None, int | None]:
+    """(rank, world size) when the script ran under torch.distributed / torchrun."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    rank, world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
+    if rank is not None and world is not None and rank.isdigit() and world.isdigit():
+        return int(rank), int(world)
+    return None, None

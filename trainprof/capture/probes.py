@@ -1,0 +1,229 @@
+"""`trainprof/...` record_function ranges around what a diagnosis needs and torch does not label.
+
+* `trainprof/fetch`: DataLoader iterator __next__ (also a step boundary for the stepper),
+* `trainprof/forward`: the root module's forward (outermost nn.Module call, metrics excluded),
+* `trainprof/backward`: torch.autograd.backward (Tensor.backward goes through it),
+* `trainprof/host_read:<kind>@<file>:<line>`: Tensor.item / tolist / cpu / numpy called by user
+  code (directly, or through a library when the tensor is not on the CPU); file:line is the
+  first user frame, in the name so the diagnosis has it even without with_stack.
+
+Every wrapper checks one boolean (S.recording) and otherwise calls straight through. The root
+forward uses a global pre-hook that removes itself for the duration of the root call, so nested
+modules keep nn.Module's hook-free fast path.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import sys
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.autograd.profiler import record_function
+
+from trainprof.capture.compat import is_compiling
+from trainprof.capture.patching import Patches
+from trainprof.capture.state import S, on_fork_child
+from trainprof.capture.stepper import Stepper
+from trainprof.capture.userframe import UserCode
+
+HOST_READS = ("item", "tolist", "cpu", "numpy")
+
+
+def probe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` inside a `name` range while recording; a plain call otherwise."""
+
+    @functools.wraps(fn)
+    def probed(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling() or not S.recording:  # see stepper's docstring on is_compiling
+            return fn(*args, **kwargs)
+        with record_function(name):
+            return fn(*args, **kwargs)
+
+    return probed
+
+
+def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> None:
+    _install_fetch(patches, stepper)
+    _RootForward(stepper).install(patches)
+    _install_backward(patches, stepper)
+    for kind in HOST_READS:
+        patches.wrap(torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user))
+
+
+def _install_fetch(patches: Patches, stepper: Stepper) -> None:
+    from torch.utils.data.dataloader import _BaseDataLoaderIter
+
+    get_ident = threading.get_ident
+
+    def make(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        fetch = probe("trainprof/fetch", orig)
+
+        @functools.wraps(orig)
+        def __next__(self: Any) -> Any:
+            if is_compiling() or not S.enabled or get_ident() != S.main_thread:
+                return fetch(self)
+            stepper.on_fetch_begin()
+            S.fetch_depth += 1
+            try:
+                batch = fetch(self)
+            finally:
+                S.fetch_depth -= 1
+            stepper.on_fetch_end()
+            return batch
+
+        return __next__
+
+    patches.wrap(_BaseDataLoaderIter, "__next__", make)
+
+
+class _RootForward:
+    """`trainprof/forward` around root module calls, and a step boundary before them.
+
+    The global pre-hook takes itself out of torch's global hook dict for the duration of a root
+    call (nested modules then take nn.Module's hook-free fast path) and a forward hook on the
+    root module, `always_call` so it also runs when forward raises, puts it back. Both are
+    written into torch's hook dicts under ids reserved from torch's own counter: registering
+    handles on every call would cost several microseconds per forward. The per-call hook is a
+    partial of a module-level function with an int token, so a module pickled while it is
+    attached (the script caught a Ctrl-C inside forward, then saved the model) still pickles.
+    """
+
+    def __init__(self, stepper: Stepper) -> None:
+        self.stepper = stepper
+        self.handle: Any = None
+        self.hooks: dict[int, Any] = {}
+        self.key = -1
+
+    def install(self, patches: Patches) -> None:
+        from torch.nn.modules import module as torch_module
+        from torch.utils.hooks import RemovableHandle
+
+        _ROOT[0] = self
+        self.hooks = torch_module._global_forward_pre_hooks
+        self.handle = torch_module.register_module_forward_pre_hook(self._pre)
+        self.key = RemovableHandle(OrderedDict()).id  # an id no other hook will get
+        patches.on_restore(self._uninstall)
+        on_fork_child(self._unregister)  # transforms that are modules run in workers: fast path
+
+    def _register(self) -> None:
+        if self.handle is not None:
+            self.hooks[self.handle.id] = self._pre
+
+    def _unregister(self) -> None:
+        if self.handle is not None:
+            self.hooks.pop(self.handle.id, None)
+
+    def _uninstall(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+        for token in list(_ACTIVE):  # left by a BaseException (Ctrl-C) inside a forward
+            module_ref, _ = _ACTIVE.pop(token)
+            module = module_ref()
+            if module is not None:
+                _detach(module, self.key)
+        _ROOT[0] = None
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if (
+            is_compiling()
+            or not S.enabled
+            or S.fetch_depth  # nn.Module transforms in the DataLoader are not the model
+            or S.backward_depth  # activation checkpointing re-runs forwards in backward
+            or threading.get_ident() != S.main_thread
+            or (S.metric_types and isinstance(module, S.metric_types))
+        ):
+            return None
+        self.stepper.on_forward_root()
+        rf = None
+        if S.recording:
+            rf = record_function("trainprof/forward")
+            rf.__enter__()
+        self._unregister()
+        token = next(_TOKENS)
+        module._forward_hooks[self.key] = functools.partial(_root_post, token)
+        module._forward_hooks_always_called[self.key] = True
+        _ACTIVE[token] = (weakref.ref(module), rf)
+        return None
+
+
+_ROOT: list[_RootForward | None] = [None]
+_ACTIVE: dict[int, tuple[Any, Any]] = {}  # token -> (root module weakref, open record_function)
+_TOKENS = itertools.count()
+
+
+def _detach(module: Any, key: int) -> None:
+    module._forward_hooks.pop(key, None)
+    module._forward_hooks_always_called.pop(key, None)
+
+
+def _root_post(token: int, module: Any, inputs: Any, output: Any) -> None:
+    root = _ROOT[0]
+    entry = _ACTIVE.pop(token, None)
+    if root is None or entry is None:  # stale (pickled and reloaded, or after the run)
+        return
+    _detach(module, root.key)
+    root._register()
+    rf = entry[1]
+    if rf is not None:
+        try:
+            rf.__exit__(None, None, None)
+        except Exception:  # the profiling session it belonged to may be over
+            pass
+
+
+def _install_backward(patches: Patches, stepper: Stepper) -> None:
+    get_ident = threading.get_ident
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or not S.enabled or get_ident() != S.main_thread:
+                return orig(*args, **kwargs)
+            stepper.on_backward_begin()
+            S.backward_depth += 1
+            try:
+                if S.recording:
+                    with record_function("trainprof/backward"):
+                        result = orig(*args, **kwargs)
+                else:
+                    result = orig(*args, **kwargs)
+            finally:
+                S.backward_depth -= 1
+            stepper.on_backward_end()
+            return result
+
+        return backward
+
+    # Tensor.backward looks up torch.autograd.backward at call time, so this covers both.
+    patches.wrap(torch.autograd, "backward", make)
+
+
+def _host_read(kind: str, orig: Callable[..., Any], user: UserCode) -> Callable[..., Any]:
+    prefix = f"trainprof/host_read:{kind}@"
+    getframe = sys._getframe
+
+    @functools.wraps(orig)
+    def read(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if is_compiling() or not S.recording:
+            return orig(self, *args, **kwargs)
+        caller = getframe(1)
+        # Library code reading a CPU tensor (Adam's step counters, per parameter) can never be a
+        # device sync: skipped. User code is always recorded: on a CPU-only run its reads are
+        # what would stall a GPU. Library reads of device tensors (GradScaler's found_inf)
+        # are charged to the user line that called the library.
+        if self.is_cpu and not user.is_user(caller.f_code.co_filename):
+            return orig(self, *args, **kwargs)
+        where = user.location(caller)
+        if where is None:  # no user code above it
+            return orig(self, *args, **kwargs)
+        with record_function(prefix + where):
+            return orig(self, *args, **kwargs)
+
+    return read

@@ -1,0 +1,73 @@
+"""The run folder: its default name, refusing to overwrite, and the names of trainprof's files."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainprof.errors import TrainprofError
+from trainprof.runmeta import META_NAME
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """trainprof's file names in a run folder; per rank in a distributed run (ranks share it)."""
+
+    rank: int | None = None
+
+    @property
+    def meta(self) -> str:
+        return META_NAME if self.rank is None else f"trainprof.rank{self.rank}.json"
+
+    @property
+    def log(self) -> str:
+        return "trainprof.log" if self.rank is None else f"trainprof.rank{self.rank}.log"
+
+    def owns(self, name: str) -> bool:
+        """A file this run would write (and --force may replace)."""
+        if name in (self.meta, self.log):
+            return True
+        traces = "*.pt.trace.json*" if self.rank is None else f"rank{self.rank}.*.pt.trace.json*"
+        return fnmatch.fnmatch(name, traces)
+
+
+def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -> Path:
+    """Create the run folder. A folder with content is never written into without --force;
+    with --force only trainprof's own files from an earlier run are removed (traces of two runs
+    in one folder would be diagnosed together)."""
+    if out is None:
+        base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
+        path, n = base, 1
+        while _blocking(path, files):  # two runs in the same second
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+    else:
+        path = Path(out)
+        if path.exists() and not path.is_dir():
+            raise TrainprofError(f"--out {path} exists and is not a folder")
+        if _blocking(path, files):
+            if not force:
+                raise TrainprofError(
+                    f"run folder {path} already exists and is not empty "
+                    "(choose another --out, or pass --force to replace trainprof's files in it)"
+                )
+            for name in os.listdir(path):
+                if files.owns(name) and (path / name).is_file():
+                    (path / name).unlink()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrainprofError(f"cannot create run folder {path}: {err.strerror}") from None
+    return path
+
+
+def _blocking(path: Path, files: RunFiles) -> bool:
+    if not path.is_dir():
+        return False
+    names = os.listdir(path)
+    if files.rank is None:
+        return bool(names)
+    return any(files.owns(n) for n in names)  # other ranks write into the same folder

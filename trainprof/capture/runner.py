@@ -1,0 +1,101 @@
+"""`trainprof run`: check the request, capture, write trainprof.json, then report.
+
+Exit code: the script's own (sys.exit(n) -> n, an exception -> 1, Ctrl-C -> 130); 2 for a
+request trainprof refuses (TrainprofError, raised before the script starts).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainprof.capture.config import load_config
+from trainprof.capture.launch import resolve_target
+from trainprof.capture.progress import Progress
+from trainprof.capture.rundir import RunFiles, prepare_run_dir
+from trainprof.capture.session import Session, say
+from trainprof.capture.summary import step_summary
+from trainprof.errors import TrainprofError
+from trainprof.runmeta import RunMeta, write_meta
+
+
+@dataclass
+class RunOptions:
+    script: str | None = None
+    module: str | None = None
+    script_args: list[str] = field(default_factory=list)
+    out: Path | None = None
+    force: bool = False
+    config: Path | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    cuda_sync_events: bool = False
+    sync_debug: bool = False
+    diagnose: bool = True
+
+
+def _env_rank() -> int | None:
+    """This process's rank when launched by torchrun (ranks then share the run folder)."""
+    rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
+    if rank.isdigit() and world.isdigit() and int(world) > 1:
+        return int(rank)
+    return None
+
+
+def run_script(opts: RunOptions) -> int:
+    """Run the script under the profiler and report; returns the script's exit code."""
+    target = resolve_target(opts.script, opts.module, list(opts.script_args))
+    cfg = load_config(opts.config, opts.overrides)
+    rank = _env_rank()
+    files = RunFiles(rank)
+    folder = prepare_run_dir(opts.out, target.stem, opts.force, files)
+    progress = Progress()
+    windows = "" if cfg.repeat == 1 else f", {cfg.repeat or 'unlimited'} windows"
+    progress.line(
+        f"profiling {target.argv0}: steps {cfg.first_recorded}-{cfg.last_recorded} will be "
+        f"recorded (wait {cfg.wait}, warm-up {cfg.warmup}{windows}), run folder {folder}"
+    )
+    # Absolute from here on: scripts may chdir (Hydra does) before the trace is written.
+    where = folder.resolve()
+    result = Session(
+        target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
+    ).run()
+    meta, outcome = result.meta, result.outcome
+    write_meta(meta, where, files.meta)
+
+    if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
+        sys.stderr.write(outcome.message)
+        sys.stderr.flush()
+    for note in meta.notes:
+        say(f"note: {note}")
+    if rank in (None, 0):
+        if opts.diagnose:
+            _diagnose(where, meta)
+        else:
+            say(step_summary(meta))
+    say(f"run folder: {folder}")
+    say(f"open it with: tensorboard --logdir {shlex.quote(str(folder.parent))}")
+    return outcome.exit_code
+
+
+def _diagnose(folder: Path, meta: RunMeta) -> None:
+    """The full diagnosis, or the step-time summary when it cannot be made."""
+    if not meta.traces:
+        say(step_summary(meta))
+        return
+    try:
+        from trainprof.diagnose import diagnose_command
+
+        sys.stdout.flush()
+        diagnose_command(folder, fmt="console")
+    except NotImplementedError:
+        say(step_summary(meta))
+    except TrainprofError as err:
+        say(f"diagnosis not available: {err}")
+        say(step_summary(meta))
+    except Exception as err:  # a bug in the analysis must not hide the capture
+        say(f"diagnosis failed ({type(err).__name__}: {err}); run `trainprof diagnose {folder}`")
+        say(step_summary(meta))

@@ -1,0 +1,228 @@
+"""Finding training steps without user code, and advancing the profiler schedule at each one.
+
+Step sources, best first: optimizer > backward > dataloader > none.
+
+* optimizer: a global optimizer step post-hook marks the end of a step; one optimizer counts,
+  the *primary* one (the first whose step() ran), so several optimizers stepping per iteration
+  (GAN, Muon + AdamW, per-module optimizers) still give one step per iteration, and gradient
+  accumulation gives one step per optimizer step. If the primary is garbage-collected, the next
+  optimizer to step takes over.
+* backward: no torch optimizer (hand-written `p.data.add_(...)` updates): the end of backward()
+  marks the end of a step; several backward() calls before the next forward count once.
+* dataloader: neither (inference loops): a new batch fetched after a previous one was returned.
+
+While a torch optimizer exists but has not stepped yet, backward() and batches are not counted
+(gradient accumulation: the first optimizer step may come after several of them), unless more
+than WAIT_FOR_OPTIMIZER of them pass first (the optimizer is not what updates the model).
+
+A higher source seen later takes over without double counting, because a boundary is first
+*pending* and applied once: right after the outermost optimizer.step() returns (outside torch's
+`Optimizer.step#` range, so ranges nest), or else at the start of the next iteration (the next
+DataLoader fetch or root-module forward). prof.step() is therefore never called from inside a
+torch-labelled range. Inside optimizer.step() (LBFGS closures) forward/backward are not steps.
+
+Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step.
+
+Every hook and wrapper tests `is_compiling()` first: torch.compile traces them (global hooks,
+patched methods), and dynamo folds that test to a constant, so nothing of trainprof ends up in
+a compiled graph, adds a graph break, or puts a guard on trainprof's flags (a recompilation
+when the window opens).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.profiler import ProfilerAction
+
+from trainprof.capture.compat import is_compiling
+from trainprof.capture.patching import Patches
+from trainprof.capture.state import S
+
+# Source ranks: a higher one seen later takes over.
+NONE, DATALOADER, BACKWARD, OPTIMIZER = 0, 1, 2, 3
+WAIT_FOR_OPTIMIZER = 64
+RECORDING = frozenset({ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE})
+
+
+@dataclass
+class StepSummary:
+    source: str
+    step_times: list[float]  # seconds, every completed step
+    recorded: list[int]  # completed steps that were recorded (ProfilerStep numbers)
+    open_step: int  # number of the ProfilerStep still open when the script ended
+    open_step_recorded: bool  # that last ProfilerStep is in the trace (it runs to the script's end)
+    profiler_error: str | None
+
+
+class Stepper:
+    def __init__(self, prof: Any, last_step: int | None = None) -> None:
+        """`last_step`: the last step the schedule can record (None: windows repeat forever)."""
+        self.prof = prof
+        self.last_step = last_step
+        self.profiling = True  # False once every window is saved: no more prof.step() calls
+        self.source = "none"
+        self._rank = NONE
+        self.pending = False  # a step has ended; the profiler is advanced at the next good point
+        self.pending_t = 0.0
+        self.batch_out = False  # a batch was returned and no boundary followed it yet
+        self.seen_forward = False
+        self.t0 = time.perf_counter()
+        self.step_start: float | None = None  # first activity of the current step
+        self.step_times: list[float] = []
+        self.recorded: list[int] = []
+        self.primary: weakref.ref[Any] | None = None
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # alive torch optimizers
+        self.skipped = 0  # lower-source boundaries ignored while waiting for an optimizer step
+        self.error: str | None = None
+
+    # ----- installation -----------------------------------------------------------------------
+    def install(self, patches: Patches) -> None:
+        from torch.optim.optimizer import Optimizer, register_optimizer_step_post_hook
+
+        handle = register_optimizer_step_post_hook(self._on_optimizer_post)
+        patches.on_restore(handle.remove)
+        patches.wrap(Optimizer, "__init__", lambda orig: self._wrap_optimizer_init(orig, patches))
+
+    def _wrap_optimizer_init(
+        self, orig: Callable[..., None], patches: Patches
+    ) -> Callable[..., None]:
+        stepper = self
+
+        @functools.wraps(orig)
+        def __init__(opt: Any, *args: Any, **kwargs: Any) -> None:
+            orig(opt, *args, **kwargs)
+            if S.enabled:
+                stepper.optimizers.add(opt)
+                stepper._wrap_step_of(type(opt), patches)
+
+        return __init__
+
+    def _wrap_step_of(self, cls: type, patches: Patches) -> None:
+        """Wrap the step() that instances of `cls` resolve to, outside torch's own step wrapper."""
+        owner = next((k for k in cls.__mro__ if "step" in vars(k)), None)
+        if owner is None or owner is torch.optim.Optimizer:
+            return
+        inner = vars(owner)["step"]
+        if getattr(inner, "_trainprof_outer", False) or not callable(inner):
+            return
+        stepper = self
+
+        @functools.wraps(inner)  # copies torch's `hooked` flag, so torch does not re-wrap it
+        def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
+                return inner(opt, *args, **kwargs)
+            S.opt_depth += 1
+            try:
+                return inner(opt, *args, **kwargs)
+            finally:
+                S.opt_depth -= 1
+                if not S.opt_depth and stepper.pending and stepper._rank == OPTIMIZER:
+                    stepper._advance()
+
+        step._trainprof_outer = True  # type: ignore[attr-defined]
+        patches.set(owner, "step", step)
+
+    # ----- events (called by the probes and hooks) ---------------------------------------------
+    def _on_optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
+        if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
+            return
+        primary = self.primary() if self.primary is not None else None
+        if primary is None:
+            self.primary = weakref.ref(opt)
+            primary = opt
+        if opt is not primary:
+            return
+        self.source, self._rank = "optimizer", OPTIMIZER
+        self.pending = True
+        self.pending_t = time.perf_counter()
+
+    def _waiting_for_optimizer(self) -> bool:
+        """An optimizer exists but never stepped: its first step will be the step boundary."""
+        if self._rank == OPTIMIZER or self.skipped > WAIT_FOR_OPTIMIZER or not self.optimizers:
+            return False
+        self.skipped += 1
+        return True
+
+    def on_fetch_begin(self) -> None:
+        if self.pending:
+            self._advance()
+        elif self.batch_out and self._rank <= DATALOADER and not self._waiting_for_optimizer():
+            self.source, self._rank = "dataloader", DATALOADER
+            self._advance()
+        elif self.step_start is None:
+            self.step_start = time.perf_counter()
+        self.batch_out = False
+
+    def on_fetch_end(self) -> None:
+        self.batch_out = True
+
+    def on_forward_root(self) -> None:
+        if self.pending and not S.opt_depth:
+            self._advance()
+        elif self.step_start is None:
+            self.step_start = time.perf_counter()
+        self.seen_forward = True
+
+    def on_backward_begin(self) -> None:
+        # Without modules (purely functional models) the next backward is the next iteration.
+        if self.pending and not self.seen_forward and not S.opt_depth:
+            self._advance()
+        elif self.step_start is None:
+            self.step_start = time.perf_counter()
+
+    def on_backward_end(self) -> None:
+        if S.opt_depth or self._rank > BACKWARD or self._waiting_for_optimizer():
+            return
+        self.source, self._rank = "backward", BACKWARD
+        self.pending = True
+        self.pending_t = time.perf_counter()
+
+    # ----- the profiler ------------------------------------------------------------------------
+    @property
+    def recording(self) -> bool:
+        return self.profiling and self.prof.current_action in RECORDING
+
+    def _advance(self) -> None:
+        now = time.perf_counter()
+        start = self.step_start if self.step_start is not None else self.t0
+        self.step_times.append(now - start)
+        self.pending = False
+        if self.profiling:
+            if self.prof.current_action in RECORDING:
+                self.recorded.append(self.prof.step_num)
+            try:
+                self.prof.step()
+                if self.last_step is not None and self.prof.step_num > self.last_step:
+                    # Every window is saved: stop, so that later steps cost no prof.step()
+                    # (tens of microseconds each, for the rest of the training run).
+                    self.prof.stop()
+                    self.profiling = False
+            except Exception as err:  # e.g. the script runs its own profiler: keep counting steps
+                self.error = f"{type(err).__name__}: {err}"
+                self.profiling = False
+            S.recording = self.recording
+        self.step_start = time.perf_counter()  # a trace export inside step() is not the script's
+
+    def finish(self) -> StepSummary:
+        """Close the bookkeeping at the end of the script (the runner then calls prof.stop())."""
+        open_step = len(self.step_times)  # the ProfilerStep number still open
+        if self.pending:  # ended, but the profiler was not advanced: the time is known
+            start = self.step_start if self.step_start is not None else self.t0
+            self.step_times.append(self.pending_t - start)
+            self.pending = False
+        return StepSummary(
+            source=self.source,
+            step_times=self.step_times,
+            recorded=self.recorded,
+            open_step=open_step,
+            open_step_recorded=self.recording,
+            profiler_error=self.error,
+        )

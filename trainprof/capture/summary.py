@@ -1,0 +1,37 @@
+"""A step-time summary from the run metadata, shown when no diagnosis is printed."""
+
+from __future__ import annotations
+
+import statistics
+
+from trainprof.runmeta import RunMeta
+
+_SOURCE = {
+    "optimizer": "optimizer.step()",
+    "backward": "backward()",
+    "dataloader": "DataLoader batches",
+    "none": "none found",
+}
+
+
+def _ranges(steps: list[int]) -> str:
+    """[7, 8, 9, 12] -> '7-9, 12'."""
+    runs: list[list[int]] = []
+    for n in steps:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
+        else:
+            runs.append([n, n])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def step_summary(meta: RunMeta) -> str:
+    times = meta.step_times_s
+    parts = [f"{len(times)} steps (step source: {_SOURCE.get(meta.step_source, meta.step_source)})"]
+    if times:
+        parts.append(f"median {statistics.median(times) * 1e3:.2f} ms")
+        parts.append(f"mean {statistics.fmean(times) * 1e3:.2f} ms")
+    recorded = meta.window.recorded_steps
+    parts.append(f"recorded steps {_ranges(recorded)}" if recorded else "no step recorded")
+    parts.append(f"{len(meta.traces)} trace file{'s' if len(meta.traces) != 1 else ''}")
+    return ", ".join(parts)

@@ -1,0 +1,96 @@
+"""The torch profiler for a run, and writing its traces into the run folder.
+
+Files use the `tensorboard_trace_handler` layout (gzipped, directly in the run folder) so that
+`tensorboard --logdir runs` finds them. Writing a trace takes long (JSON + gzip, seconds for a
+big window), so when a window closes while the script runs, its results are kept in memory
+and written after the script ends: the script's own timing is not stalled mid-loop. With
+`repeat = 0` (unbounded windows) each trace is written at once instead, to bound memory.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from torch.profiler import profile, schedule, tensorboard_trace_handler
+
+from trainprof.capture.config import ProfileConfig
+
+
+def worker_name(stem: str, rank: int | None) -> str:
+    """Trace file prefix: `rank<R>` in distributed runs, else the script's stem (no dots, which
+    would confuse readers that split `<worker>.<time>.pt.trace.json.gz`)."""
+    if rank is not None:
+        return f"rank{rank}"
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", stem) or "trainprof"
+
+
+class _Cycle:
+    """One finished window, exported later; quacks like the profiler for the trace handler."""
+
+    def __init__(self, prof: Any) -> None:
+        self.profiler = prof.profiler  # the autograd profile holding this window's results
+        self.metadata = dict(getattr(prof, "_trace_metadata", {}) or {})
+
+    def export_chrome_trace(self, path: str, use_python_export: bool = False) -> None:
+        target = path[:-3] if path.endswith(".gz") else path
+        with tempfile.TemporaryDirectory() as tmp:
+            plain = os.path.join(tmp, os.path.basename(target))
+            try:
+                self.profiler.export_chrome_trace(plain, self.metadata)
+            except TypeError:  # older torch: no metadata argument
+                self.profiler.export_chrome_trace(plain)
+            if path.endswith(".gz"):
+                with open(plain, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
+                    shutil.copyfileobj(src, dst, 1 << 20)
+            else:
+                shutil.move(plain, path)
+
+
+class TraceWriter:
+    """`on_trace_ready` for the profiler; `flush()` writes deferred windows; `files` lists them."""
+
+    def __init__(self, folder: Path, worker: str, defer: bool) -> None:
+        self.folder = folder
+        self.defer = defer
+        self.handler = tensorboard_trace_handler(str(folder), worker_name=worker, use_gzip=True)
+        self.pending: list[_Cycle] = []
+        self.files: list[str] = []
+        self.errors: list[str] = []
+
+    def __call__(self, prof: Any) -> None:
+        if self.defer and not getattr(prof, "_use_cupti_monitor", False):  # cupti: export now
+            self.pending.append(_Cycle(prof))
+        else:
+            self._write(prof)
+
+    def _write(self, prof: Any) -> None:
+        before = set(os.listdir(self.folder))
+        try:
+            self.handler(prof)
+        except Exception as err:  # disk full, ...: the run still ends normally
+            self.errors.append(f"could not write a trace: {type(err).__name__}: {err}")
+        self.files += sorted(set(os.listdir(self.folder)) - before)
+
+    def flush(self) -> None:
+        while self.pending:
+            self._write(self.pending.pop(0))
+
+
+def make_profiler(
+    cfg: ProfileConfig, writer: TraceWriter, activities: list[Any], experimental: Any
+) -> profile:
+    return profile(
+        activities=activities,
+        schedule=schedule(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat),
+        on_trace_ready=writer,
+        record_shapes=cfg.record_shapes,
+        profile_memory=cfg.profile_memory,
+        with_stack=cfg.with_stack,
+        experimental_config=experimental,
+    )
