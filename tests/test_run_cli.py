@@ -84,7 +84,9 @@ def test_basic_exit_and_output(basic: Run) -> None:
     assert basic.code == 0, basic.stderr
     assert "done loss=" in basic.stdout
     assert f"run folder: {basic.folder}" in basic.stderr
-    assert f"tensorboard --logdir {basic.folder.parent}" in basic.stderr
+    assert f"trainprof tensorboard {basic.folder.parent}" in basic.stderr
+    assert (basic.folder / "report.html").is_file()
+    assert any(basic.folder.glob("events.out.tfevents.*"))
 
 
 def test_basic_trace_has_the_window(basic: Run) -> None:

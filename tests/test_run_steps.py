@@ -185,14 +185,16 @@ def test_summary_when_the_diagnosis_is_not_available(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import trainprof.diagnose
+    from trainprof.errors import TrainprofError
 
-    def not_yet(*args: object, **kwargs: object) -> int:
-        raise NotImplementedError
+    def unreadable(*args: object, **kwargs: object) -> int:
+        raise TrainprofError("the trace cannot be read")
 
-    monkeypatch.setattr(trainprof.diagnose, "diagnose_command", not_yet)
+    monkeypatch.setattr(trainprof.diagnose, "diagnose_items", unreadable)
     options = RunOptions(script=str(SCRIPTS / "steps_gan.py"), out=tmp_path / "r", overrides=SMALL)
     assert run_script(options) == 0
     err = capfd.readouterr().err
+    assert "diagnosis not available: the trace cannot be read" in err
     assert "trainprof: 6 steps (step source: optimizer.step()), median" in err
     assert "recorded steps 2-3, 1 trace file" in err
 

@@ -93,6 +93,26 @@ def diagnose_command(
         if len(traces := find_traces(path)) != 1:
             raise TrainprofError(f"--annotate takes one trace; {path} holds {len(traces)}")
     items = diagnose_items(path, select=select, ignore=ignore)
+    code = render_items(items, fmt, fail_on)
+    if annotate is not None:
+        from trainprof.report.annotate import annotate_trace
+
+        n = annotate_trace(traces[0], items[0], annotate)
+        sys.stderr.write(f"trainprof: wrote {annotate} ({n} finding markers on a "
+                         "'trainprof findings' track); open it in https://ui.perfetto.dev\n")
+    return code
+
+
+def flat_diagnoses(items: list[Diagnosis | MultiRankDiagnosis]) -> list[Diagnosis]:
+    """Every trace's own Diagnosis, multi-rank jobs unfolded into their ranks."""
+    out: list[Diagnosis] = []
+    for x in items:
+        out.extend(x.diagnoses if isinstance(x, MultiRankDiagnosis) else [x])
+    return out
+
+
+def render_items(items: list, fmt: str = "console", fail_on: str | None = None) -> int:
+    """Print diagnoses in `fmt`; return the exit code `--fail-on` asks for."""
     diags = [d for d in items if isinstance(d, Diagnosis)]
     if len(diags) < len(items):  # a multi-rank job: its merged view
         return _render_items(items, fmt, fail_on)
@@ -108,12 +128,6 @@ def diagnose_command(
         from trainprof.report.console import print_diagnoses
 
         print_diagnoses(diags)
-    if annotate is not None:
-        from trainprof.report.annotate import annotate_trace
-
-        n = annotate_trace(traces[0], diags[0], annotate)
-        sys.stderr.write(f"trainprof: wrote {annotate} ({n} finding markers on a "
-                         "'trainprof findings' track); open it in https://ui.perfetto.dev\n")
     if fail_on is not None:
         limit = severity_rank(fail_on)
         if any(severity_rank(f.severity) <= limit for d in diags for f in d.findings):

@@ -96,7 +96,19 @@ class Context:
     # ---- steps and device -------------------------------------------------------------
     @cached_property
     def steps(self) -> Steps:
-        return find_steps(self.trace)
+        steps = find_steps(self.trace)
+        partial = self.meta.window.partial_step if self.meta else None
+        label = f"ProfilerStep#{partial}"
+        if partial is not None and label in steps.labels and len(steps) > 1:
+            # The script ended inside this step: it runs to the end of the script (saving,
+            # teardown) and is no training step.
+            keep = np.array([x != label for x in steps.labels])
+            steps = Steps(
+                steps.start[keep], steps.end[keep],
+                [x for x, k in zip(steps.labels, keep, strict=True) if k],
+                steps.source, steps.thread,
+            )
+        return steps
 
     @property
     def n_steps(self) -> int:

@@ -30,6 +30,10 @@ class RunFiles:
         """A file this run would write (and --force may replace)."""
         if name in (self.meta, self.log):
             return True
+        if self.rank in (None, 0) and (  # the reports written after the run (rank 0's job)
+            name == "report.html" or fnmatch.fnmatch(name, "events.out.tfevents.*trainprof")
+        ):
+            return True
         traces = "*.pt.trace.json*" if self.rank is None else f"rank{self.rank}.*.pt.trace.json*"
         return fnmatch.fnmatch(name, traces)
 

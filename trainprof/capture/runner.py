@@ -77,7 +77,9 @@ def run_script(opts: RunOptions) -> int:
         else:
             say(step_summary(meta))
     say(f"run folder: {folder}")
-    say(f"open it with: tensorboard --logdir {shlex.quote(str(folder.parent))}")
+    if (folder / "report.html").exists():
+        say(f"report: {folder / 'report.html'}")
+    say(f"open it in TensorBoard: trainprof tensorboard {shlex.quote(str(folder.parent))}")
     return outcome.exit_code
 
 
@@ -87,12 +89,13 @@ def _diagnose(folder: Path, meta: RunMeta) -> None:
         say(step_summary(meta))
         return
     try:
-        from trainprof.diagnose import diagnose_command
+        from trainprof.diagnose import diagnose_items, flat_diagnoses, render_items
+        from trainprof.report.run_reports import write_run_reports
 
         sys.stdout.flush()
-        diagnose_command(folder, fmt="console")
-    except NotImplementedError:
-        say(step_summary(meta))
+        items = diagnose_items(folder)
+        render_items(items)
+        write_run_reports(folder, flat_diagnoses(items), meta)
     except TrainprofError as err:
         say(f"diagnosis not available: {err}")
         say(step_summary(meta))
