@@ -100,8 +100,9 @@ def test_cpu_only_trace_says_no_gpu_and_claims_no_gpu_saving():
         assert f.severity == "low" and f.est_saving_ms_per_step == 0
         assert "would stall a GPU" in f.evidence
     item = next(f for f in syncs if "item" in f.title)
-    # README: 186 aten::item; 5 of them run inside the 5 aten::is_nonzero, reported apart.
-    assert item.metrics["count"] == 181
+    # README: 186 aten::item; 5 run inside the 5 aten::is_nonzero (reported apart) and 80 inside
+    # Optimizer.step#Adagrad.step (its CPU step counters, CPU-resident in a GPU run too).
+    assert item.metrics["count"] == 101
     nonzero = next(f for f in syncs if "is_nonzero" in f.title)
     assert nonzero.metrics["count"] == 5
 

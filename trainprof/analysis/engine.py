@@ -10,6 +10,7 @@ from trainprof.analysis.model import Diagnosis, Finding, Steps, severity_for, se
 from trainprof.errors import TrainprofError
 from trainprof.rules import all_rules, rule_ids
 from trainprof.runmeta import RunMeta
+from trainprof.trace.frames import display_location
 from trainprof.trace.model import Trace
 from trainprof.trace.steps import SOURCE_TEXT
 
@@ -71,6 +72,9 @@ def analyze(
     findings: list[Finding] = []
     for rule in _selected(select, ignore):
         findings.extend(rule.check(ctx))
+    for f in findings:  # metadata and probes hold absolute paths
+        if f.location:
+            f.location = display_location(f.location)
     mean_ms = ctx.mean_step_us / 1000.0
     cap_savings(findings, mean_ms)
     durs = ctx.steps.durations / 1000.0

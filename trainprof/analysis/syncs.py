@@ -38,6 +38,7 @@ class SyncSite:
     location: str | None
     in_dataloader: bool
     in_metric: bool
+    in_optimizer: bool = False  # inside Optimizer.step#: torch's own code
     count: int = 0  # occurrences inside the step windows
     calls: int = 0  # blocking runtime calls they made
     host_us: float = 0.0  # host time blocked
@@ -106,16 +107,18 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
     rows = list(labels.items())
 
     probe_of = enclosing(tr, probes, np.array([r[0] for r in rows], np.int64))
-    in_dl = iv.contains(ctx.dataloader_spans, tr.ts[np.array([r[0] for r in rows], np.int64)])
+    row_ts = tr.ts[np.array([r[0] for r in rows], np.int64)]
+    in_dl = iv.contains(ctx.dataloader_spans, row_ts)
+    in_opt = iv.contains(ctx.spans(r"^Optimizer\.step#"), row_ts)
     groups: dict[tuple, SyncSite] = {}
     for k, (op, label) in enumerate(rows):
         p = int(probe_of[k])
         loc = probe_location(tr.name(p)) if p >= 0 else None
         loc = loc or ctx.location(op)
-        key = (label, loc, bool(in_dl[k]), _in_metric(ctx, op, metric_spans))
+        key = (label, loc, bool(in_dl[k]), _in_metric(ctx, op, metric_spans), bool(in_opt[k]))
         site = groups.get(key)
         if site is None:
-            site = groups[key] = SyncSite(label, loc, key[2], key[3])
+            site = groups[key] = SyncSite(label, loc, key[2], key[3], key[4])
         site.count += 1
         site.ops.append(op)
         for j in per_op_calls.get(op, []):

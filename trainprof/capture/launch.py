@@ -4,11 +4,15 @@ and turning how it ended into an exit code, a status and what Python would have 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +40,40 @@ class Target:
     @property
     def command(self) -> list[str]:
         return ["-m", self.module, *self.args] if self.module else [self.argv0, *self.args]
+
+
+class Terminated(BaseException):
+    """SIGTERM while the script runs: torchrun sends it to the other ranks when one fails, SLURM
+    at the time limit. Like Ctrl-C it ends the script, so that the trace is still saved."""
+
+
+_sigterm = {"owner": 0, "armed": False}
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    if os.getpid() != _sigterm["owner"]:  # a forked DataLoader worker: die as it would have
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if _sigterm["armed"]:
+        _sigterm["armed"] = False
+        raise Terminated("stopped by SIGTERM")
+    # Saving the trace or the metadata: finish (the sender follows up with SIGKILL if it must).
+
+
+@contextlib.contextmanager
+def sigterm_guard() -> Iterator[None]:
+    """While it is active, SIGTERM ends the script with Terminated and is ignored while trainprof
+    saves; outside, SIGTERM keeps its usual meaning."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _sigterm["owner"] = os.getpid()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 @dataclass
@@ -110,6 +148,7 @@ def run_target(target: Target) -> Outcome:
         sys.path[0] = target.path0
     else:
         sys.path.append(target.path0)
+    _sigterm["armed"] = True
     try:
         if target.module:
             target.path = _module_file(target.module) or target.path
@@ -121,9 +160,12 @@ def run_target(target: Target) -> Outcome:
         return _system_exit(exc)
     except KeyboardInterrupt as exc:
         return Outcome(130, "interrupted", format_exception(exc), format_exception(exc, False))
+    except Terminated as exc:  # 128 + SIGTERM, as a shell reports it
+        return Outcome(143, "interrupted", format_exception(exc), format_exception(exc, False))
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported, not ours
         return Outcome(1, "error", format_exception(exc), format_exception(exc, False))
     finally:
+        _sigterm["armed"] = False
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == target.path0:
             sys.path[0] = saved_path0

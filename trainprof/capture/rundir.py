@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,11 @@ from trainprof.runmeta import META_NAME
 
 @dataclass(frozen=True)
 class RunFiles:
-    """trainprof's file names in a run folder; per rank in a distributed run (ranks share it)."""
+    """trainprof's file names in a run folder; per rank in a distributed run (ranks share it).
+    `job`: every rank's files, for the `trainprof run --nproc-per-node` that prepares the folder."""
 
     rank: int | None = None
+    job: bool = False
 
     @property
     def meta(self) -> str:
@@ -28,6 +31,8 @@ class RunFiles:
 
     def owns(self, name: str) -> bool:
         """A file this run would write (and --force may replace)."""
+        if self.job and _RANK_FILE.fullmatch(name):
+            return True
         if name in (self.meta, self.log):
             return True
         if self.rank in (None, 0) and (  # the reports written after the run (rank 0's job)
@@ -61,11 +66,18 @@ def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -
             for name in os.listdir(path):
                 if files.owns(name) and (path / name).is_file():
                     (path / name).unlink()
+                elif files.job and _RANK_DIR.fullmatch(name) and (path / name).is_dir():
+                    for events in (path / name).glob("events.out.tfevents.*trainprof"):
+                        events.unlink()  # the TensorBoard run of one rank (run_reports)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise TrainprofError(f"cannot create run folder {path}: {err.strerror}") from None
     return path
+
+
+_RANK_FILE = re.compile(r"trainprof\.rank\d+\.(json|log)")
+_RANK_DIR = re.compile(r"rank\d+")
 
 
 def _blocking(path: Path, files: RunFiles) -> bool:

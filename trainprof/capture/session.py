@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainprof.capture.config import ProfileConfig
-from trainprof.capture.launch import Outcome, Target, run_target
+from trainprof.capture.launch import Outcome, Target, Terminated, run_target
 from trainprof.capture.noise import StderrFilter
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles
@@ -64,6 +64,10 @@ def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
+def _now() -> str:
+    return datetime.datetime.now().astimezone().isoformat(timespec="milliseconds")
+
+
 class Session:
     def __init__(
         self,
@@ -86,15 +90,14 @@ class Session:
         self.progress = progress
 
     def run(self) -> SessionResult:
-        started_at = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         noise = StderrFilter(self.folder / self.files.log)
         noise.start()
         try:
-            return self._run(noise, started_at)
+            return self._run(noise)
         finally:
             noise.stop()
 
-    def _run(self, noise: StderrFilter, started_at: str) -> SessionResult:
+    def _run(self, noise: StderrFilter) -> SessionResult:
         # torch is imported only now: argument errors above stay instant.
         from trainprof.capture import metadata
         from trainprof.capture.cudaflags import CudaFlags
@@ -120,6 +123,7 @@ class Session:
         stepper = Stepper(prof, last_step=cycle * cfg.repeat - 1 if cfg.repeat else None)
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
+        started_at = _now()
         try:
             collector.install()
             stepper.install(patches)
@@ -130,8 +134,14 @@ class Session:
             prof.start()
             S.recording = stepper.recording
             S.enabled = True
+            # When the script started, to the millisecond: with wall_time_s it tells when each
+            # rank of a distributed run ended, hence which failed first.
+            started_at = _now()
             t0 = time.perf_counter()
-            outcome = run_target(self.target)
+            try:
+                outcome = run_target(self.target)
+            except Terminated as exc:  # SIGTERM just as the script returned
+                outcome = Outcome(143, "interrupted", f"{type(exc).__name__}: {exc}\n")
             wall = time.perf_counter() - t0
         finally:
             S.enabled = False

@@ -58,6 +58,7 @@ class TraceWriter:
     def __init__(self, folder: Path, worker: str, defer: bool) -> None:
         self.folder = folder
         self.defer = defer
+        self.worker = worker
         self.handler = tensorboard_trace_handler(str(folder), worker_name=worker, use_gzip=True)
         self.pending: list[_Cycle] = []
         self.files: list[str] = []
@@ -75,7 +76,9 @@ class TraceWriter:
             self.handler(prof)
         except Exception as err:  # disk full, ...: the run still ends normally
             self.errors.append(f"could not write a trace: {type(err).__name__}: {err}")
-        self.files += sorted(set(os.listdir(self.folder)) - before)
+        # Only this worker's files: the other ranks of a distributed run write into this folder.
+        new = set(os.listdir(self.folder)) - before
+        self.files += sorted(n for n in new if n.startswith(self.worker + "."))
 
     def flush(self) -> None:
         while self.pending:

@@ -11,7 +11,9 @@ into pageable memory) inside the step windows, each tied to the op that issued i
 (`aten::item`, `aten::_local_scalar_dense`, `aten::is_nonzero`, `aten::nonzero`, copies to
 host, or none: an explicit synchronize) and to the user's file:line (trainprof probe, Python
 stack or `Call stack`). Syncs inside a DataLoader fetch belong to the data pipeline, syncs in
-TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`.
+TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`. On a trace
+without a GPU timeline, reads inside `Optimizer.step#` are left out: they are torch's own reads
+of CPU-resident state (Adam's step counters), which stay on the CPU in a GPU run too.
 
 Saving estimate: the GPU idle attributed to these calls (host blocked while the GPU idled, plus
 the refill gap until the next launch, capped at 1 ms), per step. On a CPU-only trace the same ops
@@ -74,6 +76,8 @@ def check(ctx: Context) -> list[Finding]:
             continue
         if ctx.gpu_timeline and not site.calls:
             continue  # no blocking call inside: a read of a CPU tensor, which never syncs
+        if not ctx.gpu_timeline and site.in_optimizer:
+            continue  # e.g. Adam's step counters: CPU tensors on a GPU run too
         per_step = site.count / max(ctx.n_steps, 1)
         cost = ctx.per_step(site.cost_us)
         metrics = {

@@ -8,6 +8,7 @@ Sources, best first: a trainprof probe name (`trainprof/host_read:item@train.py:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from functools import lru_cache
@@ -57,13 +58,26 @@ def frame_location(text: str) -> str | None:
     """'file:line' when `text` is a user frame."""
     f = parse_frame(text)
     if f and is_user_file(f[0]):
-        return f"{f[0]}:{f[1]}"
+        return display_location(f"{f[0]}:{f[1]}")
     return None
 
 
 def probe_location(name: str) -> str | None:
     m = _PROBE_LOC.search(name)
-    return m.group("loc") if m else None
+    return display_location(m.group("loc")) if m else None
+
+
+def display_location(loc: str) -> str:
+    """'file:line' with the file relative to the working folder when it lies inside it."""
+    path, _, line = loc.rpartition(":")
+    if os.path.isabs(path):
+        try:
+            rel = os.path.relpath(path)
+        except ValueError:  # another drive (Windows)
+            return loc
+        if not rel.startswith(".."):
+            return f"{rel}:{line}"
+    return loc
 
 
 class PyStacks:
