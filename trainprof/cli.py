@@ -17,6 +17,9 @@ app = typer.Typer(
 )
 
 
+_TORCHRUN = "Distributed (passed to torchrun)"
+
+
 def _fail(err: TrainprofError) -> None:
     typer.echo(f"trainprof: error: {err}", err=True)
     raise typer.Exit(err.exit_code)
@@ -34,7 +37,9 @@ def run(
     ctx: typer.Context,
     script: str = typer.Argument(None, help="The training script (or use -m MODULE)."),
     module: str = typer.Option(None, "-m", help="Run a module, like python -m."),
-    out: Path = typer.Option(None, "--out", "-o", help="Run folder [default: runs/<stem>-<time>]."),
+    out: Path = typer.Option(
+        None, "--out", "-o", help="Run folder (default: runs/<script>-<time>)."
+    ),
     force: bool = typer.Option(False, "--force", help="Allow writing into a non-empty folder."),
     config: Path = typer.Option(
         None, "--config", help="TOML file overriding configs/default.toml."
@@ -49,8 +54,24 @@ def run(
     cuda_sync_events: bool = typer.Option(False, "--cuda-sync-events", help="CUDA only."),
     sync_debug: bool = typer.Option(False, "--sync-debug", help="CUDA only: warn on syncs."),
     diagnose_after: bool = typer.Option(True, "--diagnose/--no-diagnose"),
+    nproc_per_node: str = typer.Option(
+        None, "--nproc-per-node", rich_help_panel=_TORCHRUN,
+        help="Run every rank under torchrun: processes per node (N, auto, cpu, gpu).",
+    ),
+    nnodes: str = typer.Option(None, "--nnodes", rich_help_panel=_TORCHRUN, help="N or MIN:MAX."),
+    node_rank: int = typer.Option(None, "--node-rank", rich_help_panel=_TORCHRUN),
+    rdzv_backend: str = typer.Option(None, "--rdzv-backend", rich_help_panel=_TORCHRUN),
+    rdzv_endpoint: str = typer.Option(
+        None, "--rdzv-endpoint", rich_help_panel=_TORCHRUN, help="HOST:PORT."
+    ),
+    rdzv_id: str = typer.Option(None, "--rdzv-id", rich_help_panel=_TORCHRUN),
+    master_addr: str = typer.Option(None, "--master-addr", rich_help_panel=_TORCHRUN),
+    master_port: int = typer.Option(None, "--master-port", rich_help_panel=_TORCHRUN),
 ) -> None:
-    """Run SCRIPT [ARGS...] unmodified under the profiler, then print the diagnosis."""
+    """Run SCRIPT [ARGS...] unmodified under the profiler, then print the diagnosis.
+
+    With --nproc-per-node: on every rank, through torchrun; all ranks diagnosed together."""
+    from trainprof.capture.distributed import Launcher, launch
     from trainprof.capture.runner import RunOptions, run_script
 
     opts = RunOptions(
@@ -77,8 +98,18 @@ def run(
         sync_debug=sync_debug,
         diagnose=diagnose_after,
     )
+    launcher = Launcher(
+        nproc_per_node=nproc_per_node,
+        nnodes=nnodes,
+        node_rank=node_rank,
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
     try:
-        code = run_script(opts)
+        code = launch(opts, launcher) if launcher.requested else run_script(opts)
     except TrainprofError as err:
         _fail(err)
     raise typer.Exit(code)

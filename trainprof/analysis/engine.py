@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from trainprof.analysis.breakdown import breakdown
@@ -62,6 +64,18 @@ def notes_for(ctx: Context) -> list[str]:
     return notes
 
 
+def _show(loc: str, meta: RunMeta | None) -> str:
+    """One form for every location: relative to the working folder when inside it. Metadata and
+    probes hold absolute paths; Kineto's Python frames hold paths relative to sys.path, whose
+    first entry is the script's folder."""
+    path, _, line = loc.rpartition(":")
+    if meta and meta.script and not os.path.isabs(path) and not os.path.exists(path):
+        candidate = os.path.join(os.path.dirname(os.path.abspath(meta.script)), path)
+        if os.path.exists(candidate):
+            loc = f"{candidate}:{line}"
+    return display_location(loc)
+
+
 def analyze(
     trace: Trace,
     meta: RunMeta | None = None,
@@ -72,9 +86,9 @@ def analyze(
     findings: list[Finding] = []
     for rule in _selected(select, ignore):
         findings.extend(rule.check(ctx))
-    for f in findings:  # metadata and probes hold absolute paths
+    for f in findings:
         if f.location:
-            f.location = display_location(f.location)
+            f.location = _show(f.location, meta)
     mean_ms = ctx.mean_step_us / 1000.0
     cap_savings(findings, mean_ms)
     durs = ctx.steps.durations / 1000.0

@@ -3,6 +3,8 @@
 Modules, one job each:
 
 * runner     RunOptions, run_script: checks the request, runs a Session, writes metadata, reports
+* distributed --nproc-per-node: every rank through torchrun, one folder, failures, merged report
+* worker     `python -m trainprof.capture.worker`: torchrun's program, one rank under the engine
 * session    one capture: installs everything, runs the script, saves, builds RunMeta
 * launch     runs the script / -m module like python; exit codes; trimmed tracebacks
 * config     schedule and options: default.toml, --config, flags

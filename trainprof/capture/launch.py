@@ -55,6 +55,10 @@ def _on_sigterm(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
+    # torchrun signals the whole process group: the DataLoader workers die too, and torch's
+    # SIGCHLD handler would raise about it anywhere, even while the trace is being saved.
+    if callable(signal.getsignal(signal.SIGCHLD)):
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if _sigterm["armed"]:
         _sigterm["armed"] = False
         raise Terminated("stopped by SIGTERM")

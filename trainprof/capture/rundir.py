@@ -87,3 +87,34 @@ def _blocking(path: Path, files: RunFiles) -> bool:
     if files.rank is None:
         return bool(names)
     return any(files.owns(n) for n in names)  # other ranks write into the same folder
+
+
+# A launching `trainprof run --nproc-per-node N` sets this for its ranks: the run folder it
+# prepared (and will report on) once for all of them.
+SHARED_ENV = "TRAINPROF_RUN_DIR"
+
+
+def shared_run_dir(out: Path | None) -> Path | None:
+    """The folder prepared for every rank by the launching trainprof, when this process is one of
+    its ranks (its --out names that folder); else None."""
+    shared = os.environ.get(SHARED_ENV)
+    if not shared or out is None or Path(out).resolve() != Path(shared).resolve():
+        return None
+    path = Path(shared)
+    try:  # exists already, unless this node does not share the launching node's filesystem
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise TrainprofError(f"cannot create run folder {path}: {err.strerror}") from None
+    return path
+
+
+def rank_run_dir(stem: str) -> Path:
+    """Default run folder of a rank launched by torchrun directly: a name every rank agrees on,
+    from the job's rendezvous id (the timestamped default could differ between ranks)."""
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    if run_id and run_id != "none":
+        return Path("runs") / f"{stem}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', run_id)}"
+    raise TrainprofError(
+        "the ranks of a torchrun job write into one run folder: pass --out DIR "
+        "(or give torchrun --rdzv-id ID for runs/<script>-<ID>)"
+    )

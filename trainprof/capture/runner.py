@@ -1,7 +1,11 @@
 """`trainprof run`: check the request, capture, write trainprof.json, then report.
 
-Exit code: the script's own (sys.exit(n) -> n, an exception -> 1, Ctrl-C -> 130); 2 for a
-request trainprof refuses (TrainprofError, raised before the script starts).
+Exit code: the script's own (sys.exit(n) -> n, an exception -> 1, Ctrl-C -> 130, SIGTERM -> 143);
+2 for a request trainprof refuses (TrainprofError, raised before the script starts).
+
+A rank of a torchrun job (RANK and WORLD_SIZE > 1 set) writes rank<R>.* files into the folder
+all ranks share and never diagnoses: the other ranks may still be running. Under a launching
+`trainprof run --nproc-per-node` (see distributed.py) that one reports for all ranks.
 """
 
 from __future__ import annotations
@@ -14,12 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from trainprof.capture.config import load_config
-from trainprof.capture.launch import resolve_target
+from trainprof.capture.launch import resolve_target, sigterm_guard
 from trainprof.capture.progress import Progress
-from trainprof.capture.rundir import RunFiles, prepare_run_dir
+from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
 from trainprof.capture.session import Session, say
 from trainprof.capture.summary import step_summary
 from trainprof.errors import TrainprofError
+from trainprof.hints import explain_exception
 from trainprof.runmeta import RunMeta, write_meta
 
 
@@ -37,7 +42,7 @@ class RunOptions:
     diagnose: bool = True
 
 
-def _env_rank() -> int | None:
+def env_rank() -> int | None:
     """This process's rank when launched by torchrun (ranks then share the run folder)."""
     rank, world = os.environ.get("RANK", ""), os.environ.get("WORLD_SIZE", "")
     if rank.isdigit() and world.isdigit() and int(world) > 1:
@@ -49,10 +54,17 @@ def run_script(opts: RunOptions) -> int:
     """Run the script under the profiler and report; returns the script's exit code."""
     target = resolve_target(opts.script, opts.module, list(opts.script_args))
     cfg = load_config(opts.config, opts.overrides)
-    rank = _env_rank()
+    rank = env_rank()
     files = RunFiles(rank)
-    folder = prepare_run_dir(opts.out, target.stem, opts.force, files)
+    shared = shared_run_dir(opts.out)  # prepared by a launching trainprof, which reports
+    if shared is not None:
+        folder = shared
+    else:
+        out = opts.out if opts.out is not None or rank is None else rank_run_dir(target.stem)
+        folder = prepare_run_dir(out, target.stem, opts.force, files)
     progress = Progress()
+    if rank is not None or shared is not None:
+        progress.enabled = False  # several ranks on one terminal: no spinners
     windows = "" if cfg.repeat == 1 else f", {cfg.repeat or 'unlimited'} windows"
     progress.line(
         f"profiling {target.argv0}: steps {cfg.first_recorded}-{cfg.last_recorded} will be "
@@ -60,33 +72,55 @@ def run_script(opts: RunOptions) -> int:
     )
     # Absolute from here on: scripts may chdir (Hydra does) before the trace is written.
     where = folder.resolve()
-    result = Session(
-        target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
-    ).run()
-    meta, outcome = result.meta, result.outcome
-    write_meta(meta, where, files.meta)
+    # SIGTERM (torchrun stopping the ranks after one failed) ends the script; saving goes on.
+    with sigterm_guard():
+        result = Session(
+            target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
+        ).run()
+        meta, outcome = result.meta, result.outcome
+        write_meta(meta, where, files.meta)
 
     if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
         sys.stderr.write(outcome.message)
         sys.stderr.flush()
+        hint = explain_exception(outcome.message)
+        if hint:
+            say(f"hint: {hint}")
+    tag = "" if rank is None else f"rank {rank}: "
     for note in meta.notes:
-        say(f"note: {note}")
-    if rank in (None, 0):
-        if opts.diagnose:
-            _diagnose(where, meta)
-        else:
-            say(step_summary(meta))
+        say(f"{tag}note: {note}")
+    if shared is not None:
+        return outcome.exit_code
+    if rank is not None:  # launched by torchrun directly: the other ranks may still be running
+        if rank == 0:
+            say(f"{tag}{step_summary(meta)}")
+            say(
+                f"run folder: {folder}; once every rank has finished, diagnose them together: "
+                f"trainprof diagnose {shlex.quote(str(folder))}"
+            )
+        return outcome.exit_code
+    if opts.diagnose:
+        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces))
+    else:
+        say(step_summary(meta))
+    say_where(folder)
+    return outcome.exit_code
+
+
+def say_where(folder: Path) -> None:
+    """Where the results are: the run folder, its HTML report, the TensorBoard command."""
     say(f"run folder: {folder}")
     if (folder / "report.html").exists():
         say(f"report: {folder / 'report.html'}")
     say(f"open it in TensorBoard: trainprof tensorboard {shlex.quote(str(folder.parent))}")
-    return outcome.exit_code
 
 
-def _diagnose(folder: Path, meta: RunMeta) -> None:
-    """The full diagnosis, or the step-time summary when it cannot be made."""
-    if not meta.traces:
-        say(step_summary(meta))
+def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: bool) -> None:
+    """The full diagnosis of the run folder (all its ranks together) with its reports, or the
+    step-time summaries when it cannot be made."""
+    if not has_traces:
+        for line in summaries:
+            say(line)
         return
     try:
         from trainprof.diagnose import diagnose_items, flat_diagnoses, render_items
@@ -98,7 +132,9 @@ def _diagnose(folder: Path, meta: RunMeta) -> None:
         write_run_reports(folder, flat_diagnoses(items), meta)
     except TrainprofError as err:
         say(f"diagnosis not available: {err}")
-        say(step_summary(meta))
+        for line in summaries:
+            say(line)
     except Exception as err:  # a bug in the analysis must not hide the capture
         say(f"diagnosis failed ({type(err).__name__}: {err}); run `trainprof diagnose {folder}`")
-        say(step_summary(meta))
+        for line in summaries:
+            say(line)
