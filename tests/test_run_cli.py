@@ -101,6 +101,10 @@ def test_basic_probes(basic: Run) -> None:
     item = f"trainprof/host_read:item@{SCRIPTS / 'train_basic.py'}:"
     item += str(line_of("train_basic.py", "ITEM_LINE"))
     assert names[item] == 2, names
+    # `if tensor:` gets its own line too (Kineto's frames would give a stale or `def` line).
+    cond = f"trainprof/host_read:__bool__@{SCRIPTS / 'train_basic.py'}:"
+    cond += str(line_of("train_basic.py", "BOOL_LINE"))
+    assert names[cond] == 2, names
 
 
 def test_basic_metadata(basic: Run) -> None:

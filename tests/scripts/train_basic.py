@@ -27,4 +27,6 @@ for x, y in loader:
     loss.backward()
     opt.step()
     last = loss.item()  # ITEM_LINE
+    if torch.isnan(loss):  # BOOL_LINE
+        break
 print(f"done loss={last:.4f}")

@@ -3,7 +3,7 @@
 * `trainprof/fetch`: DataLoader iterator __next__ (also a step boundary for the stepper),
 * `trainprof/forward`: the root module's forward (outermost nn.Module call, metrics excluded),
 * `trainprof/backward`: torch.autograd.backward (Tensor.backward goes through it),
-* `trainprof/host_read:<kind>@<file>:<line>`: Tensor.item / tolist / cpu / numpy called by user
+* `trainprof/host_read:<kind>@<file>:<line>`: Tensor.item / tolist / cpu / numpy / __bool__ by user
   code (directly, or through a library when the tensor is not on the CPU); file:line is the
   first user frame, in the name so the diagnosis has it even without with_stack.
 
@@ -32,7 +32,9 @@ from trainprof.capture.state import S, on_fork_child
 from trainprof.capture.stepper import Stepper
 from trainprof.capture.userframe import UserCode
 
-HOST_READS = ("item", "tolist", "cpu", "numpy")
+# __bool__ is `if tensor:` (aten::is_nonzero): Kineto's Python frames cannot give its line (a
+# frame already running when the window opened keeps the line it was at then).
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__")
 
 
 def probe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -10,8 +10,11 @@ the loader already has workers comes from the run metadata, else from the iterat
 (`_SingleProcessDataLoaderIter` means `num_workers=0`).
 
 Saving estimate: on a GPU trace, the GPU idle time that falls inside fetches (never more than
-the fetch share). On a CPU trace, the fetch time itself: an upper bound, since workers compete
-with the model's threads for the same cores; the evidence says so when there are no spare cores.
+the fetch share). On a CPU trace the workers take the fetch off the loop but compete with the
+model's threads for the same cores: with fetch time F and compute time M per step, C cores and
+T torch threads (from the run metadata), the fixed step cannot be shorter than M, nor than all
+the CPU work spread over the cores, (F + M * min(T, C)) / C; the saving is the step minus the
+larger of the two. Without metadata (a bare trace) it is F, an upper bound, and said so.
 The suggested `num_workers` is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
 """
@@ -43,17 +46,24 @@ def _workers(ctx: Context) -> int | None:
 def check(ctx: Context) -> list[Finding]:
     if not len(ctx.dataloader_idx) or ctx.device.kind == "mtia":
         return []
-    fetch = ctx.per_step(iv.total(iv.intersect(ctx.dataloader_spans, ctx.windows)))
+    in_steps = iv.intersect(ctx.dataloader_spans, ctx.windows)
+    fetch = ctx.per_step(iv.total(in_steps))
+    # trainprof's fetch probe nests inside torch's own DataLoader range: count merged spans.
+    fetches = len(in_steps[0])
     share = ctx.pct(fetch)
+    cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
+    threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
+    compute = max(ctx.mean_step_us - fetch, 1.0)
     if ctx.gpu_timeline:
         saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
+    elif cpus and threads:
+        fixed_step = max(compute, (fetch + compute * min(threads, cpus)) / cpus)
+        saving = max(ctx.mean_step_us - fixed_step, 0.0)
     else:
         saving = fetch
     if share < MIN_SHARE and ctx.pct(saving) < 2.0:
         return []
     workers = _workers(ctx)
-    cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
-    compute = max(ctx.mean_step_us - fetch, 1.0)
     need = math.ceil(fetch / compute) + 1
     cap = cpus if cpus else 8
     suggest = max(2, min(need, cap))
@@ -63,18 +73,19 @@ def check(ctx: Context) -> list[Finding]:
     loc = loc or ctx.location(int(ctx.dataloader_idx[0]))
     evidence = (
         f"Fetching batches takes {ms(fetch)} per step = {share:.1f} % of the step "
-        f"({len(ctx.dataloader_idx)} fetches)"
+        f"({fetches} fetches in {ctx.n_steps} steps)"
     )
     if ctx.gpu_timeline:
         evidence += f"; the GPU is idle for {ms(saving)} of it per step."
     else:
         evidence += "; on CPU that time is not spent training."
-        spare = (cpus or 0) - (ctx.meta.torch_threads or 0) if ctx.meta else 0
-        if ctx.meta and ctx.meta.cpu_count and spare < 1:
+        if cpus and threads:
             evidence += (
-                f" Upper bound: {cpus} cores, all used by torch's {ctx.meta.torch_threads} "
-                "threads, so workers will compete with the model."
+                f" With {cpus} cores and torch using {threads} threads, workers compete with "
+                f"the model: the step can shrink to about {ms(ctx.mean_step_us - saving)}."
             )
+        else:
+            evidence += " Upper bound: the core count is unknown without run metadata."
     if workers == 0 or workers is None and "_SingleProcess" in ctx.trace.name(
         int(ctx.dataloader_idx[0])
     ):
