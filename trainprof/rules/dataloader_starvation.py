@@ -15,6 +15,11 @@ model's threads for the same cores: with fetch time F and compute time M per ste
 T torch threads (from the run metadata), the fixed step cannot be shorter than M, nor than all
 the CPU work spread over the cores, (F + M * min(T, C)) / C; the saving is the step minus the
 larger of the two. Without metadata (a bare trace) it is F, an upper bound, and said so.
+The profiler itself slows the recorded steps, Python-heavy fetches (with_stack traces every
+Python call) far more than compute: when the run metadata has the unprofiled step times, the
+difference (profiled mean step minus unprofiled median step) is taken off F and M in proportion
+to the events the profiler recorded in each, before the estimate above; the saving is then a
+share of the unprofiled step.
 The suggested `num_workers` is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
 """
@@ -23,11 +28,14 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
+
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
 
 MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 
@@ -41,6 +49,25 @@ def _workers(ctx: Context) -> int | None:
     if any("_MultiProcessing" in n for n in names):
         return None  # some workers, how many unknown
     return None
+
+
+def _unprofiled(ctx: Context, fetch: float) -> tuple[float, float, float]:
+    """(step, fetch, compute) per step in µs with the profiler's own overhead taken out."""
+    step = ctx.mean_step_us
+    times = ctx.meta.step_times_s if ctx.meta else []
+    if len(times) < 10:
+        return step, fetch, step - fetch
+    skip = ctx.meta.window.wait + ctx.meta.window.warmup if ctx.meta else 0
+    plain = float(np.median(times[skip:] if len(times) > skip + 5 else times)) * 1e6
+    overhead = step - plain
+    if overhead <= 0:
+        return step, fetch, step - fetch
+    tr = ctx.trace
+    ev = np.flatnonzero(np.isin(tr.kind, (Kind.PYTHON, Kind.CPU_OP)))
+    ev = ev[ctx.in_windows(ev)]
+    share = float(iv.contains(ctx.dataloader_spans, tr.ts[ev]).mean()) if len(ev) else 0.0
+    f = max(fetch - overhead * share, 0.0)
+    return plain, f, max(plain - f, 1.0)
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -57,8 +84,10 @@ def check(ctx: Context) -> list[Finding]:
     if ctx.gpu_timeline:
         saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
     elif cpus and threads:
-        fixed_step = max(compute, (fetch + compute * min(threads, cpus)) / cpus)
-        saving = max(ctx.mean_step_us - fixed_step, 0.0)
+        step, f, m = _unprofiled(ctx, fetch)
+        fixed_step = max(m, (f + m * min(threads, cpus)) / cpus)
+        # As a share of the unprofiled step, expressed in the profiled step's units.
+        saving = max(step - fixed_step, 0.0) / step * ctx.mean_step_us
     else:
         saving = fetch
     if share < MIN_SHARE and ctx.pct(saving) < 2.0:
