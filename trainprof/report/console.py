@@ -23,7 +23,7 @@ def findings_table(d: Diagnosis) -> Table:
     table.add_column("sev", width=6, no_wrap=True)
     table.add_column("finding and evidence", ratio=5)
     table.add_column("where", ratio=2, overflow="fold")
-    table.add_column("fix", ratio=4)
+    table.add_column("fix", ratio=4, overflow="fold")
     table.add_column("est. saving", ratio=2)
     for i, f in enumerate(d.findings, 1):
         body = Text(f.title, style="bold")
@@ -69,7 +69,7 @@ def print_rules(console: Console | None = None) -> None:
     table = Table(expand=True)
     table.add_column("rule", no_wrap=True)
     table.add_column("detects", ratio=3)
-    table.add_column("fix", ratio=2)
+    table.add_column("fix", ratio=2, overflow="fold")
     for r in all_rules():
         table.add_row(r.id, r.detects, r.fix)
     console.print(table)

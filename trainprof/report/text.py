@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from trainprof.analysis.model import Diagnosis, Finding
 
 
@@ -40,4 +42,7 @@ def saving_text(f: Finding) -> str:
 
 def title_of(d: Diagnosis) -> str:
     rank = f" (rank {d.rank})" if d.rank is not None else ""
-    return f"{d.trace}{rank}"
+    path = d.trace
+    if os.path.isabs(path) and not (rel := os.path.relpath(path)).startswith(".."):
+        path = rel
+    return f"{path}{rank}"

@@ -81,11 +81,13 @@ def check(ctx: Context) -> list[Finding]:
     cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
     threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
     compute = max(ctx.mean_step_us - fetch, 1.0)
+    shrink = (ctx.mean_step_us, ctx.mean_step_us)
     if ctx.gpu_timeline:
         saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
     elif cpus and threads:
         step, f, m = _unprofiled(ctx, fetch)
         fixed_step = max(m, (f + m * min(threads, cpus)) / cpus)
+        shrink = (step, fixed_step)
         # As a share of the unprofiled step, expressed in the profiled step's units.
         saving = max(step - fixed_step, 0.0) / step * ctx.mean_step_us
     else:
@@ -111,7 +113,8 @@ def check(ctx: Context) -> list[Finding]:
         if cpus and threads:
             evidence += (
                 f" With {cpus} cores and torch using {threads} threads, workers compete with "
-                f"the model: the step can shrink to about {ms(ctx.mean_step_us - saving)}."
+                f"the model: the step ({ms(shrink[0])} without the profiler) can shrink to "
+                f"about {ms(shrink[1])}."
             )
         else:
             evidence += " Upper bound: the core count is unknown without run metadata."
