@@ -112,43 +112,27 @@ def flat_diagnoses(items: list[Diagnosis | MultiRankDiagnosis]) -> list[Diagnosi
 
 
 def render_items(items: list, fmt: str = "console", fail_on: str | None = None) -> int:
-    """Print diagnoses in `fmt`; return the exit code `--fail-on` asks for."""
+    """Print diagnoses in `fmt`; return the exit code `--fail-on` asks for. A folder holding a
+    multi-rank job (maybe with single traces beside it) gets the merged view."""
     diags = [d for d in items if isinstance(d, Diagnosis)]
-    if len(diags) < len(items):  # a multi-rank job: its merged view
-        return _render_items(items, fmt, fail_on)
+    job = len(diags) < len(items)
     if fmt == "json":
-        from trainprof.report.jsonout import render_json
+        from trainprof.report.jsonout import render_items_json, render_json
 
-        sys.stdout.write(render_json(diags) + "\n")
+        sys.stdout.write((render_items_json(items) if job else render_json(diags)) + "\n")
     elif fmt == "markdown":
         from trainprof.report.markdown import render_markdown
+        from trainprof.report.ranks_markdown import render_items_markdown
 
-        sys.stdout.write(render_markdown(diags))
+        sys.stdout.write(render_items_markdown(items) if job else render_markdown(diags))
+    elif job:
+        from trainprof.report.ranks_console import print_items
+
+        print_items(items)
     else:
         from trainprof.report.console import print_diagnoses
 
         print_diagnoses(diags)
-    if fail_on is not None:
-        limit = severity_rank(fail_on)
-        if any(severity_rank(f.severity) <= limit for d in diags for f in d.findings):
-            return FAIL_EXIT
-    return 0
-
-
-def _render_items(items: list, fmt: str, fail_on: str | None) -> int:
-    """Output for a folder holding a multi-rank job (and maybe single traces beside it)."""
-    if fmt == "json":
-        from trainprof.report.jsonout import render_items_json
-
-        sys.stdout.write(render_items_json(items) + "\n")
-    elif fmt == "markdown":
-        from trainprof.report.ranks_markdown import render_items_markdown
-
-        sys.stdout.write(render_items_markdown(items))
-    else:
-        from trainprof.report.ranks_console import print_items
-
-        print_items(items)
     if fail_on is not None:
         limit = severity_rank(fail_on)
         if any(severity_rank(f.severity) <= limit for x in items for f in x.findings):
