@@ -3,11 +3,13 @@ when stdout is not a terminal (rich honours NO_COLOR and pipes)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainprof.analysis.model import Diagnosis
+from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
@@ -17,22 +19,27 @@ def _console() -> Console:
     return Console(width=None if Console().is_terminal else 100, soft_wrap=False)
 
 
-def findings_table(d: Diagnosis) -> Table:
+def findings_table(
+    findings: list[Finding],
+    where_title: str = "where",
+    where: Callable[[Finding], str] = lambda f: f.location or "-",
+) -> Table:
+    """The ranked findings; `where` fills the location column (multi-rank adds the ranks)."""
     table = Table(show_lines=True, expand=True, pad_edge=False)
     table.add_column("#", justify="right", width=2, no_wrap=True)
     table.add_column("sev", width=6, no_wrap=True)
     table.add_column("finding and evidence", ratio=5)
-    table.add_column("where", ratio=2, overflow="fold")
-    table.add_column("fix", ratio=4, overflow="fold")
+    table.add_column(where_title, ratio=2, overflow="fold")
+    table.add_column("fix", ratio=4, overflow="fold")  # a fix is never cut short
     table.add_column("est. saving", ratio=2)
-    for i, f in enumerate(d.findings, 1):
+    for i, f in enumerate(findings, 1):
         body = Text(f.title, style="bold")
         body.append(f"\n{f.evidence}", style="")
         table.add_row(
             str(i),
             Text(f.severity, style=_SEV_STYLE.get(f.severity, "")),
             body,
-            f.location or "-",
+            where(f),
             f.fix,
             saving_text(f),
         )
@@ -49,7 +56,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     for note in d.notes:
         console.print(Text(f"Note: {note}", style="dim"))
     if d.findings:
-        console.print(findings_table(d))
+        console.print(findings_table(d.findings))
     else:
         console.print("No problems found.")
 

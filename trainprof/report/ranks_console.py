@@ -7,10 +7,10 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis, RankSummary
+from trainprof.analysis.model import Diagnosis, Finding, MultiRankDiagnosis, RankSummary
 from trainprof.ranks.fold import rank_list
-from trainprof.report.console import _SEV_STYLE, _console, print_diagnosis
-from trainprof.report.text import device_line, saving_text
+from trainprof.report.console import _console, findings_table, print_diagnosis
+from trainprof.report.text import device_line
 
 MAX_ROWS = 32  # more ranks than this: show the slowest and the fastest
 SHOW_SLOWEST, SHOW_FASTEST = 16, 4
@@ -123,24 +123,11 @@ def comm_table(rows: list[RankSummary]) -> Table:
 
 
 def job_findings_table(job: MultiRankDiagnosis) -> Table:
-    table = Table(show_lines=True, expand=True, pad_edge=False)
-    table.add_column("#", justify="right", width=2, no_wrap=True)
-    table.add_column("sev", width=6, no_wrap=True)
-    table.add_column("finding and evidence", ratio=5)
-    table.add_column("ranks, where", ratio=2, overflow="fold")
-    table.add_column("fix", ratio=4)
-    table.add_column("est. saving", ratio=2)
-    for i, f in enumerate(job.findings, 1):
-        body = Text(f.title, style="bold")
-        body.append(f"\n{f.evidence}", style="")
-        where = ranks_text(f.ranks)
-        if f.location:
-            where += f"\n{f.location}"
-        table.add_row(
-            str(i), Text(f.severity, style=_SEV_STYLE.get(f.severity, "")), body, where, f.fix,
-            saving_text(f),
-        )
-    return table
+    def where(f: Finding) -> str:
+        text = ranks_text(f.ranks)
+        return f"{text}\n{f.location}" if f.location else text
+
+    return findings_table(job.findings, "ranks, where", where)
 
 
 def print_job(job: MultiRankDiagnosis, console: Console | None = None) -> None:
