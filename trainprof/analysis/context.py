@@ -244,15 +244,16 @@ class Context:
         rest = iv.subtract(idle, dl)
         hw = iv.intersect(rest, iv.merge(tr.ts[b_idx], tr.end[b_idx]))
         rest = iv.subtract(rest, hw)
-        rf = iv.intersect(rest, iv.merge(tr.end[b_idx], self._refill_end(b_idx)))
+        rf = iv.intersect(rest, iv.merge(tr.end[b_idx], self._refill_ends))
         other = iv.subtract(rest, rf)
         return {"dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
 
-    def _refill_end(self, b_idx: np.ndarray) -> np.ndarray:
-        """Where the refill after each blocking call ends: the GPU's next start, but no later
-        than the end of the host's next launch call."""
+    @cached_property
+    def _refill_ends(self) -> np.ndarray:
+        """Where the refill after each blocking call (_blocking_raw order) ends: the GPU's next
+        start, but no later than the end of the host's next launch call."""
         tr = self.trace
-        ends = tr.end[b_idx]
+        ends = tr.end[self._blocking_raw[0]]
         nxt_gpu = iv.next_start_after(self.gpu_busy, ends)
         launches = tr.where_name(LAUNCH_CALLS, Kind.RUNTIME)
         l_end = iv.first_after(tr.ts[launches], tr.end[launches], ends)
@@ -266,7 +267,7 @@ class Context:
         idx, copy, memi = self._blocking_raw
         att = self.attribution
         wait = iv.overlap_each(tr.ts[idx], tr.end[idx], att["host_wait"])
-        refill = iv.overlap_each(tr.end[idx], self._refill_end(idx), att["refill"])
+        refill = iv.overlap_each(tr.end[idx], self._refill_ends, att["refill"])
         # Calls on several threads can overlap: never hand out more than the attributed total.
         for col, key in ((wait, "host_wait"), (refill, "refill")):
             tot, have = iv.total(att[key]), float(col.sum())

@@ -94,7 +94,7 @@ def check(ctx: Context) -> list[Finding]:
         evidence += "."
     if hot:
         evidence += " Top ops: " + ", ".join(f"{n} {ms(t)}/step" for _, n, t in hot) + "."
-    loc = next((ctx.location(i) for i, _, _ in hot if ctx.location(i)), None)
+    loc = next(filter(None, (ctx.location(i) for i, _, _ in hot)), None)
     return [
         finding(
             ctx,

@@ -131,22 +131,6 @@ def first_user_frame(frames: list[str]) -> str | None:
     return None
 
 
-def first_library_frame(frames: list[str]) -> str | None:
-    """The outermost non-user frame just below the user's code: the library call a user made
-    (e.g. `transformers/pipelines/video_classification.py(129): preprocess`)."""
-    last_lib = None
-    for f in reversed(frames):  # outermost first
-        p = parse_frame(f)
-        if p is None:
-            continue
-        if is_user_file(p[0]):
-            last_lib = None
-            continue
-        if last_lib is None and not p[0].startswith("<") and p[0].split("/")[0] not in _STDLIB:
-            last_lib = f
-    return last_lib
-
-
 def event_frames(trace: Trace, stacks: PyStacks, i: int) -> list[str]:
     """The Python frames of event i (innermost first), from whichever source the trace has."""
     cs = trace.call_stacks.get(int(i))

@@ -97,14 +97,6 @@ def union(*sets: Intervals) -> Intervals:
     return merge(np.concatenate([s[0] for s in sets]), np.concatenate([s[1] for s in sets]))
 
 
-def gaps(iv: Intervals, lo: float, hi: float) -> Intervals:
-    """The complement of `iv` within [lo, hi]."""
-    s, e = intersect(iv, (np.array([lo]), np.array([hi])))
-    starts = np.r_[lo, e]
-    ends = np.r_[s, hi]
-    return merge(starts, ends)
-
-
 def next_start_after(iv: Intervals, x: np.ndarray) -> np.ndarray:
     """Start of the first interval beginning at or after each x (inf when none)."""
     s = iv[0]

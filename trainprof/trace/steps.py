@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.trace.model import GPU_KINDS, HOST_KINDS, Kind, Trace
+from trainprof.trace.model import HOST_KINDS, Kind, Trace
 
 PROFILER_STEP = r"^ProfilerStep#\d+$"
 OPTIMIZER_STEP = r"^Optimizer\.step#"
@@ -80,5 +80,3 @@ def step_number(label: str) -> int | None:
     m = re.search(r"#(\d+)$", label)
     return int(m.group(1)) if m else None
 
-
-__all__ = ["Steps", "find_steps", "step_number", "GPU_KINDS"]
