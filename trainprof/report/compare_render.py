@@ -135,7 +135,7 @@ def print_comparison(c: Comparison, console: Console | None = None) -> None:
     console = console or _console()
     console.print(Text(headline(c), style=_verdict_style(c)))
     for name, side in (("A", c.a), ("B", c.b)):
-        console.print(Text(f"{name}: {side.path}", style="bold"))
+        console.print(Text(f"{name}: {side.path}", style="bold"), soft_wrap=True)
         console.print(f"   median step {_median(side)}, {_steps(side)}")
         busy = "" if side.gpu_busy_pct is None else f", GPU busy {_busy(side)}"
         console.print(f"   {side.device}{busy}")

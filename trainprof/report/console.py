@@ -48,7 +48,8 @@ def findings_table(
 
 def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     console = console or _console()
-    console.print(Text(title_of(d), style="bold"))
+    # soft_wrap: a path hard-broken by a newline could not be copied back into a shell
+    console.print(Text(title_of(d), style="bold"), soft_wrap=True)
     console.print(f"Device: {device_line(d)}")
     console.print(f"Steps: {step_line(d)}")
     if d.breakdown:
