@@ -2,20 +2,24 @@
 on this machine, then print side by side the saving `diagnose` predicted on the broken run and the
 saving `compare` measured.
 
-    python benchmarks/fix_efficacy.py [--steps N] [--only NAME ...] [--keep DIR]
+    python benchmarks/fix_efficacy.py [--rounds N] [--steps N] [--only NAME ...] [--keep DIR]
 
-Predicted: the top finding's `est_saving_pct`, and the sum over all findings (what fixing
-everything the diagnosis names would give, capped at the step). Measured: the change of the median
-step time (all steps of the run from its metadata, warm-up dropped) between the two runs, with
-its 95 % bootstrap interval. The `--fixed` flag of each example applies every recommended fix, so
-the top-finding prediction is compared with the measured change only where the top finding is
-the bottleneck the fix removes.
+Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
+`--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
+against the measurement; and the sum over all findings. Measured: the change of the median
+step time (all steps of the run from its metadata, warm-up dropped) between the two runs.
+
+A 2-core machine shared with others is noisy, and a fixed run whose workers and model share the
+cores varies from run to run more than its confidence interval says: each example is run
+`--rounds` times (broken, fixed, broken, fixed, ...) and the table gives the median prediction
+and the median measured saving of the rounds, with every round's measured value beside it.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,6 +27,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ["dataloader_starved", "metrics_sync", "amp_compile", "many_problems", "quickstart"]
+# The rules whose fixes each example's --fixed applies (read off its FIX comments). A finding
+# outside this set (e.g. cpu-bf16 on a CNN whose --fixed keeps fp32) is true but not what the
+# fixed run measures, so it is not part of the prediction being checked.
+FIXED_RULES = {
+    "dataloader_starved": {"dataloader-starvation", "pageable-memcpy"},
+    "metrics_sync": {"metric-sync", "host-sync", "per-step-logging"},
+    "amp_compile": {
+        "cpu-bf16", "no-amp", "optimizer-foreach", "zero-grad-not-none", "cudnn-benchmark-off",
+        "compile-recompile",
+    },
+    "many_problems": {
+        "dataloader-starvation", "pageable-memcpy", "host-sync", "per-step-logging", "h2d-in-loop",
+        "optimizer-foreach", "zero-grad-not-none", "conv-bias-before-bn",
+    },
+    "quickstart": {"dataloader-starvation", "pageable-memcpy", "host-sync", "per-step-logging"},
+}
 
 
 def trainprof(*args: str) -> str:
@@ -34,8 +54,8 @@ def trainprof(*args: str) -> str:
     return out.stdout
 
 
-def run(example: str, fixed: bool, folder: Path, steps: int | None) -> Path:
-    out = folder / f"{example}-{'fixed' if fixed else 'broken'}"
+def run(example: str, fixed: bool, folder: Path, steps: int | None, round_: int) -> Path:
+    out = folder / f"{example}-{'fixed' if fixed else 'broken'}-{round_}"
     args = ["run", "--out", str(out), "--no-diagnose", str(ROOT / "examples" / f"{example}.py")]
     if steps:
         args += ["--steps", str(steps)]
@@ -45,13 +65,17 @@ def run(example: str, fixed: bool, folder: Path, steps: int | None) -> Path:
     return out
 
 
-def row(example: str, folder: Path, steps: int | None) -> dict:
-    broken = run(example, False, folder, steps)
-    fixed = run(example, True, folder, steps)
+def one_round(example: str, folder: Path, steps: int | None, round_: int) -> dict:
+    broken = run(example, False, folder, steps, round_)
+    fixed = run(example, True, folder, steps, round_)
     diag = json.loads(trainprof("diagnose", "--json", str(broken)))
     diag = diag if "findings" in diag else diag["diagnoses"][0]
     top = diag["findings"][0] if diag["findings"] else None
     total = min(100.0, sum(f["est_saving_pct"] for f in diag["findings"]))
+    fixed_pct = min(
+        100.0,
+        sum(f["est_saving_pct"] for f in diag["findings"] if f["rule"] in FIXED_RULES[example]),
+    )
     cmp = json.loads(trainprof("compare", "--json", str(broken), str(fixed)))
     ch = cmp["change"]
     measured = -ch["change_pct"]  # a shorter step is a positive saving
@@ -60,6 +84,7 @@ def row(example: str, folder: Path, steps: int | None) -> dict:
         "top_rule": top["rule"] if top else "-",
         "predicted_top": top["est_saving_pct"] if top else 0.0,
         "predicted_all": total,
+        "predicted_fixed": fixed_pct,
         "measured": measured,
         "measured_low": -ch["change_high_pct"],
         "measured_high": -ch["change_low_pct"],
@@ -67,23 +92,44 @@ def row(example: str, folder: Path, steps: int | None) -> dict:
     }
 
 
+def row(example: str, folder: Path, steps: int | None, rounds: int) -> dict:
+    got = [one_round(example, folder, steps, k) for k in range(rounds)]
+    rules = [r["top_rule"] for r in got]
+    med = statistics.median
+    return {
+        "example": example,
+        "top_rule": max(set(rules), key=rules.count),
+        "predicted_top": med(r["predicted_top"] for r in got),
+        "predicted_all": med(r["predicted_all"] for r in got),
+        "predicted_fixed": med(r["predicted_fixed"] for r in got),
+        "measured": med(r["measured"] for r in got),
+        "rounds": [r["measured"] for r in got],
+        "step_ms": (med(r["step_ms"][0] for r in got), med(r["step_ms"][1] for r in got)),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=None, help="override each example's --steps")
+    ap.add_argument("--rounds", type=int, default=3, help="broken/fixed pairs per example")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     args = ap.parse_args()
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy-"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{'example':20s} {'top finding':22s} {'predicted':>9s} {'all':>6s} "
-          f"{'measured (95 % CI)':>24s} {'step ms broken -> fixed':>24s}  within 30 %?")
+    print(f"{'example':20s} {'top finding':22s} {'top':>6s} {'fixed':>6s} {'all':>6s} "
+          f"{'measured (rounds)':>28s} {'step ms broken -> fixed':>24s}  within 30 %?")
     for ex in args.only or EXAMPLES:
-        r = row(ex, folder, args.steps)
-        ok = abs(r["predicted_top"] - r["measured"]) <= 0.3 * abs(r["measured"])
-        ci = f"{r['measured']:5.1f} ({r['measured_low']:.1f}-{r['measured_high']:.1f})"
+        r = row(ex, folder, args.steps, args.rounds)
+        # Within 30 % of the measured saving, or 2 points when there is next to nothing to
+        # save (a 0 % prediction against a -0.3 % measurement is right, not 100 % off).
+        ok = abs(r["predicted_fixed"] - r["measured"]) <= max(0.3 * abs(r["measured"]), 2.0)
+        each = ", ".join(f"{m:.1f}" for m in r["rounds"])
+        measured = f"{r['measured']:5.1f} ({each})"
         steps = f"{r['step_ms'][0]:.1f} -> {r['step_ms'][1]:.1f}"
-        print(f"{ex:20s} {r['top_rule']:22s} {r['predicted_top']:8.1f}% {r['predicted_all']:5.1f}% "
-              f"{ci:>24s} {steps:>24s}  {'yes' if ok else 'no'}", flush=True)
+        print(f"{ex:20s} {r['top_rule']:22s} {r['predicted_top']:5.1f}% "
+              f"{r['predicted_fixed']:5.1f}% {r['predicted_all']:5.1f}% "
+              f"{measured:>28s} {steps:>24s}  {'yes' if ok else 'no'}", flush=True)
     print(f"run folders: {folder}")
 
 

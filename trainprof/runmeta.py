@@ -66,6 +66,14 @@ class SyncWarning(msgspec.Struct, kw_only=True):
     count: int = 0
 
 
+class CpuBf16(msgspec.Struct, kw_only=True):
+    """bf16 autocast vs fp32 speed on the run's CPU, measured after the script (capture/cpumath)."""
+
+    isa: str = ""  # AMX-BF16 | AVX512-BF16
+    conv_speedup: float = 1.0  # forward + backward, bf16 channels-last vs fp32 NCHW
+    matmul_speedup: float = 1.0
+
+
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trainprof_version: str = ""
@@ -94,6 +102,7 @@ class RunMeta(msgspec.Struct, kw_only=True):
     started_at: str = ""  # local time, ISO 8601
     notes: list[str] = []  # one-line remarks on the capture, e.g. "window incomplete: ..."
     sync_warnings: list[SyncWarning] = []
+    cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:

@@ -127,6 +127,17 @@ class Context:
         return self.window_us / max(self.n_steps, 1)
 
     @cached_property
+    def unprofiled_step_us(self) -> float | None:
+        """Median wall time of the steps outside the recording window (run metadata: every
+        step's time), without the profiler's own overhead; None without enough of them."""
+        times = self.meta.step_times_s if self.meta else []
+        if len(times) < 10:
+            return None
+        w = self.meta.window
+        skip = w.wait + w.warmup
+        return float(np.median(times[skip:] if len(times) > skip + 5 else times)) * 1e6
+
+    @cached_property
     def device(self) -> Device:
         tr = self.trace
         props = tr.meta.device_properties or []

@@ -134,7 +134,7 @@ class OpTypes:
     reduced: int  # on float16 / bfloat16 inputs
 
 
-def _first_float_type(raw: bytes) -> str | None:
+def first_float_type(raw: bytes) -> str | None:
     try:
         types = msgspec.json.decode(raw)
     except msgspec.DecodeError:
@@ -156,7 +156,7 @@ def op_types(ctx: Context) -> OpTypes:
     fp32 = reduced = 0
     for i in ops.tolist():  # only these operators' shapes are decoded
         raw = tr.shapes.get(i)
-        t = _first_float_type(raw[1]) if raw is not None else None
+        t = first_float_type(raw[1]) if raw is not None else None
         fp32 += t == "float"
         reduced += t in ("c10::Half", "c10::BFloat16")
     out = OpTypes(fp32, reduced)

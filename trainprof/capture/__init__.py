@@ -15,6 +15,7 @@ Modules, one job each:
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
+* cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log
 * progress   the little trainprof shows on a terminal
 * summary    step-time summary when no diagnosis is printed

@@ -99,7 +99,7 @@ class Session:
 
     def _run(self, noise: StderrFilter) -> SessionResult:
         # torch is imported only now: argument errors above stay instant.
-        from trainprof.capture import metadata
+        from trainprof.capture import cpumath, metadata
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
@@ -193,6 +193,8 @@ class Session:
         meta.notes = cuda.notes + self._capture_notes(meta, steps.open_step)
         meta.notes += [f"profiler failed: {e}" for e in (steps.profiler_error, save_error) if e]
         meta.notes += writer.errors
+        if meta.status == "ok" and meta.window.recorded_steps:
+            meta.cpu_bf16 = cpumath.probe(bool(meta.devices), meta.flags.autocast_used)
         if meta.status == "ok" and not meta.traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:

@@ -54,11 +54,9 @@ def _workers(ctx: Context) -> int | None:
 def _unprofiled(ctx: Context, fetch: float) -> tuple[float, float, float]:
     """(step, fetch, compute) per step in µs with the profiler's own overhead taken out."""
     step = ctx.mean_step_us
-    times = ctx.meta.step_times_s if ctx.meta else []
-    if len(times) < 10:
+    plain = ctx.unprofiled_step_us
+    if plain is None:
         return step, fetch, step - fetch
-    skip = ctx.meta.window.wait + ctx.meta.window.warmup if ctx.meta else 0
-    plain = float(np.median(times[skip:] if len(times) > skip + 5 else times)) * 1e6
     overhead = step - plain
     if overhead <= 0:
         return step, fetch, step - fetch

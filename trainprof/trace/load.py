@@ -107,26 +107,15 @@ def read_bytes(path: Path) -> bytes:
     return raw
 
 
-def _gunzip(raw: bytes) -> bytes | bytearray:
-    """Inflate into a buffer sized from the gzip trailer, piece by piece: a one-shot decompress
-    grows its output by copying and peaks at about twice the JSON size."""
-    size = int.from_bytes(raw[-4:], "little")  # the size mod 2**32: a hint, not a limit
-    out = bytearray(size)
+def _gunzip(raw: bytes) -> bytes:
+    """Inflate in one call (ISA-L sizes its output without the repeated copies that made a
+    piecewise loop necessary with zlib); several gzip members are left to the gzip module."""
     d = _inflate.decompressobj(wbits=31)
-    pos, data = 0, memoryview(raw)
-    while data and not d.eof:
-        piece = d.decompress(data, 8 << 20)
-        out[pos : pos + len(piece)] = piece
-        pos += len(piece)
-        data = d.unconsumed_tail if d.unconsumed_tail else memoryview(b"")
-    piece = d.flush()  # output still buffered once the input is all consumed
-    out[pos : pos + len(piece)] = piece
-    pos += len(piece)
+    out = d.decompress(raw)
     if not d.eof:
         raise EOFError("the gzip stream ends early")
-    if d.unused_data.strip(b"\0"):  # a multi-member file: rare, let gzip handle it
+    if d.unused_data.strip(b"\0"):  # a multi-member file: rare
         return gzip.decompress(raw)
-    del out[pos:]
     return out
 
 
@@ -245,17 +234,17 @@ def _col(values, dtype, n: int) -> np.ndarray:
 
 
 _NAME, _CAT, _PID, _TID, _PH = (attrgetter(a) for a in ("name", "cat", "pid", "tid", "ph"))
-_TS, _DUR = attrgetter("ts"), attrgetter("dur")
+_TS, _DUR, _ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("args")
 _STACK, _TYPES = attrgetter("args.call_stack"), attrgetter("args.input_type")
 _KIND: defaultdict[str, int] = defaultdict(lambda: Kind.OTHER, KIND_BY_CAT)
 
 
-def _int_column(values: list, n: int) -> np.ndarray:
-    """Integers with None (absent, or an explicit null) as -1."""
+def _int_column(objs: list, get: attrgetter, n: int) -> np.ndarray:
+    """An integer attribute of each object, None (absent, or an explicit null) as -1."""
     try:
-        return np.fromiter(values, np.int64, n)  # the common case: no None at all
-    except TypeError:
-        col = np.array(values, np.float64)  # None -> NaN; ids are far below 2**53
+        return np.fromiter(map(get, objs), np.int64, n)  # the common case: no None at all
+    except (TypeError, OverflowError):
+        col = np.array(list(map(get, objs)), np.float64)  # None -> NaN; ids are far below 2**53
         return np.nan_to_num(col, nan=_NO).astype(np.int64)
 
 
@@ -275,7 +264,11 @@ class _Builder:
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
-        self.threads: dict[tuple[Any, Any], int] = {}
+        # A thread is a (pid, tid) pair; pids and tids are interned apart (hashing a tuple per
+        # event costs more than the rest of the thread column).
+        self.pid_ids: dict[Any, int] = {}
+        self.tid_ids: dict[Any, int] = {}
+        self.threads: dict[tuple[int, int], int] = {}  # (pid id, tid id) -> thread id
         self.cols: dict[str, list[np.ndarray]] = {
             k: [] for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
         }
@@ -294,12 +287,12 @@ class _Builder:
         c = self.cols
         c["name_id"].append(_intern(self.names, list(map(_NAME, xs)), n))
         c["kind"].append(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
-        keys = list(zip(map(_PID, xs), map(_TID, xs), strict=True))
-        c["thread"].append(_intern(self.threads, keys, n))
+        c["thread"].append(self._thread_ids(xs, n))
         c["ts"].append(np.fromiter(map(_TS, xs), np.float64, n))
         c["dur"].append(np.fromiter(map(_DUR, xs), np.float64, n))
+        args = list(map(_ARGS, xs))
         for attr in self._OPT:
-            c[attr].append(_int_column(list(map(attrgetter(f"args.{attr}"), xs)), n))
+            c[attr].append(_int_column(args, attrgetter(attr), n))
         self.cats.update(map(_CAT, xs))
         mem = [e for e in compress(evs, map("i".__eq__, phs)) if e.name == "[memory]"]
         k = len(mem)
@@ -324,10 +317,21 @@ class _Builder:
             )
         self.n += n
 
+    def _thread_ids(self, xs: list[_Event], n: int) -> np.ndarray:
+        pid = _intern(self.pid_ids, list(map(_PID, xs)), n).astype(np.int64)
+        tid = _intern(self.tid_ids, list(map(_TID, xs)), n).astype(np.int64)
+        keys, first, inverse = np.unique((pid << 32) | tid, return_index=True, return_inverse=True)
+        ids = np.zeros(len(keys), np.int32)
+        for k in np.argsort(first, kind="stable").tolist():  # numbered in order of appearance
+            pair = (int(keys[k]) >> 32, int(keys[k]) & 0xFFFFFFFF)
+            ids[k] = self.threads.setdefault(pair, len(self.threads))
+        return ids[inverse.reshape(-1)]
+
     def finish(self, f: _File | _RawFile, path: Path) -> Trace:
         c = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.cols.items()}
         ext = c["ext_id"] if (c["ext_id"] != _NO).any() else c["ext_id_old"]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
+        pids, tids = list(self.pid_ids), list(self.tid_ids)
         meta = TraceMeta(
             device_properties=props,
             distributed_info=f.distributedInfo or {},
@@ -343,7 +347,7 @@ class _Builder:
             name_id=c["name_id"],
             kind=c["kind"],
             thread=c["thread"],
-            thread_keys=list(self.threads),
+            thread_keys=[(pids[p], tids[t]) for p, t in self.threads],
             ts=c["ts"],
             dur=np.maximum(c["dur"], 0.0),
             corr=c["correlation"],

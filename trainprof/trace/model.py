@@ -154,5 +154,5 @@ class Trace:
 
     @cached_property
     def is_rocm(self) -> bool:
-        rt = np.unique(self.name_id[self.kind == Kind.RUNTIME])
-        return any(self.names[i].startswith("hip") for i in rt)
+        hip = [i for i, name in enumerate(self.names) if name.startswith("hip")]
+        return bool(hip) and bool(np.isin(self.name_id[self.kind == Kind.RUNTIME], hip).any())

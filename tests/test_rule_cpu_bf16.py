@@ -1,0 +1,135 @@
+"""cpu-bf16 on a real CPU training loop recorded here, and the bf16 probe of capture/cpumath.
+
+The rule's input is the trace plus the probe's figures in the run metadata; the tests give it
+fixed figures (conv 3x, matmul 2x) so that the expected saving follows from the trace alone,
+whatever CPU runs the suite.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cpu_trace import line_of, record
+
+from trainprof.analysis.context import Context
+from trainprof.capture import cpumath
+from trainprof.diagnose import diagnose_path
+from trainprof.runmeta import CpuBf16, Flags, RunMeta, read_meta, write_meta
+from trainprof.trace import intervals as iv
+from trainprof.trace.load import load_trace
+from trainprof.trace.model import Kind
+
+CNN = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(
+    nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1), nn.ReLU(),
+    nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10),
+)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+def step(i):
+    opt.zero_grad()
+    loss = nn.functional.cross_entropy(model(x), y)
+    loss.backward()
+    opt.step()
+"""
+
+PROBE = CpuBf16(isa="AMX-BF16", conv_speedup=3.0, matmul_speedup=2.0)
+
+
+def _meta(**kw) -> RunMeta:
+    return RunMeta(cpu_count=2, torch_threads=1, **kw)
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("cnn"), CNN, meta=_meta(cpu_bf16=PROBE))
+
+
+def _finding(folder: Path):
+    (d,) = diagnose_path(folder)
+    return [f for f in d.findings if f.rule == "cpu-bf16"]
+
+
+def _with(cnn: Path, tmp_path: Path, meta: RunMeta) -> Path:
+    for f in cnn.iterdir():
+        if f.name.endswith(".json") and f.name != "trainprof.json" or f.suffix == ".py":
+            (tmp_path / f.name).symlink_to(f)
+    write_meta(meta, tmp_path)
+    return tmp_path
+
+
+def test_fp32_convs_on_a_bf16_cpu(cnn: Path):
+    (f,) = _finding(cnn)
+    ctx = Context(load_trace(next(cnn.glob("*.pt.trace.json"))), read_meta(cnn))
+    tr = ctx.trace
+    # Independently: the outermost conv/linear ops of the steps, per step.
+    def per_step(pattern: str) -> float:
+        ops = tr.where_name(pattern, Kind.CPU_OP)
+        spans = iv.intersect(iv.merge(tr.ts[ops], tr.end[ops]), ctx.windows)
+        return iv.total(spans) / ctx.n_steps
+
+    conv = per_step(r"^aten::(conv2d|convolution_backward)$")
+    mm = per_step(r"^aten::(linear|mm)$")
+    assert conv > 0 and mm > 0
+    assert f.metrics["conv_ms_per_step"] == pytest.approx(conv / 1000, abs=0.002)
+    assert f.metrics["matmul_ms_per_step"] == pytest.approx(mm / 1000, abs=0.002)
+    freed = conv * (1 - 1 / 3) + mm * (1 - 1 / 2)
+    assert f.metrics["time_freed_ms_per_step"] == pytest.approx(freed / 1000, abs=0.002)
+    # No step times in this metadata: the share is of the profiled step.
+    assert f.est_saving_pct == pytest.approx(100 * freed / ctx.mean_step_us, abs=0.05)
+    # Kineto's Python frames carry the line of the running function's `def`.
+    assert f.location.endswith(f"train.py:{line_of(CNN, 'def step')}")
+    assert "AMX-BF16" in f.title and "3.0x" in f.evidence
+    assert 'torch.autocast(device_type="cpu", dtype=torch.bfloat16)' in f.fix
+
+
+def test_share_of_the_unprofiled_step(cnn: Path, tmp_path: Path):
+    base = Context(load_trace(next(cnn.glob("*.pt.trace.json"))), read_meta(cnn))
+    plain_s = 2 * base.mean_step_us / 1e6  # the steps without the profiler, twice as long
+    meta = _meta(cpu_bf16=PROBE, step_times_s=[plain_s] * 20)
+    (f,) = _finding(_with(cnn, tmp_path, meta))
+    freed = f.metrics["time_freed_ms_per_step"] * 1000
+    assert f.est_saving_pct == pytest.approx(100 * freed / (plain_s * 1e6), abs=0.05)
+
+
+@pytest.mark.parametrize(
+    "meta",
+    [
+        _meta(),  # no probe: a CPU without bf16 units, or a trace recorded elsewhere
+        _meta(cpu_bf16=PROBE, flags=Flags(autocast_used=True)),
+        _meta(cpu_bf16=CpuBf16(isa="AVX512-BF16", conv_speedup=1.0, matmul_speedup=1.0)),
+    ],
+)
+def test_silent_without_a_faster_bf16_path(cnn: Path, tmp_path: Path, meta: RunMeta):
+    assert _finding(_with(cnn, tmp_path, meta)) == []
+
+
+def test_bf16_isa_from_cpuinfo(tmp_path: Path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse avx512f avx512_bf16 amx_tile amx_bf16\n")
+    assert cpumath.bf16_isa(info) == "AMX-BF16"
+    info.write_text("flags\t\t: fpu avx512f avx512_bf16\n")
+    assert cpumath.bf16_isa(info) == "AVX512-BF16"
+    info.write_text("flags\t\t: fpu avx2\n")
+    assert cpumath.bf16_isa(info) is None
+    assert cpumath.bf16_isa(tmp_path / "missing") is None
+
+
+def test_probe_skips_gpu_and_autocast_runs():
+    assert cpumath.probe(cuda_used=True, autocast_used=False) is None
+    assert cpumath.probe(cuda_used=False, autocast_used=True) is None
+
+
+def test_measure_times_both_paths():
+    import torch
+
+    rng = torch.get_rng_state()
+    conv, mm = cpumath.measure()
+    assert conv > 0 and mm > 0
+    assert torch.equal(torch.get_rng_state(), rng)  # the script's random state is untouched
