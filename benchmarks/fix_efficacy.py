@@ -13,12 +13,14 @@ A 2-core machine shared with others is noisy, and a fixed run whose workers and 
 cores varies from run to run more than its confidence interval says: each example is run
 `--rounds` times (broken, fixed, broken, fixed, ...) and the table gives the median prediction
 and the median measured saving of the rounds, with every round's measured value beside it.
+The runs use fixed glibc malloc thresholds (STEADY_MALLOC; `--glibc-default` to not).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -45,9 +47,23 @@ FIXED_RULES = {
 }
 
 
+# glibc malloc returns freed heap memory to the OS when the free top of the heap exceeds a
+# threshold that it adjusts as the process runs; whether a training loop then re-faults its
+# activations every step depends on where long-lived allocations happened to land, so the same
+# run takes two speeds (here 0.6 vs 1.9 million page faults, 63 vs 79 ms per step, for the fixed
+# dataloader_starved), and the profiler's own allocations during the window shift the odds.
+# Fixed thresholds (what jemalloc/tcmalloc-like retention gives) take that out of the comparison.
+STEADY_MALLOC = {"MALLOC_MMAP_THRESHOLD_": str(128 << 20), "MALLOC_TRIM_THRESHOLD_": str(4 << 30)}
+ENV = dict(os.environ)
+
+
 def trainprof(*args: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "trainprof.cli", *args], capture_output=True, text=True, cwd=ROOT
+        [sys.executable, "-m", "trainprof.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=ENV,
     )
     if out.returncode not in (0, 3):
         sys.exit(f"trainprof {' '.join(args)} failed ({out.returncode}):\n{out.stderr[-3000:]}")
@@ -113,8 +129,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=None, help="override each example's --steps")
     ap.add_argument("--rounds", type=int, default=3, help="broken/fixed pairs per example")
     ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument(
+        "--glibc-default",
+        action="store_true",
+        help="leave glibc malloc's adaptive thresholds on (see STEADY_MALLOC)",
+    )
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     args = ap.parse_args()
+    if not args.glibc_default:
+        ENV.update(STEADY_MALLOC)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy-"))
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{'example':20s} {'top finding':22s} {'top':>6s} {'fixed':>6s} {'all':>6s} "

@@ -69,6 +69,15 @@ def test_gradient_accumulation_steps_on_the_optimizer(tmp_path: Path) -> None:
     assert names["trainprof/backward"] == 6 and names["trainprof/fetch"] == 6  # 3 per step
 
 
+def test_gradscaler_skipped_optimizer_steps_still_end_steps(tmp_path: Path) -> None:
+    meta, names = capture(tmp_path, "steps_gradscaler.py", wait=1, warmup=0, active=3)
+    assert meta["step_source"] == "optimizer"
+    assert meta["flags"]["grad_scaler_used"] is True
+    assert len(meta["step_times_s"]) == 8  # 6 optimizer steps + 2 skipped by the scaler
+    assert profiler_steps(names) == [1, 2, 3]
+    assert names["Optimizer.step#SGD.step"] == 2  # step 2 was skipped: no optimizer step in it
+
+
 def test_inference_steps_on_batches(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_inference.py")
     assert meta["step_source"] == "dataloader"

@@ -6,7 +6,9 @@ Step sources, best first: optimizer > backward > dataloader > none.
   the *primary* one (the first whose step() ran), so several optimizers stepping per iteration
   (GAN, Muon + AdamW, per-module optimizers) still give one step per iteration, and gradient
   accumulation gives one step per optimizer step. If the primary is garbage-collected, the next
-  optimizer to step takes over.
+  optimizer to step takes over. A GradScaler that skips optimizer.step() (fp16 gradients with
+  inf/NaN, frequent while the loss scale settles) still ends the step: `scaler.step()` returning
+  without an optimizer step counts as one.
 * backward: no torch optimizer (hand-written `p.data.add_(...)` updates): the end of backward()
   marks the end of a step; several backward() calls before the next forward count once.
 * dataloader: neither (inference loops): a new batch fetched after a previous one was returned.
@@ -81,6 +83,7 @@ class Stepper:
         self.primary: weakref.ref[Any] | None = None
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # alive torch optimizers
         self.skipped = 0  # lower-source boundaries ignored while waiting for an optimizer step
+        self.optimizer_steps = 0  # optimizer.step() calls seen, any optimizer
         self.error: str | None = None
 
     # ----- installation -----------------------------------------------------------------------
@@ -90,6 +93,26 @@ class Stepper:
         handle = register_optimizer_step_post_hook(self._on_optimizer_post)
         patches.on_restore(handle.remove)
         patches.wrap(Optimizer, "__init__", lambda orig: self._wrap_optimizer_init(orig, patches))
+        scaler = getattr(torch.amp, "GradScaler", None)  # torch.cuda.amp's subclasses it
+        if scaler is not None and callable(getattr(scaler, "step", None)):
+            patches.wrap(scaler, "step", self._wrap_scaler_step)
+
+    def _wrap_scaler_step(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        stepper = self
+
+        @functools.wraps(orig)
+        def step(scaler: Any, optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
+                return orig(scaler, optimizer, *args, **kwargs)
+            before = stepper.optimizer_steps
+            result = orig(scaler, optimizer, *args, **kwargs)
+            if stepper.optimizer_steps == before:  # skipped: inf/NaN in the scaled gradients
+                stepper._on_optimizer_post(optimizer, args, kwargs)
+                if not S.opt_depth and stepper.pending and stepper._rank == OPTIMIZER:
+                    stepper._advance()
+            return result
+
+        return step
 
     def _wrap_optimizer_init(
         self, orig: Callable[..., None], patches: Patches
@@ -134,6 +157,7 @@ class Stepper:
     def _on_optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
         if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
             return
+        self.optimizer_steps += 1
         primary = self.primary() if self.primary is not None else None
         if primary is None:
             self.primary = weakref.ref(opt)
