@@ -82,7 +82,8 @@ def measure() -> tuple[float, float]:
             y = a @ b
         y.float().sum().backward()
 
-    return _speedup(conv32, conv16), _speedup(mm32, mm16)
+    with torch.enable_grad():  # an inference script may have switched gradients off globally
+        return _speedup(conv32, conv16), _speedup(mm32, mm16)
 
 
 def probe(cuda_used: bool, autocast_used: bool) -> CpuBf16 | None:
