@@ -126,6 +126,35 @@ def test_probe_skips_gpu_and_autocast_runs():
     assert cpumath.probe(cuda_used=False, autocast_used=True) is None
 
 
+def test_probe_times_only_the_layers_the_model_has():
+    assert cpumath.probe(cuda_used=False, autocast_used=False, conv=False, matmul=False) is None
+    conv, mm = cpumath.measure(convs=False, matmuls=True)
+    assert conv == 1.0 and mm > 0
+
+
+@pytest.mark.parametrize(
+    ("script", "conv"), [("train_basic.py", False), ("train_conv.py", True)]
+)
+def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
+    from trainprof.capture.runner import RunOptions, run_script
+
+    folder = tmp_path / "run"
+    scripts = Path(__file__).parent / "scripts"
+    opts = RunOptions(
+        script=str(scripts / script),
+        out=folder,
+        overrides={"wait": 1, "warmup": 1, "active": 2},
+        diagnose=False,
+    )
+    assert run_script(opts) == 0
+    probe = read_meta(folder).cpu_bf16
+    if cpumath.bf16_isa() is None:
+        assert probe is None
+        return
+    assert probe is not None and probe.matmul_speedup > 0
+    assert (probe.conv_speedup != 1.0) is conv  # a Linear-only model: the conv is not timed
+
+
 def test_measure_times_both_paths():
     import torch
 

@@ -1,12 +1,13 @@
 """How much faster this CPU runs convolutions and matmuls under bf16 autocast than in fp32.
 
 Measured once, after the script ends, when the run was CPU-only, without autocast, on a CPU
-with bf16 matrix instructions (AMX-BF16 or AVX512-BF16): the trace shows how long the fp32
+with bf16 matrix instructions (AMX-BF16 or AVX512-BF16), for the kinds of layers (Conv*d,
+Linear) the model's root modules contain: the trace shows how long the fp32
 convolutions and matmuls took, but not how much faster they would be in bf16 on *this* CPU
 (about 3x with AMX for a mid-sized conv, nothing without bf16 hardware). `cpu-bf16` reads it.
 
 The probe is small (a 3x3 conv, 64 channels, 32x32 pixels, batch 16, and a 512x512 matmul,
-forward and backward; medians of 5 after a warm-up): about 0.2 s.
+forward and backward; medians of 5 after a warm-up): about 0.2 s, less without convolutions.
 """
 
 from __future__ import annotations
@@ -51,10 +52,10 @@ def _speedup(fp32: Callable[[], None], bf16: Callable[[], None]) -> float:
     return round(_median_s(fp32) / max(_median_s(bf16), 1e-9), 2)
 
 
-def measure() -> tuple[float, float]:
-    """(conv, matmul) speed-up of bf16 autocast over fp32, forward + backward. The conv is
-    timed in channels-last under bf16, the layout oneDNN's bf16 kernels want (and the fix says
-    so), against the default NCHW in fp32."""
+def measure(convs: bool = True, matmuls: bool = True) -> tuple[float, float]:
+    """(conv, matmul) speed-up of bf16 autocast over fp32, forward + backward; 1.0 for a kind
+    not asked for. The conv is timed in channels-last under bf16, the layout oneDNN's bf16
+    kernels want (and the fix says so), against the default NCHW in fp32."""
     with torch.random.fork_rng(devices=[]):  # leave the script's RNG state alone
         torch.manual_seed(0)
         conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False)
@@ -83,18 +84,25 @@ def measure() -> tuple[float, float]:
         y.float().sum().backward()
 
     with torch.enable_grad():  # an inference script may have switched gradients off globally
-        return _speedup(conv32, conv16), _speedup(mm32, mm16)
+        return (
+            _speedup(conv32, conv16) if convs else 1.0,
+            _speedup(mm32, mm16) if matmuls else 1.0,
+        )
 
 
-def probe(cuda_used: bool, autocast_used: bool) -> CpuBf16 | None:
-    """The measured bf16 speed-ups, when they can matter for this run; else None."""
-    if cuda_used or autocast_used:
+def probe(
+    cuda_used: bool, autocast_used: bool, conv: bool = True, matmul: bool = True
+) -> CpuBf16 | None:
+    """The measured bf16 speed-ups, when they can matter for this run; else None. `conv` and
+    `matmul`: whether the model has such layers (no Conv: its half is not timed, ~0.1-0.3 s
+    saved, cold oneDNN kernels included)."""
+    if cuda_used or autocast_used or not (conv or matmul):
         return None
     isa = bf16_isa()
     if isa is None:
         return None
     try:
-        conv, mm = measure()
+        conv_x, mm_x = measure(conv, matmul)
     except Exception:  # a build without bf16 kernels: nothing to suggest
         return None
-    return CpuBf16(isa=isa, conv_speedup=conv, matmul_speedup=mm)
+    return CpuBf16(isa=isa, conv_speedup=conv_x, matmul_speedup=mm_x)

@@ -50,12 +50,16 @@ def probe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
     return probed
 
 
-def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> None:
+def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootForward:
+    """Installs every probe; returns the root-forward probe, which also learns what layers the
+    model has (`conv_seen`, `linear_seen`)."""
     _install_fetch(patches, stepper)
-    _RootForward(stepper).install(patches)
+    root = _RootForward(stepper)
+    root.install(patches)
     _install_backward(patches, stepper)
     for kind in HOST_READS:
         patches.wrap(torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user))
+    return root
 
 
 def _install_fetch(patches: Patches, stepper: Stepper) -> None:
@@ -101,6 +105,11 @@ class _RootForward:
         self.handle: Any = None
         self.hooks: dict[int, Any] = {}
         self.key = -1
+        # What the root modules contain, looked at once per root module: whether measuring
+        # bf16 conv / matmul speed after the run (capture/cpumath) can matter.
+        self.conv_seen = False
+        self.linear_seen = False
+        self._inspected: set[int] = set()
 
     def install(self, patches: Patches) -> None:
         from torch.nn.modules import module as torch_module
@@ -112,6 +121,13 @@ class _RootForward:
         self.key = RemovableHandle(OrderedDict()).id  # an id no other hook will get
         patches.on_restore(self._uninstall)
         on_fork_child(self._unregister)  # transforms that are modules run in workers: fast path
+
+    def _inspect(self, module: Any) -> None:
+        self._inspected.add(id(module))
+        conv = torch.nn.modules.conv._ConvNd
+        for m in module.modules():
+            self.conv_seen = self.conv_seen or isinstance(m, conv)
+            self.linear_seen = self.linear_seen or isinstance(m, torch.nn.Linear)
 
     def _register(self) -> None:
         if self.handle is not None:
@@ -143,6 +159,8 @@ class _RootForward:
         ):
             return None
         self.stepper.on_forward_root()
+        if id(module) not in self._inspected:
+            self._inspect(module)
         rf = None
         if S.recording:
             rf = record_function("trainprof/forward")

@@ -127,7 +127,7 @@ class Session:
         try:
             collector.install()
             stepper.install(patches)
-            install_probes(patches, stepper, user)
+            root = install_probes(patches, stepper, user)
             TorchMetricsSupport(patches, collector, user).install()
             S.reset()
             cuda.start()
@@ -194,7 +194,9 @@ class Session:
         meta.notes += [f"profiler failed: {e}" for e in (steps.profiler_error, save_error) if e]
         meta.notes += writer.errors
         if meta.status == "ok" and meta.window.recorded_steps:
-            meta.cpu_bf16 = cpumath.probe(bool(meta.devices), meta.flags.autocast_used)
+            meta.cpu_bf16 = cpumath.probe(
+                bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen
+            )
         if meta.status == "ok" and not meta.traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:

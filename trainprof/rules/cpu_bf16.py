@@ -14,7 +14,9 @@ no finding: the trace does not say which CPU recorded it.
 
 Saving estimate: `trainprof run` times a 3x3 convolution and a matmul (forward + backward) in
 fp32 and under bf16 autocast on the run's own CPU after the script ends (`capture/cpumath.py`:
-about 0.2 s), so the speed-ups are this machine's, not a datasheet's. The saving is conv time x
+up to ~0.3 s), so the speed-ups are this machine's, not a datasheet's. Each is timed only when
+the model's root modules hold such layers (`nn.Conv*d`, `nn.Linear`); a kind with no layer
+counts at 1.0x, so convolutions called only functionally claim no saving. The saving is conv time x
 (1 - 1/conv speed-up) + matmul time x (1 - 1/matmul speed-up) per step, as a share of the step
 without the profiler (the run's other steps), never more than the step. Casts that autocast adds
 and the elementwise ops that stay in fp32 are not modelled; the probe's conv runs channels-last
