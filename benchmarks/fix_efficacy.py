@@ -102,8 +102,6 @@ def one_round(example: str, folder: Path, steps: int | None, round_: int) -> dic
         "predicted_all": total,
         "predicted_fixed": fixed_pct,
         "measured": measured,
-        "measured_low": -ch["change_high_pct"],
-        "measured_high": -ch["change_low_pct"],
         "step_ms": (cmp["a"]["steps"]["median_ms"], cmp["b"]["steps"]["median_ms"]),
     }
 
