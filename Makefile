@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.trainprof-installed
 
-.PHONY: setup demo test lint clean bench-deps browser
+.PHONY: setup demo test lint clean bench-deps browser gpu-test
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +22,22 @@ test: setup
 
 lint: setup
 	$(VENV)/bin/ruff check .
+
+# GPU acceptance, on a machine with CUDA, in one go: the `gpu`-marked tests (tests/gpu), then
+# benchmarks/overhead.py and benchmarks/fix_efficacy.py on the GPU. Installs nothing beyond
+# `make setup`. Everything printed is also kept in $(GPU_RESULTS)/ (gitignored), with the device
+# and versions, for copying the figures into README.md. The benchmarks run even when a test
+# fails; the target fails if any of the three did.
+GPU_RESULTS ?= gpu-results
+gpu-test: setup
+	@mkdir -p $(GPU_RESULTS)
+	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: torch sees no CUDA device (torch.cuda.is_available() is False)')"
+	$(PY) -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(i, torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]" | tee $(GPU_RESULTS)/device.txt
+	@bash -o pipefail -c 'status=0; \
+	  $(VENV)/bin/pytest -m gpu -v -rs tests/gpu 2>&1 | tee $(GPU_RESULTS)/tests.txt || status=1; \
+	  $(PY) benchmarks/overhead.py --device cuda 2>&1 | tee $(GPU_RESULTS)/overhead.txt || status=1; \
+	  $(PY) benchmarks/fix_efficacy.py --device cuda 2>&1 | tee $(GPU_RESULTS)/fix_efficacy.txt || status=1; \
+	  echo "make gpu-test: results in $(GPU_RESULTS)/"; exit $$status'
 
 # Headless Chromium for the browser tests (Debian's package), when missing and we are root.
 # Best effort: it never fails the build; without it those tests skip and say why.

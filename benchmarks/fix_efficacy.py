@@ -3,6 +3,7 @@ on this machine, then print side by side the saving `diagnose` predicted on the 
 saving `compare` measured.
 
     python benchmarks/fix_efficacy.py [--rounds N] [--steps N] [--only NAME ...] [--keep DIR]
+                                      [--device cuda|cpu]
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -14,6 +15,12 @@ cores varies from run to run more than its confidence interval says: each exampl
 `--rounds` times (broken, fixed, broken, fixed, ...) and the table gives the median prediction
 and the median measured saving of the rounds, with every round's measured value beside it.
 The runs use fixed glibc malloc thresholds (STEADY_MALLOC; `--glibc-default` to not).
+
+The examples pick the device themselves (cuda when torch sees a GPU, else cpu); `--device` passes
+one to them. The device the runs used (from their metadata, via `compare`) is printed before
+its first row. The step times are the run metadata's, taken on the host at every step's end: on
+a GPU they follow the GPU's pace only where the loop waits for it (a read of the loss, a
+blocking copy, a full launch queue).
 """
 
 from __future__ import annotations
@@ -36,9 +43,9 @@ FIXED_RULES = {
     "dataloader_starved": {"dataloader-starvation", "pageable-memcpy"},
     "metrics_sync": {"metric-sync", "host-sync", "per-step-logging"},
     "amp_compile": {
-        "cpu-bf16", "no-amp", "optimizer-foreach", "zero-grad-not-none", "cudnn-benchmark-off",
-        "compile-recompile",
-    },
+        "cpu-bf16", "no-amp", "tf32-off", "optimizer-foreach", "zero-grad-not-none",
+        "cudnn-benchmark-off", "compile-recompile",
+    },  # tf32-off: on a GPU, --fixed runs the matmuls in fp16 (on a CPU the rule never fires)
     "many_problems": {
         "dataloader-starvation", "pageable-memcpy", "host-sync", "per-step-logging", "h2d-in-loop",
         "optimizer-foreach", "zero-grad-not-none", "conv-bias-before-bn",
@@ -70,9 +77,13 @@ def trainprof(*args: str) -> str:
     return out.stdout
 
 
+DEVICE: list[str] = []  # ["--device", X] for every example when --device is given
+
+
 def run(example: str, fixed: bool, folder: Path, steps: int | None, round_: int) -> Path:
     out = folder / f"{example}-{'fixed' if fixed else 'broken'}-{round_}"
     args = ["run", "--out", str(out), "--no-diagnose", str(ROOT / "examples" / f"{example}.py")]
+    args += DEVICE
     if steps:
         args += ["--steps", str(steps)]
     if fixed:
@@ -97,6 +108,7 @@ def one_round(example: str, folder: Path, steps: int | None, round_: int) -> dic
     measured = -ch["change_pct"]  # a shorter step is a positive saving
     return {
         "example": example,
+        "device": cmp["a"]["device"],
         "top_rule": top["rule"] if top else "-",
         "predicted_top": top["est_saving_pct"] if top else 0.0,
         "predicted_all": total,
@@ -112,6 +124,7 @@ def row(example: str, folder: Path, steps: int | None, rounds: int) -> dict:
     med = statistics.median
     return {
         "example": example,
+        "device": got[0]["device"],
         "top_rule": max(set(rules), key=rules.count),
         "predicted_top": med(r["predicted_top"] for r in got),
         "predicted_all": med(r["predicted_all"] for r in got),
@@ -133,15 +146,22 @@ def main() -> None:
         help="leave glibc malloc's adaptive thresholds on (see STEADY_MALLOC)",
     )
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
+    ap.add_argument("--device", default=None, help="passed to every example (default: theirs)")
     args = ap.parse_args()
+    if args.device:
+        DEVICE.extend(["--device", args.device])
     if not args.glibc_default:
         ENV.update(STEADY_MALLOC)
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy-"))
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{'example':20s} {'top finding':22s} {'top':>6s} {'fixed':>6s} {'all':>6s} "
           f"{'measured (rounds)':>28s} {'step ms broken -> fixed':>24s}  within 30 %?")
+    devices: set[str] = set()
     for ex in args.only or EXAMPLES:
         r = row(ex, folder, args.steps, args.rounds)
+        if r["device"] not in devices:
+            devices.add(r["device"])
+            print(f"device: {r['device']}", flush=True)
         # Within 30 % of the measured saving, or 2 points when there is next to nothing to
         # save (a 0 % prediction against a -0.3 % measurement is right, not 100 % off).
         ok = abs(r["predicted_fixed"] - r["measured"]) <= max(0.3 * abs(r["measured"]), 2.0)

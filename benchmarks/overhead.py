@@ -1,6 +1,6 @@
 """Overhead of `trainprof run` on a real CPU training loop.
 
-    .venv/bin/python benchmarks/overhead.py [--pairs 3] [--steps 300]
+    .venv/bin/python benchmarks/overhead.py [--pairs 3] [--steps 300] [--device cuda]
 
 Runs the same 300-step MLP loop (DataLoader, Adam, a loss.item() per step) with plain `python`
 and with `trainprof run` (default config: wait 5, warm-up 2, 3 recorded steps with stacks),
@@ -13,6 +13,11 @@ processes).
 Then, in-process, the cost of each probe outside the profiling window (what every call pays
 when trainprof is not recording): Tensor.item, a forward through nested modules, a DataLoader
 fetch, a backward, each with and without trainprof's wrappers installed.
+
+`--device` (default: cuda when torch sees a GPU, else cpu) runs the model, the probes' tensors
+and the backward there; the batches are still fetched on the host and copied to the device
+(pinned, non_blocking) every step, as a GPU training loop does. On a GPU the loop waits for the
+device before it starts and before it stops its clock, so queued kernels are counted.
 
 `--loop` runs the loop itself (that is what the two commands execute).
 """
@@ -33,7 +38,21 @@ HERE = Path(__file__).resolve()
 LOOP_TIME = re.compile(r"^LOOP_SECONDS (\S+)$", re.M)
 
 
-def loop(steps: int) -> None:
+def default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _sync(device: str) -> None:
+    """Wait for queued GPU work, so that a clock read after it counts that work."""
+    import torch
+
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def loop(steps: int, device: str) -> None:
     """The measured training loop: a few ms per step on a 2-core CPU."""
     import torch
     from torch import nn
@@ -41,24 +60,28 @@ def loop(steps: int) -> None:
 
     torch.manual_seed(0)
     torch.set_num_threads(1)  # steadier on a small shared machine than competing OpenMP threads
+    cuda = device.startswith("cuda")
     batch = 128
     data = TensorDataset(torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,)))
-    loader = DataLoader(data, batch_size=batch, shuffle=True)
+    loader = DataLoader(data, batch_size=batch, shuffle=True, pin_memory=cuda)
     model = nn.Sequential(
         nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    )
+    ).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _sync(device)  # the model's copy to the device is set-up, not the loop
     t0 = time.perf_counter()
     total = 0.0
     for x, y in loader:
+        x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         total += loss.item()
+    _sync(device)
     elapsed = time.perf_counter() - t0
     print(f"LOOP_SECONDS {elapsed:.6f}")
-    print(f"mean loss {total / steps:.4f}", file=sys.stderr)
+    print(f"mean loss {total / steps:.4f} on {device}", file=sys.stderr)
 
 
 def _timed(cmd: list[str]) -> tuple[float, float]:
@@ -74,10 +97,10 @@ def _timed(cmd: list[str]) -> tuple[float, float]:
     return float(found.group(1)), wall
 
 
-def probe_costs(rounds: int = 6, repeat: int = 25) -> None:
+def probe_costs(device: str, rounds: int = 6, repeat: int = 25) -> None:
     """ns per call outside the window, plain vs with trainprof's wrappers installed: short timed
     blocks (a few ms), the two alternated `rounds` times, best block of each kept, to see
-    through a busy machine."""
+    through a busy machine. On a GPU each timed block ends with a device sync."""
     import contextlib
     import timeit
 
@@ -92,13 +115,14 @@ def probe_costs(rounds: int = 6, repeat: int = 25) -> None:
     from trainprof.capture.userframe import UserCode
 
     torch.set_num_threads(1)
-    scalar = torch.tensor(1.0)
-    shallow = nn.Linear(8, 8)
+    scalar = torch.tensor(1.0, device=device)
+    shallow = nn.Linear(8, 8).to(device)
     deep = nn.Sequential(*[nn.Sequential(nn.Linear(8, 8), nn.ReLU()) for _ in range(16)])  # 49
-    x = torch.randn(2, 8)
-    loader = DataLoader(TensorDataset(torch.randn(10**7, 1)), batch_size=1)
+    deep = deep.to(device)
+    x = torch.randn(2, 8, device=device)
+    loader = DataLoader(TensorDataset(torch.randn(10**7, 1)), batch_size=1)  # fetched on the host
     it = iter(loader)
-    w = torch.randn(8, requires_grad=True)
+    w = torch.randn(8, device=device, requires_grad=True)
     cases = {
         "Tensor.item()": (lambda: scalar.item(), 10_000),
         "forward, 1 module": (lambda: shallow(x), 1_000),
@@ -109,8 +133,11 @@ def probe_costs(rounds: int = 6, repeat: int = 25) -> None:
 
     @contextlib.contextmanager
     def trainprof_installed():
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if device.startswith("cuda"):  # as trainprof run profiles a GPU run
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
         prof = torch.profiler.profile(
-            activities=[torch.profiler.ProfilerActivity.CPU],
+            activities=activities,
             schedule=torch.profiler.schedule(wait=10**9, warmup=1, active=1),
         )
         patches = Patches()
@@ -136,9 +163,18 @@ def probe_costs(rounds: int = 6, repeat: int = 25) -> None:
         for patched in (False, True):
             with trainprof_installed() if patched else contextlib.nullcontext():
                 for name, (fn, n) in cases.items():
-                    t = min(timeit.repeat(fn, number=n, repeat=repeat)) / n
+
+                    def block(fn=fn, n=n) -> None:
+                        for _ in range(n):
+                            fn()
+                        _sync(device)  # the block's kernels are part of its time
+
+                    t = min(timeit.repeat(block, number=1, repeat=repeat)) / n
                     best[name][patched] = min(best[name][patched], t)
-    print(f"probe cost outside the window, per call (best of {rounds}x{repeat} blocks):")
+    print(
+        f"probe cost outside the window on {device}, per call "
+        f"(best of {rounds}x{repeat} blocks):"
+    )
     for name, (plain, patched) in best.items():
         extra = (patched - plain) * 1e9
         print(f"  {name:20s} {plain * 1e9:8.0f} ns -> {patched * 1e9:8.0f} ns ({extra:+.0f})")
@@ -150,16 +186,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--loop", action="store_true", help="run the loop itself")
     parser.add_argument("--probes-only", action="store_true", help="only the per-probe costs")
+    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
     args = parser.parse_args()
+    device = args.device or default_device()
     if args.loop:
-        loop(args.steps)
+        loop(args.steps, device)
         return
     if args.probes_only:
-        probe_costs()
+        probe_costs(device)
         return
 
     trainprof = Path(sys.executable).with_name("trainprof")
-    script_args = [str(HERE), "--loop", "--steps", str(args.steps)]
+    script_args = [str(HERE), "--loop", "--steps", str(args.steps), "--device", device]
     plain_cmd = [sys.executable, *script_args]
     with tempfile.TemporaryDirectory() as tmp:
         plain: list[tuple[float, float]] = []
@@ -180,11 +218,14 @@ def main() -> None:
         return min(b[k] for b in prof) / min(a[k] for a in plain)
 
     per_step = statistics.median(p[0] for p in plain) / args.steps * 1e3
-    print(f"steps: {args.steps}, plain step time {per_step:.2f} ms (median of {args.pairs} runs)")
+    print(
+        f"steps: {args.steps} on {device}, plain step time {per_step:.2f} ms "
+        f"(median of {args.pairs} runs)"
+    )
     print("ratio trainprof / plain       median of pairs   best run of each")
     print(f"  loop time (the script's)    {paired(0):6.3f}            {best(0):6.3f}")
     print(f"  whole process               {paired(1):6.3f}            {best(1):6.3f}")
-    probe_costs()
+    probe_costs(device)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,110 @@
+"""Helpers of the GPU acceptance suite: run a script of tests/gpu/scripts under `trainprof run`
+in a subprocess, then read its diagnosis (`diagnose --json`), a comparison (`compare --json`),
+its metadata and its trace events, as a user of the CLI would."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+@cache
+def cuda_devices() -> int:
+    """CUDA devices torch can use here (0 without a driver or on a CPU-only build)."""
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def cli(*args: str, timeout: float = 300, device: str = "cuda") -> subprocess.CompletedProcess:
+    env = {**os.environ, "DEVICE": device}
+    return subprocess.run(
+        [sys.executable, "-m", "trainprof.cli", *args],
+        cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env,
+    )  # fmt: skip
+
+
+@dataclass
+class Run:
+    folder: Path
+    code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def meta(self) -> dict:
+        return json.loads((self.folder / "trainprof.json").read_text())
+
+    def diagnosis(self) -> dict:
+        """`trainprof diagnose --json` of the run folder: one Diagnosis (one trace)."""
+        done = cli("diagnose", "--json", str(self.folder))
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert "findings" in out, f"expected one trace in {self.folder}: {list(out)}"
+        return out
+
+    def events(self) -> list[dict]:
+        """Every trace event of the run (all its traces)."""
+        return [e for p in sorted(self.folder.glob("*.pt.trace.json.gz")) for e in trace_events(p)]
+
+
+def trace_events(path: Path) -> list[dict]:
+    with gzip.open(path) as f:
+        return json.load(f)["traceEvents"]
+
+
+def run(folder: Path, script: str, *args: str, flags: tuple[str, ...] = (), **kw) -> Run:
+    """`trainprof run --out FOLDER --no-diagnose FLAGS scripts/SCRIPT ARGS`; fails on a non-zero
+    exit with the run's stderr."""
+    done = cli("run", "--out", str(folder), "--no-diagnose", *flags, str(SCRIPTS / script), *args,
+               **kw)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    return Run(folder, done.returncode, done.stdout, done.stderr)
+
+
+def compare(a: Run, b: Run) -> dict:
+    done = cli("compare", "--json", str(a.folder), str(b.folder))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def by_rule(diag: dict, rule: str) -> list[dict]:
+    return [f for f in diag["findings"] if f["rule"] == rule]
+
+
+def rules(diag: dict) -> list[str]:
+    return [f["rule"] for f in diag["findings"]]
+
+
+def line_of(script: str, marker: str) -> str:
+    """`path:line` of the line of scripts/SCRIPT holding MARKER, as trainprof writes locations."""
+    lines = (SCRIPTS / script).read_text().splitlines()
+    n = next(i for i, text in enumerate(lines, 1) if marker in text)
+    return f"{SCRIPTS / script}:{n}"
+
+
+# A fix "pays" when the saving `compare` measured agrees with the one `diagnose` predicted for
+# the findings it removes: within 30 % of the measurement, or 3 points of the step when there is
+# next to nothing to save (benchmarks/fix_efficacy.py's criterion, with 3 points instead of 2
+# for a GPU shared with nothing but its own clocks). A prediction of 5 % or more must also be a
+# significant speed-up.
+TOLERANCE_POINTS = 3.0
+MUST_BE_FASTER_PCT = 5.0
+
+
+def assert_fix_pays(predicted_pct: float, cmp: dict) -> None:
+    change = cmp["change"]
+    measured = -change["change_pct"]  # a shorter step is a positive saving
+    said = f"predicted {predicted_pct:.1f} %, measured {measured:.1f} % ({change['verdict']})"
+    assert abs(predicted_pct - measured) <= max(0.3 * abs(measured), TOLERANCE_POINTS), said
+    if predicted_pct >= MUST_BE_FASTER_PCT:
+        assert change["faster"] == "B" and change["significant"], said
