@@ -14,6 +14,8 @@ Each scenario runs a few seconds on an H100 (torch.compile's ~30 s is the longes
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,6 +64,12 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     for rule in DATALOADER_RULES & set(order):
         assert order.index("metric-sync") < order.index(rule), order
     assert [m["nan_strategy"] for m in broken.meta["metrics"]] == ["warn"], broken.meta["metrics"]
+    # The metric's weight=1.0 becomes a pageable host-to-device copy: if pageable-memcpy reports
+    # it too, the two must not claim the same occurrence (the same idle twice).
+    for other in by_rule(diag, "pageable-memcpy"):
+        shared = {tuple(x) for x in f["at"]} & {tuple(x) for x in other["at"]}
+        assert not shared, (f["evidence"], other["evidence"])
+    assert sum(x["est_saving_pct"] for x in diag["findings"]) <= 100.0
 
     after = fixed.diagnosis()
     assert not by_rule(after, "metric-sync"), rules(after)
@@ -74,10 +82,21 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
 
 
 # ----- 2. num_workers=0 -> 4 -> pin_memory + non_blocking on an MNIST-sized CNN ------------------
+def _loader_size() -> list[str]:
+    """--width/--batch for which one batch takes about two steps to decode on this machine."""
+    done = subprocess.run([sys.executable, str(SCRIPTS / "loader.py"), "--calibrate"],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.splitlines()[-1])
+    print("loader.py calibration:", got)  # shown with -rA / on failure
+    return ["--width", str(got["width"]), "--batch", str(got["batch"])]
+
+
 def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
-    a = run(tmp_path / "w0", "loader.py", "--workers", "0")
-    b = run(tmp_path / "w4", "loader.py", "--workers", "4")
-    c = run(tmp_path / "w4pin", "loader.py", "--workers", "4", "--pin")
+    size = _loader_size()
+    a = run(tmp_path / "w0", "loader.py", "--workers", "0", *size)
+    b = run(tmp_path / "w4", "loader.py", "--workers", "4", *size)
+    c = run(tmp_path / "w4pin", "loader.py", "--workers", "4", "--pin", *size)
     da, db, dc = a.diagnosis(), b.diagnosis(), c.diagnosis()
 
     starved = _gpu_finding(da, "dataloader-starvation")
