@@ -85,11 +85,20 @@ def rules(diag: dict) -> list[str]:
     return [f["rule"] for f in diag["findings"]]
 
 
-def line_of(script: str, marker: str) -> str:
-    """`path:line` of the line of scripts/SCRIPT holding MARKER, as trainprof writes locations."""
+def line_of(script: str, marker: str) -> tuple[str, int]:
+    """(absolute path, line) of the line of scripts/SCRIPT holding MARKER."""
     lines = (SCRIPTS / script).read_text().splitlines()
     n = next(i for i, text in enumerate(lines, 1) if marker in text)
-    return f"{SCRIPTS / script}:{n}"
+    return str((SCRIPTS / script).resolve()), n
+
+
+def place(location: str | None) -> tuple[str, int] | None:
+    """A trainprof `file:line` (absolute in the metadata, relative to the working folder in a
+    diagnosis) as (absolute path, line)."""
+    if not location:
+        return None
+    file, line = location.rsplit(":", 1)
+    return str((ROOT / file).resolve()), int(line)
 
 
 # A fix "pays" when the saving `compare` measured agrees with the one `diagnose` predicted for

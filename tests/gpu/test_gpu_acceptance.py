@@ -28,6 +28,7 @@ from gpurun import (
     compare,
     cuda_devices,
     line_of,
+    place,
     rules,
     run,
     trace_events,
@@ -78,7 +79,7 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     assert_fix_pays(f["est_saving_pct"], cmp)
     # Last, as it may fail apart from the rest: on a CPU run of this script the location is the
     # `opt.step()` line, the stale line of Kineto's <module> frame (no probe names this site).
-    assert f["location"] == line_of("metric_sync.py", "METRIC_LINE"), f
+    assert place(f["location"]) == line_of("metric_sync.py", "METRIC_LINE"), f
 
 
 # ----- 2. num_workers=0 -> 4 -> pin_memory + non_blocking on an MNIST-sized CNN ------------------
@@ -102,7 +103,7 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     starved = _gpu_finding(da, "dataloader-starvation")
     assert starved["severity"] == "high"
     assert da["findings"][0]["rule"] == "dataloader-starvation", rules(da)
-    assert starved["location"] == line_of("loader.py", "LOADER_LINE"), starved
+    assert place(starved["location"]) == line_of("loader.py", "LOADER_LINE"), starved
     assert not by_rule(db, "dataloader-starvation"), rules(db)  # 4 workers keep up
     ab = compare(a, b)
     assert ab["change"]["faster"] == "B" and ab["change"]["significant"], ab["change"]
@@ -115,7 +116,7 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     ac = compare(a, c)
     assert ac["change"]["faster"] == "B" and ac["change"]["significant"], ac["change"]
     # Last: the copy's line comes from Kineto's Python stack (see the metric-sync test).
-    assert pageable[0]["location"] == line_of("loader.py", "COPY_LINE"), pageable
+    assert place(pageable[0]["location"]) == line_of("loader.py", "COPY_LINE"), pageable
 
 
 # ----- 3. loss.item() every step vs every 50 steps -----------------------------------------------
@@ -123,7 +124,7 @@ def test_item_every_step_is_a_host_sync_every_50_is_not(tmp_path: Path) -> None:
     every = run(tmp_path / "every1", "item_sync.py", "--every", "1")
     rare = run(tmp_path / "every50", "item_sync.py", "--every", "50")
     f = _gpu_finding(every.diagnosis(), "host-sync")
-    assert f["location"] == line_of("item_sync.py", "ITEM_LINE"), f
+    assert place(f["location"]) == line_of("item_sync.py", "ITEM_LINE"), f
     assert f["metrics"]["per_step"] == pytest.approx(1.0), f
     after = rare.diagnosis()
     assert not by_rule(after, "host-sync"), rules(after)
@@ -179,7 +180,7 @@ def test_sync_events_and_sync_debug_warnings(tmp_path: Path) -> None:
     syncs = [e for e in r.events() if e.get("cat") == "cuda_sync"]
     assert syncs, "no cuda_sync events in the trace"
     where = line_of("sync_flags.py", "SYNC_LINE")
-    warned = {w["location"]: w for w in meta["sync_warnings"]}
+    warned = {place(w["location"]): w for w in meta["sync_warnings"]}
     assert where in warned, meta["sync_warnings"]
     assert warned[where]["count"] >= 20  # every step's loss.item(), not only the first
     assert "synchroniz" in warned[where]["message"]
