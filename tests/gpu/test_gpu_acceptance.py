@@ -70,7 +70,7 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     for other in by_rule(diag, "pageable-memcpy"):
         shared = {tuple(x) for x in f["at"]} & {tuple(x) for x in other["at"]}
         assert not shared, (f["evidence"], other["evidence"])
-    assert sum(x["est_saving_pct"] for x in diag["findings"]) <= 100.0
+    assert sum(x["est_saving_pct"] for x in diag["findings"]) <= 100.0 + 0.1  # rounding
 
     after = fixed.diagnosis()
     assert not by_rule(after, "metric-sync"), rules(after)
@@ -187,8 +187,9 @@ def test_sync_events_and_sync_debug_warnings(tmp_path: Path) -> None:
 
 
 # ----- 7. torch.compile(mode="reduce-overhead"): kernels replayed from CUDA graphs ----------------
-def _graph_replays(r: Run) -> list[tuple[float, float]]:
-    """GPU spans [first kernel start, last kernel end] of each cudaGraphLaunch's kernels."""
+def _graph_replays(r: Run) -> tuple[int, list[tuple[float, float]]]:
+    """(cudaGraphLaunch calls, GPU spans [first kernel start, last kernel end] of the kernels
+    each launched: CUPTI gives a replayed kernel its graph launch's correlation id)."""
     events = r.events()
     launches = {
         e["args"]["correlation"]
@@ -200,15 +201,16 @@ def _graph_replays(r: Run) -> list[tuple[float, float]]:
         if e.get("cat") == "kernel" and e.get("args", {}).get("correlation") in launches:
             s = spans.setdefault(e["args"]["correlation"], [float("inf"), 0.0])
             s[0], s[1] = min(s[0], e["ts"]), max(s[1], e["ts"] + e["dur"])
-    return [(a, b) for a, b in spans.values()]
+    return len(launches), [(a, b) for a, b in spans.values()]
 
 
 def test_cuda_graph_replays_are_not_launch_bound_or_idle(tmp_path: Path) -> None:
     r = run(tmp_path / "run", "compiled_graphs.py",
             flags=("--wait", "25", "--warmup", "2", "--active", "5"))  # fmt: skip
     assert r.meta["flags"]["compile_used"] is True
-    replays = _graph_replays(r)
-    assert len(replays) >= 5, "no CUDA graph replays in the recorded steps"
+    launches, replays = _graph_replays(r)
+    # Forward and backward replayed in each of the 5 recorded steps (else the test is vacuous).
+    assert len(replays) >= 5, f"{launches} cudaGraphLaunch calls, {len(replays)} with kernels"
     diag = r.diagnosis()
     for f in diag["findings"]:
         if f["rule"] not in ("launch-bound", "gpu-idle"):
