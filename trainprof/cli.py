@@ -216,13 +216,19 @@ def rules(
         None, "--docs", metavar="DIR",
         help="Write the rule reference (one Markdown page per rule, and an index) to DIR.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="With --docs: overwrite pages in DIR trainprof did not generate."
+    ),
 ) -> None:
     """List the rules: id, what each detects, and the fix."""
     if docs is not None:
         from trainprof.report.ruledocs import write_docs
 
-        for written in write_docs(docs):
-            typer.echo(written)
+        try:
+            for written in write_docs(docs, force=force):
+                typer.echo(written)
+        except TrainprofError as err:
+            _fail(err)
         return
     from trainprof.report.console import print_rules
 
