@@ -441,3 +441,11 @@ def test_bad_trace_in_a_folder_does_not_stop_the_others(tmp_path: Path) -> None:
     assert "2 unusable trace(s) skipped" in notes
     assert "b.pt.trace.json" in notes and "c.pt.trace.json" in notes
     assert data["trace"].endswith("a.pt.trace.json")
+
+
+def test_compare_of_zero_step_times_is_one_line(tmp_path: Path) -> None:
+    folder = tmp_path / "run"
+    write_trace(folder / "s.1.pt.trace.json", events())
+    write_meta(RunMeta(step_times_s=[0.0] * 6), folder)
+    line = one_line_error(invoke("compare", folder, folder))
+    assert "has no step times" in line

@@ -435,6 +435,8 @@ def compare(
     """Compare run B against run A (pure: no I/O)."""
     xa, src_a, drop_a = step_sample(a)
     xb, src_b, drop_b = step_sample(b)
+    # A step of no (or no finite) time cannot be compared: a median of 0 would divide by zero.
+    xa, xb = xa[np.isfinite(xa) & (xa > 0)], xb[np.isfinite(xb) & (xb > 0)]
     for name, x, run in (("A", xa, a), ("B", xb, b)):
         if len(x) == 0:
             raise TrainprofError(f"{name} ({run.path}) has no step times")
