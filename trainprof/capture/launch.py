@@ -191,11 +191,17 @@ def run_target(target: Target) -> Outcome:
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
-    """The traceback from the first frame that is not trainprof's or runpy's: what Python hands
-    to sys.excepthook for `python script.py`."""
-    while tb is not None and _internal(tb.tb_frame.f_code.co_filename):
+    """The traceback without trainprof's and runpy's frames (runpy's at its start, the probes'
+    thin wrappers inside): what Python hands to sys.excepthook for `python script.py`."""
+    kept = []
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
         tb = tb.tb_next
-    return tb
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
 
 
 def _uncaught(exc: BaseException, outcome: Outcome, saved_hook: object) -> Outcome:

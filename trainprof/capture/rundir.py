@@ -99,7 +99,11 @@ def _claim(path: Path, files: RunFiles) -> None:
     if files.job:  # the ranks write their own trainprof.rank<R>.json into the folder
         return
     placeholder = msgspec.json.encode(
-        RunMeta(status="incomplete", notes=["the run had not finished writing its metadata"])
+        RunMeta(
+            status="incomplete",
+            rank=files.rank,
+            notes=["the run had not finished writing its metadata"],
+        )
     )
     try:
         fd = os.open(path / files.meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)

@@ -86,9 +86,10 @@ def run_script(opts: RunOptions) -> int:
     if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
         sys.stderr.write(outcome.message)
         sys.stderr.flush()
-        hint = explain_exception(outcome.message)
-        if hint:
-            say(f"hint: {hint}")
+    # The script's own sys.excepthook (torch.distributed sets one) printed it: hint all the same.
+    hint = explain_exception(outcome.message or outcome.detail or "")
+    if hint:
+        say(f"hint: {hint}")
     tag = "" if rank is None else f"rank {rank}: "
     for note in meta.notes:
         say(f"{tag}note: {note}")
