@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis, severity_rank
@@ -44,7 +45,7 @@ def find_traces(path: Path) -> list[Path]:
     return files
 
 
-def _walk(top: Path, unreadable: list[str]):
+def _walk(top: Path, unreadable: list[str]) -> Iterator[Path]:
     """Regular files below `top` (symlinked folders inside it are not followed)."""
 
     def error(err: OSError) -> None:
