@@ -246,6 +246,7 @@ def manual(tmp_path_factory) -> Run:
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
     (folder / "old.1.pt.trace.json.gz").write_bytes(b"stale")
+    (folder / "trainprof.json").write_text('{"traces": ["old.1.pt.trace.json.gz"]}')
     # 8 steps: 0 waits, 1 warms up, 2..7 recorded of the 10 asked, #8 open at the end.
     return run(folder, "--force", "--wait", "1", "--warmup", "1", "--active", "10",
                str(SCRIPTS / "train_manual.py"))  # fmt: skip

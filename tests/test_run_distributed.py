@@ -31,7 +31,7 @@ from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir
 from trainprof.capture.runner import RunOptions
 from trainprof.errors import TrainprofError
 from trainprof.hints import METRIC_ON_CPU
-from trainprof.runmeta import RunMeta
+from trainprof.runmeta import RunMeta, write_meta
 
 SCRIPTS = Path(__file__).parent / "scripts"
 ROOT = Path(__file__).parent.parent
@@ -302,6 +302,8 @@ def test_force_replaces_every_ranks_files_only(tmp_path: Path) -> None:
                  "rank0/mine.txt"):  # fmt: skip
         (tmp_path / name).parent.mkdir(exist_ok=True)
         (tmp_path / name).write_text("x")
+    # rank 3's metadata lists its trace: trainprof wrote it (--force keeps traces it did not).
+    write_meta(RunMeta(traces=["rank3.1.pt.trace.json.gz"]), tmp_path, "trainprof.rank3.json")
     with pytest.raises(TrainprofError, match="already exists"):
         prepare_run_dir(tmp_path, "s", False, RunFiles(job=True))
     prepare_run_dir(tmp_path, "s", True, RunFiles(job=True))

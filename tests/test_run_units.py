@@ -12,6 +12,7 @@ from trainprof.capture.rundir import RunFiles, prepare_run_dir
 from trainprof.capture.summary import _ranges
 from trainprof.capture.userframe import UserCode
 from trainprof.errors import TrainprofError
+from trainprof.runmeta import RunMeta, read_meta, write_meta
 
 ROOT = Path(__file__).parent.parent
 
@@ -95,10 +96,13 @@ def test_run_folder_refuses_content_and_force_cleans_only_ours(tmp_path: Path) -
     folder.mkdir()
     (folder / "keep.txt").write_text("x")
     (folder / "a.1.pt.trace.json.gz").write_text("old")
+    write_meta(RunMeta(traces=["a.1.pt.trace.json.gz"]), folder)  # an earlier run's trace
     with pytest.raises(TrainprofError, match="already exists and is not empty"):
         prepare_run_dir(folder, "s", force=False, files=RunFiles())
     assert prepare_run_dir(folder, "s", force=True, files=RunFiles()) == folder
-    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt"]
+    # The earlier run's files are gone; trainprof.json is this run's claim on the folder.
+    assert sorted(p.name for p in folder.iterdir()) == ["keep.txt", "trainprof.json"]
+    assert read_meta(folder).status == "incomplete"
     with pytest.raises(TrainprofError, match="not a folder"):
         prepare_run_dir(folder / "keep.txt", "s", force=True, files=RunFiles())
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import sys
 from pathlib import Path
 
@@ -18,6 +19,14 @@ app = typer.Typer(
 
 
 _TORCHRUN = "Distributed (passed to torchrun)"
+
+
+def _tolerant_output() -> None:
+    """Print a file name that is not UTF-8 (surrogate-escaped by Python) with U+FFFD instead of
+    failing with UnicodeEncodeError. Not for `run`: the script's own prints stay untouched."""
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper) and stream.errors == "strict":
+            stream.reconfigure(errors="replace")
 
 
 def _fail(err: TrainprofError) -> None:
@@ -146,6 +155,8 @@ def diagnose(
     """Diagnose a PyTorch profiler (Kineto) trace: ranked findings with evidence and fixes."""
     from trainprof.diagnose import diagnose_command
 
+    _tolerant_output()
+
     try:
         code = diagnose_command(
             path,
@@ -170,6 +181,8 @@ def compare(
     """Compare two runs: median step time with a 95 % bootstrap CI, breakdown and findings."""
     from trainprof.compare import compare_command
 
+    _tolerant_output()
+
     try:
         code = compare_command(
             a, b, fmt="json" if as_json else "markdown" if as_markdown else "console"
@@ -187,6 +200,8 @@ def report(
 ) -> None:
     """Write a self-contained HTML report (charts, findings, run metadata; works offline)."""
     from trainprof.report.run_reports import report_command
+
+    _tolerant_output()
 
     try:
         code = report_command(path, html, force=force)
@@ -216,13 +231,19 @@ def rules(
         None, "--docs", metavar="DIR",
         help="Write the rule reference (one Markdown page per rule, and an index) to DIR.",
     ),
+    force: bool = typer.Option(
+        False, "--force", help="With --docs: overwrite pages in DIR trainprof did not generate."
+    ),
 ) -> None:
     """List the rules: id, what each detects, and the fix."""
     if docs is not None:
         from trainprof.report.ruledocs import write_docs
 
-        for written in write_docs(docs):
-            typer.echo(written)
+        try:
+            for written in write_docs(docs, force=force):
+                typer.echo(written)
+        except TrainprofError as err:
+            _fail(err)
         return
     from trainprof.report.console import print_rules
 

@@ -18,7 +18,9 @@ Statistic
     Median step time of each side and the ratio median(B)/median(A) with 95 % percentile
     bootstrap intervals (`trainprof.stats`, 2000 resamples, seeded: the output is deterministic).
     "B is 31 % faster" means B's median step time is 31 % shorter; the difference is significant
-    when the interval of the change excludes 0. Fewer than MIN_STEPS steps on a side: no verdict.
+    when the interval of the change excludes 0. Fewer than MIN_STEPS steps on a side: no verdict;
+    an interval that holds 0 but is wider than MAX_CI_WIDTH_PCT: "too few steps to tell"
+    (`significant` null), not "no significant difference".
 
 Breakdown
     `Diagnosis.breakdown` of each side (ms per traced step, by category), and B - A.
@@ -68,6 +70,9 @@ from trainprof.runmeta import META_NAME, RunMeta, read_meta
 
 SCHEMA = 1
 MIN_STEPS = 5  # below this a median's interval means nothing
+# A change whose 95 % interval is wider than this (percentage points) and holds 0 says nothing:
+# too few (or too noisy) steps. Say so, rather than "no significant difference".
+MAX_CI_WIDTH_PCT = 20.0
 WARMUP_SHARE = 0.10
 
 
@@ -317,6 +322,11 @@ def verdict(shift: stats.MedianShift | None, n_a: int, n_b: int) -> str:
         return f"too few steps to test (A {n_a}, B {n_b}; at least {MIN_STEPS} each needed)"
     c = shift.change
     lo, hi = 100 * c.low, 100 * c.high
+    if not shift.significant and hi - lo > MAX_CI_WIDTH_PCT:
+        return (
+            f"too few steps to tell (A {n_a}, B {n_b}): their times vary too much for a "
+            "verdict; record more steps (--active, --repeat)"
+        )
     if not shift.significant:
         return (
             f"no significant difference (B {100 * c.value:+.1f} %, "
@@ -342,6 +352,7 @@ def _change(a: np.ndarray, b: np.ndarray, seed: int, resamples: int) -> tuple[Ch
     shift = stats.compare_medians(a, b, resamples=resamples, seed=seed)
     c = shift.change
     faster = None if not shift.significant else "B" if c.value < 0 else "A"
+    tested = shift.significant or 100 * (c.high - c.low) <= MAX_CI_WIDTH_PCT
     change = Change(
         ratio=round(shift.ratio.value, 5),
         ratio_low=round(shift.ratio.low, 5),
@@ -349,7 +360,7 @@ def _change(a: np.ndarray, b: np.ndarray, seed: int, resamples: int) -> tuple[Ch
         change_pct=round(100 * c.value, 3),
         change_low_pct=round(100 * c.low, 3),
         change_high_pct=round(100 * c.high, 3),
-        significant=shift.significant,
+        significant=shift.significant if tested else None,
         faster=faster,
         verdict=verdict(shift, len(a), len(b)),
         resamples=resamples,
@@ -424,6 +435,8 @@ def compare(
     """Compare run B against run A (pure: no I/O)."""
     xa, src_a, drop_a = step_sample(a)
     xb, src_b, drop_b = step_sample(b)
+    # A step of no (or no finite) time cannot be compared: a median of 0 would divide by zero.
+    xa, xb = xa[np.isfinite(xa) & (xa > 0)], xb[np.isfinite(xb) & (xb > 0)]
     for name, x, run in (("A", xa, a), ("B", xb, b)):
         if len(x) == 0:
             raise TrainprofError(f"{name} ({run.path}) has no step times")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis, severity_rank
@@ -16,22 +18,47 @@ FAIL_EXIT = 3
 
 
 def find_traces(path: Path) -> list[Path]:
-    """The trace files at `path`: the file itself, or every trace below a folder."""
+    """The trace files at `path`: the file itself, or every trace below a folder (folders that
+    cannot be read are skipped, and named when nothing else is found)."""
     path = Path(path)
-    if not path.exists():
-        raise TrainprofError(f"no such file or folder: {path}")
-    if path.is_file():
-        return [path]
-    files = sorted(p for p in path.rglob("*") if p.is_file() and _PT_TRACE.search(p.name))
+    try:
+        if not path.exists():
+            raise TrainprofError(f"no such file or folder: {path}")
+        if path.is_file():
+            return [path]
+        if not path.is_dir():
+            raise TrainprofError(f"{path} is neither a trace file nor a folder")
+    except OSError as err:
+        raise TrainprofError(f"cannot read {path}: {err.strerror}") from None
+    unreadable: list[str] = []
+    names = list(_walk(path, unreadable))
+    files = sorted(p for p in names if _PT_TRACE.search(p.name))
     if not files:  # traces saved under other names (e.g. chrome export `trace.json`)
         files = sorted(
-            p
-            for p in path.rglob("*")
-            if p.is_file() and _TRACE.search(p.name) and not p.name.startswith("trainprof")
+            p for p in names if _TRACE.search(p.name) and not p.name.startswith("trainprof")
         )
     if not files:
-        raise TrainprofError(f"no trace files (*.pt.trace.json[.gz], *.json[.gz]) in {path}")
+        skipped = f" ({len(unreadable)} unreadable, e.g. {unreadable[0]})" if unreadable else ""
+        raise TrainprofError(
+            f"no trace files (*.pt.trace.json[.gz], *.json[.gz]) in {path}{skipped}"
+        )
     return files
+
+
+def _walk(top: Path, unreadable: list[str]) -> Iterator[Path]:
+    """Regular files below `top` (symlinked folders inside it are not followed)."""
+
+    def error(err: OSError) -> None:
+        unreadable.append(f"{err.filename}: {err.strerror}")
+
+    for folder, _dirs, files in os.walk(top, onerror=error):
+        for name in files:
+            p = Path(folder) / name
+            try:
+                if p.is_file():
+                    yield p
+            except OSError as err:
+                error(err)
 
 
 def _meta_for(trace_file: Path):
@@ -54,10 +81,15 @@ def diagnose_path(
 
     files = find_traces(path)
     if len(files) > 1:
+        from trainprof.ranks import report_skipped
         from trainprof.ranks.load import diagnose_files
 
         metas = [_meta_for(f) for f in files]
-        return [r.diagnosis for r in diagnose_files(files, metas, select, ignore)]
+        results, skipped = diagnose_files(files, metas, select, ignore)
+        diags = [r.diagnosis for r in results]
+        if skipped:
+            report_skipped(skipped, diags[0])
+        return diags
     return [analyze(load_trace(f), _meta_for(f), select=select, ignore=ignore) for f in files]
 
 

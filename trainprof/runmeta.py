@@ -9,6 +9,8 @@ from pathlib import Path
 
 import msgspec
 
+from trainprof.fileio import write_atomic
+
 SCHEMA = 1
 META_NAME = "trainprof.json"
 
@@ -106,9 +108,10 @@ class RunMeta(msgspec.Struct, kw_only=True):
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:
-    path = Path(folder) / name
-    path.write_bytes(msgspec.json.format(msgspec.json.encode(meta), indent=2))
-    return path
+    """Write the metadata whole or not at all (OSError when it cannot be written)."""
+    return write_atomic(
+        Path(folder) / name, msgspec.json.format(msgspec.json.encode(meta), indent=2)
+    )
 
 
 def read_meta(path: Path) -> RunMeta | None:

@@ -52,6 +52,10 @@ def rank(findings: list[Finding]) -> list[Finding]:
 
 def notes_for(ctx: Context) -> list[str]:
     notes = [f"Steps: {SOURCE_TEXT[ctx.steps.source]}."]
+    if ctx.steps.zero_length:
+        notes.append(f"{ctx.steps.zero_length} ProfilerStep markers of zero length ignored.")
+    if ctx.trace.meta.dropped:
+        notes.append(f"{ctx.trace.meta.dropped}.")
     d = ctx.device
     if d.kind == "cpu":
         notes.append("No GPU in this trace: costs are CPU wall time; GPU-only problems are "

@@ -98,7 +98,15 @@ def load_config(
         path = Path(path)
         if not path.is_file():
             raise TrainprofError(f"config file not found: {path}")
-        table = _parse(path.read_text(encoding="utf-8"), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as err:
+            raise TrainprofError(
+                f"{path}: not a TOML file (invalid UTF-8 at byte {err.start})"
+            ) from None
+        except OSError as err:
+            raise TrainprofError(f"cannot read {path}: {err.strerror}") from None
+        table = _parse(text, str(path))
         cfg = replace(cfg, **_validate(table, str(path)))
     if overrides:
         cfg = replace(cfg, **_validate(dict(overrides), None))

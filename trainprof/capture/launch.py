@@ -15,6 +15,7 @@ import traceback
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import TracebackType
 
 from trainprof.errors import TrainprofError
 
@@ -96,6 +97,14 @@ def resolve_target(script: str | None, module: str | None, args: list[str]) -> T
         return _module_target(module, args)
     if not script:
         raise TrainprofError("nothing to run: give a SCRIPT or -m MODULE")
+    try:
+        os.path.abspath(script).encode("utf-8")
+    except UnicodeEncodeError:  # torch's profiler crashes on such a path in its stacks
+        shown = script.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+        raise TrainprofError(
+            f"the script's path {shown} is not valid UTF-8, which the profiler cannot record: "
+            "rename it (or its folder)"
+        ) from None
     path = Path(script)
     if path.is_dir() and not (path / "__main__.py").is_file():
         raise TrainprofError(f"{script} is a folder without __main__.py")
@@ -152,6 +161,7 @@ def run_target(target: Target) -> Outcome:
         sys.path[0] = target.path0
     else:
         sys.path.append(target.path0)
+    saved_hook = sys.excepthook
     _sigterm["armed"] = True
     try:
         if target.module:
@@ -163,16 +173,53 @@ def run_target(target: Target) -> Outcome:
     except SystemExit as exc:
         return _system_exit(exc)
     except KeyboardInterrupt as exc:
-        return Outcome(130, "interrupted", format_exception(exc), format_exception(exc, False))
+        return _uncaught(exc, Outcome(130, "interrupted"), saved_hook)
     except Terminated as exc:  # 128 + SIGTERM, as a shell reports it
         return Outcome(143, "interrupted", format_exception(exc), format_exception(exc, False))
+    except ImportError as exc:
+        if target.module and not _user_frames(exc.__traceback__):  # runpy: no such module
+            return Outcome(1, "error", f"{sys.executable}: {exc}\n", format_exception(exc, False))
+        return _uncaught(exc, Outcome(1, "error"), saved_hook)
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported, not ours
-        return Outcome(1, "error", format_exception(exc), format_exception(exc, False))
+        return _uncaught(exc, Outcome(1, "error"), saved_hook)
     finally:
         _sigterm["armed"] = False
+        sys.excepthook = saved_hook  # a hook the script set is not trainprof's from here on
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == target.path0:
             sys.path[0] = saved_path0
+
+
+def _user_frames(tb: TracebackType | None) -> TracebackType | None:
+    """The traceback without trainprof's and runpy's frames (runpy's at its start, the probes'
+    thin wrappers inside): what Python hands to sys.excepthook for `python script.py`."""
+    kept = []
+    while tb is not None:
+        if not _internal(tb.tb_frame.f_code.co_filename):
+            kept.append(tb)
+        tb = tb.tb_next
+    out = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    return out
+
+
+def _uncaught(exc: BaseException, outcome: Outcome, saved_hook: object) -> Outcome:
+    """What Python does with an exception that ends the script: the script's own sys.excepthook
+    when it set one (called now, as Python would), else the traceback (printed after saving)."""
+    outcome.detail = format_exception(exc, False)
+    hook = sys.excepthook
+    if hook is sys.__excepthook__ or hook is saved_hook:
+        outcome.message = format_exception(exc)
+        return outcome
+    try:
+        hook(type(exc), exc, _user_frames(exc.__traceback__))
+    except BaseException as err:  # noqa: BLE001 - Python reports both, as here
+        outcome.message = (
+            f"Error in sys.excepthook:\n{format_exception(err)}\n"
+            f"Original exception was:\n{format_exception(exc)}"
+        )
+    return outcome
 
 
 def _module_file(name: str) -> str | None:
@@ -217,9 +264,11 @@ def _trim(te: traceback.TracebackException, seen: set[int]) -> None:
     if id(te) in seen:
         return
     seen.add(id(te))
-    kept = [f for f in te.stack if not _internal(f.filename)]
-    if kept:  # all internal: nothing of the script's is involved, keep everything
-        te.stack = traceback.StackSummary.from_list(kept)
+    # All internal (a SyntaxError in the script, raised while runpy compiles it): no frame, as
+    # Python prints it; the untrimmed traceback is in trainprof.log.
+    te.stack = traceback.StackSummary.from_list(
+        [f for f in te.stack if not _internal(f.filename)]
+    )
     for sub in (te.__cause__, te.__context__, *(getattr(te, "exceptions", None) or ())):
         if sub is not None:
             _trim(sub, seen)

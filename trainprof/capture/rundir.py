@@ -9,8 +9,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
+
 from trainprof.errors import TrainprofError
-from trainprof.runmeta import META_NAME
+from trainprof.runmeta import META_NAME, RunMeta, read_meta
 
 
 @dataclass(frozen=True)
@@ -44,17 +46,21 @@ class RunFiles:
 
 
 def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -> Path:
-    """Create the run folder. A folder with content is never written into without --force;
-    with --force only trainprof's own files from an earlier run are removed (traces of two runs
-    in one folder would be diagnosed together)."""
+    """Create and claim the run folder. A folder with content is never written into without
+    --force; with --force only the files an earlier trainprof run wrote there (its metadata
+    lists its traces) are removed, and a folder holding traces trainprof did not write is
+    refused (they would be diagnosed with this run's). The claim is atomic: of two runs started
+    together with one --out, one gets the folder and the other a one-line refusal."""
     if out is None:
         base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         path, n = base, 1
-        while _blocking(path, files):  # two runs in the same second
+        while not _create_new(path):  # two runs in the same second
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-    else:
-        path = Path(out)
+        _claim(path, files)
+        return path
+    path = Path(out)
+    try:
         if path.exists() and not path.is_dir():
             raise TrainprofError(f"--out {path} exists and is not a folder")
         if _blocking(path, files):
@@ -63,20 +69,100 @@ def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -
                     f"run folder {path} already exists and is not empty "
                     "(choose another --out, or pass --force to replace trainprof's files in it)"
                 )
-            for name in os.listdir(path):
-                if files.owns(name) and (path / name).is_file():
-                    (path / name).unlink()
-                elif files.job and _RANK_DIR.fullmatch(name) and (path / name).is_dir():
-                    for events in (path / name).glob("events.out.tfevents.*trainprof"):
-                        events.unlink()  # the TensorBoard run of one rank (run_reports)
-    try:
+            _remove_earlier_run(path, files)
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise TrainprofError(f"cannot create run folder {path}: {err.strerror}") from None
+        raise TrainprofError(f"cannot use run folder {path}: {_reason(err)}") from None
+    _claim(path, files)
     return path
 
 
+def _reason(err: OSError) -> str:
+    where = f" ({err.filename})" if err.filename else ""
+    return f"{err.strerror or err}{where}"
+
+
+def _create_new(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True)
+    except FileExistsError:
+        return False
+    except OSError as err:
+        raise TrainprofError(f"cannot create run folder {path}: {_reason(err)}") from None
+    return True
+
+
+def _claim(path: Path, files: RunFiles) -> None:
+    """Create this run's metadata file exclusively (O_EXCL), holding a placeholder that says
+    the run has not finished; write_meta replaces it. A second run on the same folder fails to
+    create it: the folder is taken."""
+    if files.job:  # the ranks write their own trainprof.rank<R>.json into the folder
+        return
+    placeholder = msgspec.json.encode(
+        RunMeta(
+            status="incomplete",
+            rank=files.rank,
+            notes=["the run had not finished writing its metadata"],
+        )
+    )
+    try:
+        fd = os.open(path / files.meta, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise TrainprofError(
+            f"run folder {path} is being used by another trainprof run (it holds "
+            f"{files.meta}): choose another --out"
+        ) from None
+    except OSError as err:
+        raise TrainprofError(f"cannot write into run folder {path}: {_reason(err)}") from None
+    try:
+        os.write(fd, placeholder)
+    except OSError as err:
+        os.close(fd)
+        os.unlink(path / files.meta)
+        raise TrainprofError(f"cannot write into run folder {path}: {_reason(err)}") from None
+    os.close(fd)
+
+
+def _written_by_trainprof(path: Path) -> set[str]:
+    """The files of `path` that trainprof's metadata files there say trainprof wrote."""
+    names = set()
+    for meta_file in [path / META_NAME, *path.glob("trainprof.rank*.json")]:
+        meta = read_meta(meta_file)
+        if meta is not None:
+            names.add(meta_file.name)
+            names.update(Path(t).name for t in meta.traces)
+    return names
+
+
+def _remove_earlier_run(path: Path, files: RunFiles) -> None:
+    ours = _written_by_trainprof(path)
+    names = os.listdir(path)
+    foreign = sorted(
+        n for n in names if files.owns(n) and _TRACE.search(n) and n not in ours
+    )
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        shown = ", ".join(foreign[:3]) + more
+        raise TrainprofError(
+            f"run folder {path} holds traces trainprof did not write ({shown}); --force replaces "
+            "only trainprof's own files: move them, or choose another --out"
+        )
+    reports = bool(ours)  # report.html and event files: only in a folder trainprof ran in
+    for name in names:
+        if not (path / name).is_file() or not files.owns(name):
+            continue
+        if name in ours or (not _TRACE.search(name) and (reports or _META.fullmatch(name))):
+            (path / name).unlink()
+    if files.job and reports:
+        for name in names:
+            if _RANK_DIR.fullmatch(name) and (path / name).is_dir():
+                for events in (path / name).glob("events.out.tfevents.*trainprof"):
+                    events.unlink()  # the TensorBoard run of one rank (run_reports)
+
+
 _RANK_FILE = re.compile(r"trainprof\.rank\d+\.(json|log)")
+_META = re.compile(r"trainprof(\.rank\d+)?\.(json|log)")
+_TRACE = re.compile(r"\.pt\.trace\.json")
 _RANK_DIR = re.compile(r"rank\d+")
 
 

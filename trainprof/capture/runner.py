@@ -78,14 +78,18 @@ def run_script(opts: RunOptions) -> int:
             target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
         ).run()
         meta, outcome = result.meta, result.outcome
-        write_meta(meta, where, files.meta)
+        try:
+            write_meta(meta, where, files.meta)
+        except OSError as err:  # disk full: say so; the script's exit code stands
+            say(f"could not write {where / files.meta}: {err.strerror or err}")
 
     if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
         sys.stderr.write(outcome.message)
         sys.stderr.flush()
-        hint = explain_exception(outcome.message)
-        if hint:
-            say(f"hint: {hint}")
+    # The script's own sys.excepthook (torch.distributed sets one) printed it: hint all the same.
+    hint = explain_exception(outcome.message or outcome.detail or "")
+    if hint:
+        say(f"hint: {hint}")
     tag = "" if rank is None else f"rank {rank}: "
     for note in meta.notes:
         say(f"{tag}note: {note}")
@@ -134,6 +138,8 @@ def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: 
         say(f"diagnosis not available: {err}")
         for line in summaries:
             say(line)
+    except OSError as err:  # the reports could not be written (disk full, read-only)
+        say(f"could not write the reports into {folder}: {err.strerror or err}")
     except Exception as err:  # a bug in the analysis must not hide the capture
         say(f"diagnosis failed ({type(err).__name__}: {err}); run `trainprof diagnose {folder}`")
         for line in summaries:

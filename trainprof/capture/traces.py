@@ -9,6 +9,7 @@ and written after the script ends: the script's own timing is not stalled mid-lo
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Any
 from torch.profiler import profile, schedule, tensorboard_trace_handler
 
 from trainprof.capture.config import ProfileConfig
+from trainprof.fileio import temp_name
 
 
 def worker_name(stem: str, rank: int | None) -> str:
@@ -45,11 +47,18 @@ class _Cycle:
                 self.profiler.export_chrome_trace(plain, self.metadata)
             except TypeError:  # older torch: no metadata argument
                 self.profiler.export_chrome_trace(plain)
-            if path.endswith(".gz"):
-                with open(plain, "rb") as src, gzip.open(path, "wb", compresslevel=6) as dst:
-                    shutil.copyfileobj(src, dst, 1 << 20)
-            else:
-                shutil.move(plain, path)
+            # Under a temporary name, then renamed: a full disk leaves no truncated trace.
+            part = temp_name(Path(path))
+            try:
+                if path.endswith(".gz"):
+                    with open(plain, "rb") as src, gzip.open(part, "wb", compresslevel=6) as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                else:
+                    shutil.move(plain, part)
+                os.replace(part, path)
+            finally:
+                with contextlib.suppress(OSError):
+                    part.unlink()
 
 
 class TraceWriter:
@@ -76,6 +85,10 @@ class TraceWriter:
             self.handler(prof)
         except Exception as err:  # disk full, ...: the run still ends normally
             self.errors.append(f"could not write a trace: {type(err).__name__}: {err}")
+            for name in set(os.listdir(self.folder)) - before:  # a truncated file is no trace
+                if name.startswith(self.worker + "."):
+                    with contextlib.suppress(OSError):
+                        (self.folder / name).unlink()
         # Only this worker's files: the other ranks of a distributed run write into this folder.
         new = set(os.listdir(self.folder)) - before
         self.files += sorted(n for n in new if n.startswith(self.worker + "."))

@@ -59,7 +59,7 @@ def diagnose_traces(
     from trainprof.ranks.load import diagnose_files
 
     own_select, own_ignore = _split_rules(select, ignore)
-    results = diagnose_files(files, metas, own_select, own_ignore, workers=workers)
+    results, skipped = diagnose_files(files, metas, own_select, own_ignore, workers=workers)
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(results):
         groups.setdefault((str(Path(r.file).parent), r.world_size), []).append(i)
@@ -87,7 +87,22 @@ def diagnose_traces(
             out.append(build_job([results[j] for j in members], folder, select, ignore))
         elif i not in in_job:
             out.append(r.diagnosis)
+    if skipped:
+        report_skipped(skipped, out[0])
     return out
 
 
-__all__ = ["CROSS_RANK_RULES", "diagnose_traces"]
+def report_skipped(skipped: list[str], first: Diagnosis | MultiRankDiagnosis) -> None:
+    """The traces left out as unusable: one line each on stderr, and a note on the first
+    diagnosis (so that --json and --markdown say it too)."""
+    import sys
+
+    for why in skipped:
+        sys.stderr.write(f"trainprof: skipped an unusable trace: {why}\n")
+    first.notes = [
+        *first.notes,
+        f"{len(skipped)} unusable trace(s) skipped: " + "; ".join(skipped),
+    ]
+
+
+__all__ = ["CROSS_RANK_RULES", "diagnose_traces", "report_skipped"]

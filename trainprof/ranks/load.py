@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trainprof.analysis.model import Diagnosis, OpStat
+from trainprof.errors import TrainprofError
 from trainprof.runmeta import RunMeta
 from trainprof.trace import intervals as iv
 
@@ -141,14 +142,18 @@ def diagnose_rank(
     meta: RunMeta | None,
     select: list[str] | None = None,
     ignore: list[str] | None = None,
-) -> RankResult:
-    """Load one trace, diagnose it, and keep only the compact result (runs in a worker)."""
+) -> RankResult | str:
+    """Load one trace, diagnose it, and keep only the compact result (runs in a worker); a
+    trace that cannot be used gives the one-line reason instead, so the others still count."""
     from trainprof.analysis.context import Context
     from trainprof.analysis.engine import analyze
     from trainprof.trace.load import load_trace
 
-    tr = load_trace(path)
-    diag = analyze(tr, meta, select=select, ignore=ignore)
+    try:
+        tr = load_trace(path)
+        diag = analyze(tr, meta, select=select, ignore=ignore)
+    except TrainprofError as err:
+        return str(err)
     arrays = _arrays(Context(tr, meta))
     rank = tr.meta.rank
     if rank is None:
@@ -175,13 +180,22 @@ def diagnose_files(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     workers: int | None = None,
-) -> list[RankResult]:
-    """diagnose_rank over every file, in parallel (one process per core), in file order."""
+) -> tuple[list[RankResult], list[str]]:
+    """diagnose_rank over every file, in parallel (one process per core), in file order: the
+    results of the usable traces, and why each other one could not be used. TrainprofError
+    when none can."""
     n = len(files)
     workers = min(workers or os.cpu_count() or 1, n)
     args = ([str(f) for f in files], metas, repeat(select), repeat(ignore))
     if workers <= 1:
-        return list(map(diagnose_rank, *args))
-    _preload()
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        return list(pool.map(diagnose_rank, *args))
+        results = list(map(diagnose_rank, *args))
+    else:
+        _preload()
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            results = list(pool.map(diagnose_rank, *args))
+    good = [r for r in results if isinstance(r, RankResult)]
+    bad = [r for r in results if isinstance(r, str)]
+    if not good:
+        more = f" (and {len(bad) - 1} more unusable traces)" if len(bad) > 1 else ""
+        raise TrainprofError(bad[0] + more)
+    return good, bad

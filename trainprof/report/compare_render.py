@@ -3,12 +3,12 @@ verdict first, then tables) and JSON (schema 1, documented in trainprof/compare.
 
 from __future__ import annotations
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Side
+from trainprof.report.markdown import cell, md_escape
 
 _STATUS_STYLE = {"resolved": "green", "new": "bold red", "still present": "yellow"}
 _SOURCE = {"metadata": "run metadata", "trace": "trace"}
@@ -39,6 +39,8 @@ def _steps(side: Side) -> str:
 def _change_cell(c: Comparison) -> str:
     ch = c.change
     text = f"{ch.change_pct:+.1f} %"
+    if ch.significant is None:  # too few steps: an interval that wide would only mislead
+        return text + " (too few steps to tell)"
     if ch.change_low_pct is not None and ch.change_high_pct is not None:
         text += f" (95 % CI {ch.change_low_pct:+.1f} to {ch.change_high_pct:+.1f} %)"
     return text
@@ -67,14 +69,12 @@ def headline(c: Comparison) -> str:
 
 # ---- JSON ------------------------------------------------------------------------------------
 def render_json(c: Comparison) -> str:
-    return msgspec.json.format(msgspec.json.encode(c), indent=2).decode()
+    from trainprof.report.jsonout import to_json
+
+    return to_json(c)
 
 
 # ---- Markdown --------------------------------------------------------------------------------
-def _cell(s: str | None) -> str:
-    return (s or "-").replace("|", "\\|").replace("\n", " ")
-
-
 def render_markdown(c: Comparison) -> str:
     a, b = c.a, c.b
     out = [
@@ -84,7 +84,7 @@ def render_markdown(c: Comparison) -> str:
         "|---|---|---|---|",
         f"| median step | {_median(a)} | {_median(b)} | {_change_cell(c)} |",
         f"| steps | {_steps(a)} | {_steps(b)} | |",
-        f"| device | {_cell(a.device)} | {_cell(b.device)} | |",
+        f"| device | {cell(a.device)} | {cell(b.device)} | |",
     ]
     if a.gpu_busy_pct is not None or b.gpu_busy_pct is not None:
         out.append(f"| GPU busy | {_busy(a)} | {_busy(b)} | |")
@@ -110,13 +110,13 @@ def render_markdown(c: Comparison) -> str:
             "|---|---|---|---|---|",
         ]
         out += [
-            f"| {f.status} | `{f.rule}` | {_cell(f.title)} | "
-            f"{_cell(f'`{f.location}`' if f.location else None)} | {_saving(f)} |"
+            f"| {f.status} | `{f.rule}` | {cell(f.title)} | "
+            f"{cell(f'`{f.location}`' if f.location else None)} | {_saving(f)} |"
             for f in c.findings
         ]
         out.append("")
-    out += [f"- Note: {_cell(n)}" for n in c.notes]
-    out += [f"- A: `{a.path}`", f"- B: `{b.path}`", ""]
+    out += [f"- Note: {cell(n)}" for n in c.notes]
+    out += [f"- A: {md_escape(f'`{a.path}`')}", f"- B: {md_escape(f'`{b.path}`')}", ""]
     return "\n".join(out)
 
 

@@ -26,9 +26,29 @@ import msgspec
 from trainprof.analysis.model import SCHEMA, Diagnosis, MultiRankDiagnosis
 
 
+def to_json(obj: object) -> str:
+    """Indented JSON. A file name that is not UTF-8 (its bytes surrogate-escaped by Python)
+    cannot be encoded as is: its undecodable bytes become U+FFFD."""
+    try:
+        data = msgspec.json.encode(obj)
+    except UnicodeEncodeError:
+        data = msgspec.json.encode(_valid_utf8(msgspec.to_builtins(obj)))
+    return msgspec.json.format(data, indent=2).decode()
+
+
+def _valid_utf8(x: object) -> object:
+    if isinstance(x, str):
+        return x.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    if isinstance(x, dict):
+        return {_valid_utf8(k): _valid_utf8(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_valid_utf8(v) for v in x]
+    return x
+
+
 def render_json(diags: list[Diagnosis]) -> str:
     obj = diags[0] if len(diags) == 1 else {"schema": SCHEMA, "diagnoses": diags}
-    return msgspec.json.format(msgspec.json.encode(obj), indent=2).decode()
+    return to_json(obj)
 
 
 def render_items_json(items: list[Diagnosis | MultiRankDiagnosis]) -> str:
@@ -38,4 +58,4 @@ def render_items_json(items: list[Diagnosis | MultiRankDiagnosis]) -> str:
     obj = jobs[0] if len(jobs) == 1 and not diags else {
         "schema": SCHEMA, "jobs": jobs, "diagnoses": diags
     }
-    return msgspec.json.format(msgspec.json.encode(obj), indent=2).decode()
+    return to_json(obj)

@@ -2,12 +2,30 @@
 
 from __future__ import annotations
 
+import html
+import re
+
 from trainprof.analysis.model import Diagnosis
 from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
 
+# A code span as CommonMark reads it: a run of backticks closed by a run of the same length.
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
 
-def _cell(s: str | None) -> str:
-    return (s or "-").replace("|", "\\|").replace("\n", " ")
+
+def md_escape(s: str) -> str:
+    """Text from the trace (op names, frames, file names) with its HTML made inert: `<`, `>`
+    and `&` escaped outside code spans (inside them GitHub shows HTML as text already)."""
+    out, pos = [], 0
+    for m in _CODE_SPAN.finditer(s):
+        out += [html.escape(s[pos : m.start()], quote=False), m.group(0)]
+        pos = m.end()
+    out.append(html.escape(s[pos:], quote=False))
+    return "".join(out)
+
+
+def cell(s: str | None) -> str:
+    """A table cell: HTML escaped, `|` and line breaks made harmless."""
+    return md_escape(s or "-").replace("|", "\\|").replace("\n", " ")
 
 
 def findings_markdown(d: Diagnosis) -> str:
@@ -19,22 +37,22 @@ def findings_markdown(d: Diagnosis) -> str:
     ]
     for i, f in enumerate(d.findings, 1):
         rows.append(
-            f"| {i} | {f.severity} | {_cell(f.title)} | {_cell(f.evidence)} | "
-            f"{_cell(f'`{f.location}`' if f.location else None)} | {_cell(f.fix)} | "
-            f"{_cell(saving_text(f))} |"
+            f"| {i} | {f.severity} | {cell(f.title)} | {cell(f.evidence)} | "
+            f"{cell(f'`{f.location}`' if f.location else None)} | {cell(f.fix)} | "
+            f"{cell(saving_text(f))} |"
         )
     return "\n".join(rows) + "\n"
 
 
 def diagnosis_markdown(d: Diagnosis) -> str:
     parts = [
-        f"## trainprof: `{title_of(d)}`\n",
-        f"- Device: {device_line(d)}",
-        f"- Steps: {step_line(d)}",
+        f"## trainprof: {md_escape(f'`{title_of(d)}`')}\n",
+        f"- Device: {md_escape(device_line(d))}",
+        f"- Steps: {md_escape(step_line(d))}",
     ]
     if d.breakdown:
-        parts.append(f"- Breakdown per step: {breakdown_line(d)}")
-    parts += [f"- Note: {n}" for n in d.notes]
+        parts.append(f"- Breakdown per step: {md_escape(breakdown_line(d))}")
+    parts += [f"- Note: {md_escape(n)}" for n in d.notes]
     parts.append("")
     parts.append(findings_markdown(d))
     return "\n".join(parts)

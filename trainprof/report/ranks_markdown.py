@@ -4,7 +4,7 @@ folded and cross-rank findings with their ranks)."""
 from __future__ import annotations
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis, RankSummary
-from trainprof.report.markdown import _cell, diagnosis_markdown
+from trainprof.report.markdown import cell, diagnosis_markdown, md_escape
 from trainprof.report.ranks_console import (
     MAX_STEP_COLS,
     SHOW_FASTEST,
@@ -22,7 +22,7 @@ def _f(x: float | None, digits: int = 2) -> str:
 
 def _table(head: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    out += ["| " + " | ".join(_cell(c) for c in r) + " |" for r in rows]
+    out += ["| " + " | ".join(cell(c) for c in r) + " |" for r in rows]
     return "\n".join(out) + "\n"
 
 
@@ -68,8 +68,8 @@ def job_findings_markdown(job: MultiRankDiagnosis) -> str:
 
 def job_markdown(job: MultiRankDiagnosis) -> str:
     head, *rest = header_lines(job)
-    parts = [f"## trainprof: {head}\n"] + [f"- {line}" for line in rest]
-    parts += [f"- Note: {n}" for n in job.notes]
+    parts = [f"## trainprof: {md_escape(head)}\n"] + [f"- {md_escape(line)}" for line in rest]
+    parts += [f"- Note: {md_escape(n)}" for n in job.notes]
     rows = shown_ranks(job)
     if len(rows) < len(job.ranks):
         parts.append(

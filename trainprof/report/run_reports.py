@@ -9,6 +9,7 @@ from pathlib import Path
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Diagnosis
 from trainprof.errors import TrainprofError
+from trainprof.fileio import write_atomic
 from trainprof.report.html import ReportItem, render_html
 from trainprof.report.per_step import PerStep, per_step
 from trainprof.report.tensorboard import write_tensorboard
@@ -28,13 +29,21 @@ def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
     also return the run's metadata (the folder's trainprof.json, else the first trace's)."""
     from trainprof.analysis.engine import analyze
     from trainprof.diagnose import find_traces
+    from trainprof.ranks import report_skipped
     from trainprof.trace.load import load_trace
 
-    items = []
+    items, skipped = [], []
     for f in find_traces(path):
-        trace = load_trace(f)
-        meta = _meta_for(f)
-        items.append(ReportItem(analyze(trace, meta), per_step(Context(trace, meta)), meta))
+        try:
+            trace = load_trace(f)
+            meta = _meta_for(f)
+            items.append(ReportItem(analyze(trace, meta), per_step(Context(trace, meta)), meta))
+        except TrainprofError as err:  # one bad trace in a folder: report the others
+            skipped.append(str(err))
+    if not items:
+        raise TrainprofError(skipped[0])
+    if skipped:
+        report_skipped(skipped, items[0].diagnosis)
     run_meta = read_meta(path) if Path(path).is_dir() else None
     return items, run_meta or items[0].meta
 
@@ -78,7 +87,7 @@ def write_run_reports(
         items.append(ReportItem(d, ps, m))
         written.append(write_tensorboard(tb, d, ps, m))
     html_path = run_dir / REPORT_NAME
-    html_path.write_text(render_html(items, run_dir.name, meta), encoding="utf-8")
+    write_atomic(html_path, render_html(items, run_dir.name, meta).encode("utf-8"))
     written.append(html_path)
     return written
 
@@ -95,7 +104,7 @@ def report_command(path: Path, html_out: Path | None, force: bool = False) -> in
     items, meta = collect(Path(path))
     title = Path(path).resolve().name
     try:
-        html_out.write_text(render_html(items, title, meta), encoding="utf-8")
+        write_atomic(html_out, render_html(items, title, meta).encode("utf-8"))
     except OSError as err:
         raise TrainprofError(f"cannot write {html_out}: {err.strerror}") from None
     sys.stderr.write(f"trainprof: wrote {html_out}\n")

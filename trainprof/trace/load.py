@@ -10,7 +10,7 @@ import gzip
 import json
 import re
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from itertools import compress
 from operator import attrgetter
@@ -29,6 +29,7 @@ from trainprof.errors import TrainprofError
 from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Trace, TraceMeta
 
 _NO = -1  # missing integer in a column
+_MISSING = float("nan")  # an absent ts or dur: the event is dropped (and the output says so)
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -60,8 +61,8 @@ class _Event(msgspec.Struct, gc=False):  # gc=False: no cycles, and far faster t
     cat: str = ""
     pid: int | str = 0
     tid: int | str = 0
-    ts: float = 0.0
-    dur: float = 0.0
+    ts: float = _MISSING
+    dur: float = _MISSING
     args: _Args = _EMPTY_ARGS
 
 
@@ -127,16 +128,35 @@ def _first_char(data: bytes) -> bytes:
 _LEAD = re.compile(rb"\s*")
 
 
-def _lenient(data: bytes, path: Path) -> Any:
-    """Kineto sometimes writes control characters in strings or a bare N/A; accept those as
-    torch-tb-profiler did, else say what is wrong in one line."""
-    text = data.decode("utf-8", errors="replace")
+# torch writes the script's path into `CallFrom` unescaped: a `"` in it breaks the JSON.
+_CALL_FROM = re.compile(r'("CallFrom": ")([^\n]*?)(?=", "|"\s*$)', re.M)
+
+
+def _escape_call_from(m: re.Match) -> str:
+    return m.group(1) + re.sub(r'(?<!\\)"', r'\\"', m.group(2))
+
+
+def _json_loads(text: str, path: Path) -> Any:
     try:
         return json.loads(text, strict=False)
+    except RecursionError:
+        raise TrainprofError(f"{path}: not a trace (its JSON is nested too deeply)") from None
+
+
+def _lenient(data: bytes, path: Path) -> Any:
+    """Kineto sometimes writes control characters in strings, a bare N/A or an unescaped quote
+    in `CallFrom`; accept those as torch-tb-profiler did (invalid UTF-8 becomes U+FFFD), else
+    say what is wrong in one line."""
+    text = data.decode("utf-8", errors="replace")
+    try:
+        return _json_loads(text, path)
     except json.JSONDecodeError:
         pass
+    text = re.sub(r'(?<!")N/A(?!")', '"N/A"', text)
+    if '"CallFrom": "' in text:
+        text = _CALL_FROM.sub(_escape_call_from, text)
     try:
-        return json.loads(re.sub(r'(?<!")N/A(?!")', '"N/A"', text), strict=False)
+        return _json_loads(text, path)
     except json.JSONDecodeError as err:
         stripped = text.strip()
         # A cut-off file fails at its very end (or inside its last, unterminated string).
@@ -148,15 +168,15 @@ def _lenient(data: bytes, path: Path) -> Any:
         raise TrainprofError(f"{path}: not a JSON trace ({err.msg} at char {err.pos})") from None
 
 
-def _coerce(obj: Any) -> _File:
+def _coerce(obj: Any, path: Path, drops: Counter) -> _File:
     """Slow path for traces the typed decoder rejected: convert event by event, dropping the
     args of any event whose fields have unexpected types."""
     if isinstance(obj, list):
         obj = {"traceEvents": obj}
     if not isinstance(obj, dict):
-        raise TrainprofError("not a trace: the JSON is neither an object nor an array")
+        raise TrainprofError(f"{path}: not a trace: the JSON is neither an object nor an array")
     events = obj.get("traceEvents")
-    good = _coerce_events(events if isinstance(events, list) else [])
+    good = _coerce_events(events if isinstance(events, list) else [], drops)
     head = {k: v for k, v in obj.items() if k != "traceEvents"}
     try:
         out = msgspec.convert(head, _File, strict=False)
@@ -166,21 +186,32 @@ def _coerce(obj: Any) -> _File:
     return out
 
 
-def _chunks(f: _RawFile) -> Iterator[list[_Event]]:
+def _loose(data: bytes, path: Path) -> Any:
+    """Untyped decoding, falling back to the lenient reader (bad UTF-8, Kineto's quirks)."""
+    try:
+        return msgspec.json.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return _lenient(data, path)
+
+
+def _chunks(f: _RawFile, path: Path, drops: Counter) -> Iterator[list[_Event]]:
     raws = f.traceEvents or []
     for i in range(0, len(raws), CHUNK_EVENTS):
         chunk = b"[" + b",".join(raws[i : i + CHUNK_EVENTS]) + b"]"
         try:
             yield _LIST_DECODER.decode(chunk)
-        except msgspec.ValidationError:  # e.g. ROCm writes some ids as strings
-            yield _coerce_events(msgspec.json.decode(chunk))
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            # e.g. ROCm writes some ids as strings; invalid UTF-8 in a name
+            yield _coerce_events(_loose(chunk, path), drops)
 
 
-def _coerce_events(events: list[Any]) -> list[_Event]:
-    """Event by event, numbers given as strings accepted; args with odd types dropped."""
+def _coerce_events(events: list[Any], drops: Counter) -> list[_Event]:
+    """Event by event, numbers given as strings accepted; args with odd types dropped; events
+    that are not objects, or whose fields cannot be read, counted in `drops`."""
     good: list[_Event] = []
     for ev in events:
         if not isinstance(ev, dict):
+            drops["events that are not JSON objects"] += 1
             continue
         try:
             good.append(msgspec.convert(ev, _Event, strict=False))
@@ -189,44 +220,60 @@ def _coerce_events(events: list[Any]) -> list[_Event]:
             try:
                 good.append(msgspec.convert(ev, _Event, strict=False))
             except msgspec.ValidationError:
-                continue
+                drops["events with unreadable fields (e.g. a non-numeric ts)"] += 1
     return good
 
 
-def decode(data: bytes, path: Path) -> _File | _RawFile:
+def decode(data: bytes, path: Path, drops: Counter | None = None) -> _File | _RawFile:
+    drops = Counter() if drops is None else drops
+    try:
+        return _decode(data, path, drops)
+    except RecursionError:
+        raise TrainprofError(f"{path}: not a trace (its JSON is nested too deeply)") from None
+
+
+def _decode(data: bytes, path: Path, drops: Counter) -> _File | _RawFile:
     first = _first_char(data)
     if len(data) > CHUNKED_ABOVE and first == b"{":
         try:
             return _RAW_DECODER.decode(data)
-        except (msgspec.ValidationError, msgspec.DecodeError):
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             pass  # the slow, lenient path below says what is wrong
     try:
         if first == b"[":
             return _File(traceEvents=_LIST_DECODER.decode(data))
         return _DECODER.decode(data)
     except msgspec.ValidationError:
-        return _coerce(msgspec.json.decode(data))
-    except msgspec.DecodeError:
-        return _coerce(_lenient(data, path))
+        return _coerce(_loose(data, path), path, drops)
+    except (msgspec.DecodeError, UnicodeDecodeError):
+        return _coerce(_lenient(data, path), path, drops)
 
 
 def load_trace(path: Path | str) -> Trace:
-    """Load one trace file (.json or .json.gz) into a `Trace`."""
+    """Load one trace file (.json or .json.gz) into a `Trace`. Events that cannot be used (not
+    objects, no ts or dur, negative or non-finite times) are dropped and `meta.dropped` says so;
+    a trace with no usable event at all is a TrainprofError."""
     path = Path(path)
     if path.is_dir():
         raise TrainprofError(f"{path} is a folder; expected a trace file")
-    f = decode(read_bytes(path), path)
+    drops: Counter = Counter()
+    f = decode(read_bytes(path), path, drops)
     if f.traceEvents is None:
         raise TrainprofError(f"{path}: no 'traceEvents' in the JSON: not a PyTorch profiler trace")
-    if not f.traceEvents:
+    total = len(f.traceEvents) + drops.total()
+    if not total:
         raise TrainprofError(f"{path}: the trace has no events ('traceEvents' is empty)")
-    builder = _Builder()
+    builder = _Builder(drops)
     if isinstance(f, _RawFile):
-        for chunk in _chunks(f):
+        for chunk in _chunks(f, path, drops):
             builder.add(chunk, own_buffers=True)
     else:
         builder.add(f.traceEvents)
-    return builder.finish(f, path)
+    return builder.finish(f, path, total)
+
+
+def _drop_text(drops: Counter) -> str:
+    return ", ".join(f"{n} {why}" for why, n in drops.most_common())
 
 
 def _col(values, dtype, n: int) -> np.ndarray:
@@ -262,7 +309,8 @@ class _Builder:
 
     _OPT = ("correlation", "ext_id", "ext_id_old", "py_id", "py_parent", "nbytes", "stream")
 
-    def __init__(self) -> None:
+    def __init__(self, drops: Counter | None = None) -> None:
+        self.drops: Counter = Counter() if drops is None else drops
         self.names: dict[str, int] = {}
         # A thread is a (pid, tid) pair; pids and tids are interned apart (hashing a tuple per
         # event costs more than the rest of the thread column).
@@ -304,6 +352,8 @@ class _Builder:
         meta = compress(evs, map("M".__eq__, phs))
         self.pids.update(e.pid for e in meta if e.name == "process_name")
         self.flows += phs.count("s") + phs.count("f")
+        if no_ph := phs.count(""):
+            self.drops["events without 'ph'"] += no_ph
         base = self.n
         stacks = list(map(_STACK, xs))
         for i in np.flatnonzero(np.fromiter(map(bool, stacks), bool, n)).tolist():
@@ -327,8 +377,37 @@ class _Builder:
             ids[k] = self.threads.setdefault(pair, len(self.threads))
         return ids[inverse.reshape(-1)]
 
-    def finish(self, f: _File | _RawFile, path: Path) -> Trace:
+    def _usable(self, c: dict[str, np.ndarray], path: Path, total: int) -> None:
+        """Drop (in place) the complete events whose times are absent, non-finite or negative:
+        one vectorised check, and the rows are only copied when there is something to drop."""
+        ts, dur = c["ts"], c["dur"]
+        with np.errstate(invalid="ignore"):
+            no_ts, no_dur = ~np.isfinite(ts), ~np.isfinite(dur)
+            negative = (dur < 0) & ~no_dur
+        bad = no_ts | no_dur | negative
+        if bad.any():
+            for why, mask in (
+                ("complete events without a finite 'ts'", no_ts),
+                ("complete events without a finite 'dur'", no_dur & ~no_ts),
+                ("complete events with a negative 'dur'", negative & ~no_ts),
+            ):
+                if n := int(mask.sum()):
+                    self.drops[why] += n
+            keep = ~bad
+            new_index = np.cumsum(keep) - 1
+            for k in c:
+                c[k] = c[k][keep]
+            self.call_stacks = {
+                int(new_index[i]): v for i, v in self.call_stacks.items() if keep[i]
+            }
+            self.shapes = {int(new_index[i]): v for i, v in self.shapes.items() if keep[i]}
+        if not len(c["ts"]):
+            why = _drop_text(self.drops) if self.drops else "none is a complete ('ph': 'X') event"
+            raise TrainprofError(f"{path}: no usable event among {total}: {why}")
+
+    def finish(self, f: _File | _RawFile, path: Path, total: int = 0) -> Trace:
         c = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.cols.items()}
+        self._usable(c, path, total)
         ext = c["ext_id"] if (c["ext_id"] != _NO).any() else c["ext_id_old"]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
         pids, tids = list(self.pid_ids), list(self.tid_ids)
@@ -340,6 +419,12 @@ class _Builder:
             categories=sorted(x for x in self.cats if x),
             flow_count=self.flows,
             process_count=len(self.pids),
+            dropped=(
+                f"{self.drops.total()} of {total} events dropped as unusable: "
+                f"{_drop_text(self.drops)}"
+                if self.drops
+                else None
+            ),
         )
         return Trace(
             path=str(path),
@@ -349,7 +434,7 @@ class _Builder:
             thread=c["thread"],
             thread_keys=[(pids[p], tids[t]) for p, t in self.threads],
             ts=c["ts"],
-            dur=np.maximum(c["dur"], 0.0),
+            dur=c["dur"],
             corr=c["correlation"],
             ext=ext,
             py_id=c["py_id"],

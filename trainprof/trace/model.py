@@ -75,6 +75,7 @@ class TraceMeta:
     categories: list[str]
     flow_count: int
     process_count: int
+    dropped: str | None = None  # what the loader left out as unusable, for the output's notes
 
     @property
     def rank(self) -> int | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.errors import TrainprofError
 from trainprof.trace.model import HOST_KINDS, Kind, Trace
 
 PROFILER_STEP = r"^ProfilerStep#\d+$"
@@ -29,6 +30,7 @@ class Steps:
     labels: list[str]
     source: str  # ProfilerStep | optimizer | dataloader | span
     thread: int | None  # the thread that carries the step markers (the training loop's)
+    zero_length: int = 0  # ProfilerStep markers left out because they last no time
 
     def __len__(self) -> int:
         return len(self.start)
@@ -51,6 +53,9 @@ def _cycles(trace: Trace, idx: np.ndarray, source: str, use_end: bool) -> Steps 
 
 def find_steps(trace: Trace) -> Steps:
     marks = trace.where_name(PROFILER_STEP, Kind.CPU_OP, Kind.ANNOTATION)
+    zero = marks[trace.dur[marks] <= 0]  # a step of no time would divide by zero downstream
+    marks = marks[trace.dur[marks] > 0]
+    zero_length = len(set(map(trace.name, zero.tolist())))
     if len(marks):
         # Some traces carry the same step twice (cpu_op and user_annotation): keep one of each.
         seen: dict[str, int] = {}
@@ -59,7 +64,7 @@ def find_steps(trace: Trace) -> Steps:
         idx = np.array(sorted(seen.values(), key=lambda i: trace.ts[i]))
         labels = [trace.name(i) for i in idx]
         thread = int(np.bincount(trace.thread[idx]).argmax())
-        return Steps(trace.ts[idx], trace.end[idx], labels, "ProfilerStep", thread)
+        return Steps(trace.ts[idx], trace.end[idx], labels, "ProfilerStep", thread, zero_length)
     host = (Kind.CPU_OP, Kind.ANNOTATION)
     for pattern, source, use_end in (
         (OPTIMIZER_STEP, "optimizer", True),
@@ -67,13 +72,18 @@ def find_steps(trace: Trace) -> Steps:
     ):
         found = _cycles(trace, trace.where_name(pattern, *host), source, use_end)
         if found is not None:
+            found.zero_length = zero_length
             return found
     live = ~np.isin(trace.kind, (Kind.TRACE,))
     lo = float(trace.ts[live].min()) if live.any() else 0.0
     hi = float(trace.end[live].max()) if live.any() else 0.0
     host_idx = np.flatnonzero(np.isin(trace.kind, HOST_KINDS))
     thread = int(np.bincount(trace.thread[host_idx]).argmax()) if len(host_idx) else None
-    return Steps(np.array([lo]), np.array([hi]), ["whole trace"], "span", thread)
+    if not hi > lo:
+        raise TrainprofError(
+            f"{trace.path}: the trace spans no time (all its events start and end at {lo:g} µs)"
+        )
+    return Steps(np.array([lo]), np.array([hi]), ["whole trace"], "span", thread, zero_length)
 
 
 def step_number(label: str) -> int | None:
