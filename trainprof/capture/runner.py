@@ -100,7 +100,9 @@ def run_script(opts: RunOptions) -> int:
             )
         return outcome.exit_code
     if opts.diagnose:
-        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces))
+        # trainprof's window was given up to the script's own profiler: diagnose its trace.
+        theirs = Path(meta.user_traces[-1]) if meta.user_traces and not meta.traces else None
+        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs)
     else:
         say(step_summary(meta))
     say_where(folder)
@@ -115,9 +117,15 @@ def say_where(folder: Path) -> None:
     say(f"open it in TensorBoard: trainprof tensorboard {shlex.quote(str(folder.parent))}")
 
 
-def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: bool) -> None:
-    """The full diagnosis of the run folder (all its ranks together) with its reports, or the
-    step-time summaries when it cannot be made."""
+def diagnose_run(
+    folder: Path,
+    meta: RunMeta,
+    summaries: list[str],
+    has_traces: bool,
+    trace: Path | None = None,
+) -> None:
+    """The full diagnosis of the run folder (all its ranks together), or of `trace`, with its
+    reports written into the run folder, or the step-time summaries when it cannot be made."""
     if not has_traces:
         for line in summaries:
             say(line)
@@ -127,7 +135,7 @@ def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: 
         from trainprof.report.run_reports import write_run_reports
 
         sys.stdout.flush()
-        items = diagnose_items(folder)
+        items = diagnose_items(trace or folder)
         render_items(items)
         write_run_reports(folder, flat_diagnoses(items), meta)
     except TrainprofError as err:
