@@ -100,8 +100,10 @@ def run_script(opts: RunOptions) -> int:
             )
         return outcome.exit_code
     if opts.diagnose:
-        # trainprof's window was given up to the script's own profiler: diagnose its trace.
-        theirs = Path(meta.user_traces[-1]) if meta.user_traces and not meta.traces else None
+        # trainprof's window was given up to the script's own profiler before it recorded a
+        # full step: diagnose the script's trace instead.
+        given_up = meta.user_traces and not meta.window.recorded_steps
+        theirs = Path(meta.user_traces[-1]) if given_up else None
         diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs)
     else:
         say(step_summary(meta))

@@ -5,8 +5,10 @@ Whatever way the script ends (return, sys.exit, exception, Ctrl-C), the profiler
 
 Status: what the script did, `ok` (exit code 0), `error` (non-zero exit or exception) or
 `interrupted` (Ctrl-C); `incomplete` replaces `ok` when no trace was captured (no step found,
-or the script ended before the window). A window cut short by the end of the script keeps its
-status and gets a note ("window incomplete: 2 of 3 active steps recorded ...").
+or the script ended before the window), neither by trainprof nor by the script's own profiler
+(see userprof.py). `--max-steps` ends the script with launch.MaxStepsReached: status `ok`,
+exit 0. A window cut short by the end of the script keeps its status and gets a note
+("window incomplete: 2 of 3 active steps recorded ...").
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class ScriptProfiler:
     def _step_aside(self, kind: str) -> None:
         if self.started_at is not None:
             return
-        self.kind = f"Lightning's PyTorchProfiler ({kind})" if _from_lightning() else kind
+        self.kind = "Lightning's PyTorchProfiler" if _from_lightning() else kind
         self.started_at = self.user.caller(3) or "?"
         self.at_step = len(self.stepper.step_times)
         self.stepper.step_aside()
@@ -129,7 +129,7 @@ class ScriptProfiler:
         def _disable_profiler(*args: Any, **kwargs: Any) -> Any:
             if S.enabled and watcher.stepper.profiling:
                 # Someone ends the running profiler, trainprof's, to start theirs: stop it cleanly.
-                watcher._step_aside("a profiler (it first disabled the running one)")
+                watcher._step_aside("a profiler, after disabling trainprof's")
                 if not torch.autograd._profiler_enabled():
                     return None
             return orig(*args, **kwargs)
