@@ -28,6 +28,7 @@ from trainprof.capture.launch import Outcome, Target, Terminated, run_target
 from trainprof.capture.noise import StderrFilter
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles
+from trainprof.capture.summary import step_ranges
 from trainprof.runmeta import RunMeta, Window
 
 
@@ -66,17 +67,6 @@ def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
-def _ranges(steps: list[int]) -> str:
-    """[7, 8, 9, 17, 18] -> "7-9, 17-18"."""
-    runs: list[list[int]] = []
-    for step in steps:
-        if runs and step == runs[-1][-1] + 1:
-            runs[-1].append(step)
-        else:
-            runs.append([step])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
-
-
 def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
     """Said as soon as the last window is recorded: from here on, stopping loses nothing."""
     what = "window" if repeat == 1 else "windows"
@@ -86,7 +76,7 @@ def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
         else "the rest of the run is timed only"
     )
     return (
-        f"{what} recorded (steps {_ranges(recorded)}); {then} — Ctrl-C now stops it and keeps "
+        f"{what} recorded (steps {step_ranges(recorded)}); {then} — Ctrl-C now stops it and keeps "
         "everything"
     )
 

@@ -56,6 +56,7 @@ class ScriptProfiler:
         self.kind = ""  # what the script started, e.g. "torch.profiler.profile"
         self.started_at: str | None = None  # file:line in the script
         self.at_step = 0  # steps completed when trainprof stepped aside
+        self.after_window = False
         self.traces: list[str] = []  # absolute paths of the trace files the script wrote
 
     def install(self, patches: Patches) -> None:
@@ -93,6 +94,7 @@ class ScriptProfiler:
         self.kind = "Lightning's PyTorchProfiler" if _from_lightning() else kind
         self.started_at = self.user.caller(3) or "?"
         self.at_step = len(self.stepper.step_times)
+        self.after_window = not self.stepper.profiling  # trainprof had recorded everything
         self.stepper.step_aside()
 
     def _wrap_start(self, orig: Callable[..., Any], kind: str) -> Callable[..., Any]:
@@ -170,8 +172,12 @@ class ScriptProfiler:
             traces = f"the script's trace: {found[-1]}{more}"
         else:
             traces = "the script's profiler wrote no trace file trainprof could see"
+        aside = (
+            "after trainprof's window was recorded"
+            if self.after_window
+            else "trainprof's profiler stepped aside"
+        )
         return (
             f"the script starts its own profiler ({self.kind} at {where}, after step "
-            f"{self.at_step}); trainprof's profiler stepped aside: steps, probes and metadata are "
-            f"still recorded; {traces}"
+            f"{self.at_step}); {aside}: steps, probes and metadata are still recorded; {traces}"
         )
