@@ -75,7 +75,9 @@ def test_max_steps_must_not_be_negative() -> None:
 @pytest.mark.slow
 def test_max_steps_through_lightning_fit(tmp_path: Path) -> None:
     script = str(SCRIPTS / "userprof_lightning.py")  # "none": no profiler of its own
-    result = run(tmp_path / "run", "--max-steps", "15", script, "none", "1000", cwd=tmp_path)
+    # 2 DataLoader workers: they must stop with the script, not hang it.
+    args = [script, "none", "1000", "-", "2"]
+    result = run(tmp_path / "run", "--max-steps", "15", *args, cwd=tmp_path)
     assert result.code == 0, result.stderr
     assert "done 1000" not in result.stdout  # fit() was ended, not finished
     meta = result.meta

@@ -1,7 +1,8 @@
 """A tiny LightningModule trained with Trainer(profiler=...) on the CPU.
 
-Usage: userprof_lightning.py PROFILER [MAX_STEPS] [DIRPATH]: PROFILER is "pytorch" (the string) or
-"object" (PyTorchProfiler(dirpath=DIRPATH, filename="perf")) or "none".
+Usage: userprof_lightning.py PROFILER [MAX_STEPS] [DIRPATH] [WORKERS]: PROFILER is "pytorch" (the
+string), "object" (PyTorchProfiler(dirpath=DIRPATH, filename="perf")) or "none"; WORKERS is the
+DataLoader's num_workers (default 0).
 """
 
 import sys
@@ -13,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 kind = sys.argv[1]
 max_steps = int(sys.argv[2]) if len(sys.argv) > 2 else 12
-dirpath = sys.argv[3] if len(sys.argv) > 3 else None
+dirpath = sys.argv[3] if len(sys.argv) > 3 and sys.argv[3] != "-" else None
+workers = int(sys.argv[4]) if len(sys.argv) > 4 else 0
 
 
 class Tiny(pl.LightningModule):
@@ -45,5 +47,5 @@ trainer = pl.Trainer(
     logger=False,
     enable_checkpointing=False,
 )
-trainer.fit(Tiny(), DataLoader(data, batch_size=8))
+trainer.fit(Tiny(), DataLoader(data, batch_size=8, num_workers=workers))
 print("done", trainer.global_step)
