@@ -82,7 +82,8 @@ def test_tb_handler_diagnosis_reads_the_scripts_trace(tb) -> None:
 def export(tmp_path_factory) -> tuple[Run, Path]:
     base = tmp_path_factory.mktemp("export")
     path = base / "mine.json"
-    return run(base / "run", *SMALL, str(SCRIPTS / "userprof_export.py"), str(path), "6"), path
+    script = str(SCRIPTS / "userprof_export.py")
+    return run(base / "run", *SMALL, script, str(path), "6", diagnose=True), path
 
 
 def test_export_script_and_both_traces_kept(export) -> None:
@@ -103,8 +104,10 @@ def test_export_script_and_both_traces_kept(export) -> None:
     assert meta["window"]["recorded_steps"] == [2]
     assert meta["window"]["partial_step"] == 3
     assert "ProfilerStep#2" in annotations(own)
-    assert any("recording stopped during ProfilerStep#3" in n for n in meta["notes"])
-    assert str(path) in stepped_aside_line(result)
+    line = stepped_aside_line(result)
+    assert "window cut short in ProfilerStep#3, kept" in line and str(path) in line
+    # That window is short of its 2 steps: the diagnosis reads the script's trace.
+    assert "Steps: 5 steps" in result.stdout and path.name in result.stdout
 
 
 # ----- the legacy torch.autograd.profiler.profile --------------------------------------------

@@ -100,9 +100,10 @@ def run_script(opts: RunOptions) -> int:
             )
         return outcome.exit_code
     if opts.diagnose:
-        # trainprof's window was given up to the script's own profiler before it recorded a
-        # full step: diagnose the script's trace instead.
-        given_up = meta.user_traces and not meta.window.recorded_steps
+        # trainprof's window was cut short by the script's own profiler (user_traces are only
+        # listed then): diagnose the script's trace instead.
+        w = meta.window
+        given_up = meta.user_traces and (not w.recorded_steps or w.partial_step is not None)
         theirs = Path(meta.user_traces[-1]) if given_up else None
         diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs)
     else:

@@ -222,11 +222,6 @@ class Session:
             notes += self._capture_notes(meta, steps.open_step)
         else:
             notes.append(aside)
-            if stepper.cut_step is not None:
-                notes.append(
-                    f"window incomplete: trainprof's recording stopped during "
-                    f"ProfilerStep#{stepper.cut_step}, when the script's profiler started"
-                )
         if outcome.note:
             notes.append(outcome.note)
         meta.notes = cuda.notes + notes

@@ -172,11 +172,15 @@ class ScriptProfiler:
             traces = f"the script's trace: {found[-1]}{more}"
         else:
             traces = "the script's profiler wrote no trace file trainprof could see"
-        aside = (
-            "after trainprof's window was recorded"
-            if self.after_window
-            else "trainprof's profiler stepped aside"
-        )
+        if self.after_window:
+            aside = "after trainprof's window was recorded"
+        elif self.stepper.cut_step is not None:
+            aside = (
+                "trainprof's profiler stepped aside (its window cut short in "
+                f"ProfilerStep#{self.stepper.cut_step}, kept)"
+            )
+        else:
+            aside = "trainprof's profiler stepped aside"
         return (
             f"the script starts its own profiler ({self.kind} at {where}, after step "
             f"{self.at_step}); {aside}: steps, probes and metadata are still recorded; {traces}"
