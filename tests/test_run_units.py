@@ -9,7 +9,7 @@ import pytest
 from trainprof.capture.config import ProfileConfig, default_config_text, load_config
 from trainprof.capture.noise import is_noise
 from trainprof.capture.rundir import RunFiles, prepare_run_dir
-from trainprof.capture.summary import _ranges
+from trainprof.capture.summary import step_ranges
 from trainprof.capture.userframe import UserCode
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import RunMeta, read_meta, write_meta
@@ -116,8 +116,8 @@ def test_ranks_share_a_run_folder(tmp_path: Path) -> None:
 
 
 def test_step_ranges() -> None:
-    assert _ranges([7, 8, 9, 12, 14, 15]) == "7-9, 12, 14-15"
-    assert _ranges([]) == ""
+    assert step_ranges([7, 8, 9, 12, 14, 15]) == "7-9, 12, 14-15"
+    assert step_ranges([]) == ""
 
 
 def test_user_frames(tmp_path: Path) -> None:

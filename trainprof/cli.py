@@ -60,6 +60,10 @@ def run(
     with_stack: bool = typer.Option(None, "--with-stack/--no-stack", help="Record Python stacks."),
     record_shapes: bool = typer.Option(None, "--record-shapes/--no-record-shapes"),
     profile_memory: bool = typer.Option(None, "--profile-memory/--no-profile-memory"),
+    max_steps: int = typer.Option(
+        None, "--max-steps", metavar="N",
+        help="End the script cleanly after N training steps (at least the window + 5), exit 0.",
+    ),
     cuda_sync_events: bool = typer.Option(False, "--cuda-sync-events", help="CUDA only."),
     sync_debug: bool = typer.Option(False, "--sync-debug", help="CUDA only: warn on syncs."),
     diagnose_after: bool = typer.Option(True, "--diagnose/--no-diagnose"),
@@ -100,6 +104,7 @@ def run(
                 with_stack=with_stack,
                 record_shapes=record_shapes,
                 profile_memory=profile_memory,
+                max_steps=max_steps,
             ).items()
             if v is not None
         },

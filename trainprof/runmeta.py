@@ -105,6 +105,8 @@ class RunMeta(msgspec.Struct, kw_only=True):
     notes: list[str] = []  # one-line remarks on the capture, e.g. "window incomplete: ..."
     sync_warnings: list[SyncWarning] = []
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
+    # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
+    user_traces: list[str] = []
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:

@@ -14,6 +14,7 @@ Modules, one job each:
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)
+* userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log

@@ -17,6 +17,7 @@ else:  # pragma: no cover - python 3.10
     import tomli as tomllib
 
 TABLE = "run"
+TIMED_AFTER = 5  # unprofiled steps --max-steps keeps after the last window
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class ProfileConfig:
     with_stack: bool = True
     record_shapes: bool = True
     profile_memory: bool = False
+    max_steps: int = 0  # end the script after this many steps (0: run it to its end)
 
     @property
     def first_recorded(self) -> int:
@@ -38,6 +40,18 @@ class ProfileConfig:
     def last_recorded(self) -> int:
         return self.wait + self.warmup + self.active - 1
 
+    @property
+    def last_profiled(self) -> int | None:
+        """The last step any window can record (None: windows repeat forever)."""
+        cycle = self.wait + self.warmup + self.active
+        return cycle * self.repeat - 1 if self.repeat else None
+
+    def steps_to_run(self) -> int:
+        """The fewest steps `max_steps` may stop at: every window (the first one when they repeat
+        forever), then TIMED_AFTER unprofiled steps (their times: the step without the profiler)."""
+        last = self.last_profiled
+        return (self.last_recorded if last is None else last) + 1 + TIMED_AFTER
+
 
 _TYPES: dict[str, type] = {
     "wait": int,
@@ -47,8 +61,9 @@ _TYPES: dict[str, type] = {
     "with_stack": bool,
     "record_shapes": bool,
     "profile_memory": bool,
+    "max_steps": int,
 }
-_MINIMUM = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0}
+_MINIMUM = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "max_steps": 0}
 assert set(_TYPES) == {f.name for f in fields(ProfileConfig)}
 
 

@@ -118,6 +118,7 @@ def config_flags(cfg: ProfileConfig) -> list[str]:
         "--with-stack" if cfg.with_stack else "--no-stack",
         "--record-shapes" if cfg.record_shapes else "--no-record-shapes",
         "--profile-memory" if cfg.profile_memory else "--no-profile-memory",
+        "--max-steps", str(cfg.max_steps),
     ]  # fmt: skip
 
 

@@ -48,6 +48,16 @@ class Terminated(BaseException):
     at the time limit. Like Ctrl-C it ends the script, so that the trace is still saved."""
 
 
+class MaxStepsReached(BaseException):
+    """Raised at the step boundary after the last step `--max-steps` allows. A BaseException, so
+    that the script's `except Exception` does not swallow it (Lightning's fit() tears down and
+    re-raises it); run_target turns it into a normal end, exit code 0."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(f"stopped by --max-steps after {steps} steps")
+        self.steps = steps
+
+
 _sigterm = {"owner": 0, "armed": False}
 
 
@@ -87,6 +97,7 @@ class Outcome:
     status: str  # ok | error | interrupted
     message: str | None = None  # what Python prints at exit: a traceback or the sys.exit() text
     detail: str | None = None  # the untrimmed traceback, for trainprof.log
+    note: str | None = None  # how trainprof ended it, when it did (--max-steps)
 
 
 def resolve_target(script: str | None, module: str | None, args: list[str]) -> Target:
@@ -172,6 +183,8 @@ def run_target(target: Target) -> Outcome:
         return Outcome(0, "ok")
     except SystemExit as exc:
         return _system_exit(exc)
+    except MaxStepsReached as exc:  # trainprof ended it: a normal end
+        return Outcome(0, "ok", note=str(exc))
     except KeyboardInterrupt as exc:
         return _uncaught(exc, Outcome(130, "interrupted"), saved_hook)
     except Terminated as exc:  # 128 + SIGTERM, as a shell reports it

@@ -104,7 +104,12 @@ def run_script(opts: RunOptions) -> int:
             )
         return outcome.exit_code
     if opts.diagnose:
-        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces))
+        # trainprof's window was cut short by the script's own profiler (user_traces are only
+        # listed then): diagnose the script's trace instead.
+        w = meta.window
+        given_up = meta.user_traces and (not w.recorded_steps or w.partial_step is not None)
+        theirs = Path(meta.user_traces[-1]) if given_up else None
+        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs)
     else:
         say(step_summary(meta))
     say_where(folder)
@@ -119,9 +124,15 @@ def say_where(folder: Path) -> None:
     say(f"open it in TensorBoard: trainprof tensorboard {shlex.quote(str(folder.parent))}")
 
 
-def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: bool) -> None:
-    """The full diagnosis of the run folder (all its ranks together) with its reports, or the
-    step-time summaries when it cannot be made."""
+def diagnose_run(
+    folder: Path,
+    meta: RunMeta,
+    summaries: list[str],
+    has_traces: bool,
+    trace: Path | None = None,
+) -> None:
+    """The full diagnosis of the run folder (all its ranks together), or of `trace`, with its
+    reports written into the run folder, or the step-time summaries when it cannot be made."""
     if not has_traces:
         for line in summaries:
             say(line)
@@ -131,7 +142,7 @@ def diagnose_run(folder: Path, meta: RunMeta, summaries: list[str], has_traces: 
         from trainprof.report.run_reports import write_run_reports
 
         sys.stdout.flush()
-        items = diagnose_items(folder)
+        items = diagnose_items(trace or folder)
         render_items(items)
         write_run_reports(folder, flat_diagnoses(items), meta)
     except TrainprofError as err:

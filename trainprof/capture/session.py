@@ -5,8 +5,10 @@ Whatever way the script ends (return, sys.exit, exception, Ctrl-C), the profiler
 
 Status: what the script did, `ok` (exit code 0), `error` (non-zero exit or exception) or
 `interrupted` (Ctrl-C); `incomplete` replaces `ok` when no trace was captured (no step found,
-or the script ended before the window). A window cut short by the end of the script keeps its
-status and gets a note ("window incomplete: 2 of 3 active steps recorded ...").
+or the script ended before the window), neither by trainprof nor by the script's own profiler
+(see userprof.py). `--max-steps` ends the script with launch.MaxStepsReached: status `ok`,
+exit 0. A window cut short by the end of the script keeps its status and gets a note
+("window incomplete: 2 of 3 active steps recorded ...").
 """
 
 from __future__ import annotations
@@ -21,11 +23,12 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainprof.capture.config import ProfileConfig
+from trainprof.capture.config import TIMED_AFTER, ProfileConfig
 from trainprof.capture.launch import Outcome, Target, Terminated, run_target
 from trainprof.capture.noise import StderrFilter
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles
+from trainprof.capture.summary import step_ranges
 from trainprof.runmeta import RunMeta, Window
 
 
@@ -62,6 +65,20 @@ def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
+    """Said as soon as the last window is recorded: from here on, stopping loses nothing."""
+    what = "window" if repeat == 1 else "windows"
+    then = (
+        f"the run ends after {max_steps} steps (--max-steps)"
+        if max_steps
+        else "the rest of the run is timed only"
+    )
+    return (
+        f"{what} recorded (steps {step_ranges(recorded)}); {then} — Ctrl-C now stops it and keeps "
+        "everything"
+    )
 
 
 def _now() -> str:
@@ -109,6 +126,7 @@ class Session:
         from trainprof.capture.stepper import Stepper
         from trainprof.capture.traces import TraceWriter, make_profiler, worker_name
         from trainprof.capture.userframe import UserCode
+        from trainprof.capture.userprof import ScriptProfiler
 
         cfg = self.cfg
         user = UserCode(self.target.user_roots)
@@ -121,12 +139,19 @@ class Session:
         collector = MetaCollector(patches, user)
         cycle = cfg.wait + cfg.warmup + cfg.active
         stepper = Stepper(prof, last_step=cycle * cfg.repeat - 1 if cfg.repeat else None)
+        stepper.max_steps, notes = self._max_steps()
+        if self.rank in (None, 0):
+            stepper.on_window_done = lambda: say(
+                window_done_line(stepper.recorded, cfg.repeat, stepper.max_steps)
+            )
+        theirs = ScriptProfiler(stepper, prof, user, self.folder)
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
         try:
             collector.install()
             stepper.install(patches)
+            theirs.install(patches)
             root = install_probes(patches, stepper, user)
             TorchMetricsSupport(patches, collector, user).install()
             S.reset()
@@ -152,7 +177,8 @@ class Session:
                 saving = f"saving the trace ({len(steps.step_times)} steps seen)"
                 with sigint_shield(say), self.progress.status(saving):
                     try:
-                        prof.stop()  # a partly filled window is saved here
+                        if not stepper.aside:  # stepping aside stopped it (again would stop theirs)
+                            prof.stop()  # a partly filled window is saved here
                     except Exception as err:
                         save_error = f"{type(err).__name__}: {err}"
                     writer.flush()
@@ -179,7 +205,7 @@ class Session:
                 active=cfg.active,
                 repeat=cfg.repeat,
                 recorded_steps=steps.recorded,
-                partial_step=steps.open_step if steps.open_step_recorded else None,
+                partial_step=steps.open_step if steps.open_step_recorded else stepper.cut_step,
             ),
             dataloaders=collector.dataloaders,
             optimizers=collector.optimizers,
@@ -189,19 +215,39 @@ class Session:
             rank=rank if rank is not None else self.rank,
             world_size=world,
             sync_warnings=cuda.sync_warnings(),
+            user_traces=theirs.existing_traces(),
         )
-        meta.notes = cuda.notes + self._capture_notes(meta, steps.open_step)
+        aside = theirs.note()
+        if aside is None:
+            notes += self._capture_notes(meta, steps.open_step)
+        else:
+            notes.append(aside)
+        if outcome.note:
+            notes.append(outcome.note)
+        meta.notes = cuda.notes + notes
         meta.notes += [f"profiler failed: {e}" for e in (steps.profiler_error, save_error) if e]
         meta.notes += writer.errors
         if meta.status == "ok" and meta.window.recorded_steps:
             meta.cpu_bf16 = cpumath.probe(
                 bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen
             )
-        if meta.status == "ok" and not meta.traces:
+        if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:
             noise.write_log(f"note: {note}")
         return SessionResult(meta, outcome)
+
+    def _max_steps(self) -> tuple[int, list[str]]:
+        """The step after which the script is ended (0: never), and a note if it was raised."""
+        cfg = self.cfg
+        if not cfg.max_steps or cfg.max_steps >= cfg.steps_to_run():
+            return cfg.max_steps, []
+        least = cfg.steps_to_run()
+        return least, [
+            f"--max-steps {cfg.max_steps} raised to {least}: the profiling window ends after "
+            f"step {least - TIMED_AFTER - 1}, and {TIMED_AFTER} more steps time the step "
+            "without the profiler"
+        ]
 
     def _capture_notes(self, meta: RunMeta, open_step: int) -> list[str]:
         cfg, w = self.cfg, meta.window

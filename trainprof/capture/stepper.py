@@ -45,6 +45,7 @@ import torch
 from torch.profiler import ProfilerAction
 
 from trainprof.capture.compat import is_compiling
+from trainprof.capture.launch import MaxStepsReached
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 
@@ -85,6 +86,10 @@ class Stepper:
         self.skipped = 0  # lower-source boundaries ignored while waiting for an optimizer step
         self.optimizer_steps = 0  # optimizer.step() calls seen, any optimizer
         self.error: str | None = None
+        self.max_steps = 0  # > 0: end the script at the boundary after this many steps
+        self.on_window_done: Callable[[], None] | None = None  # every window recorded
+        self.aside = False  # the script runs its own profiler: trainprof's stopped for good
+        self.cut_step: int | None = None  # the ProfilerStep cut short by stepping aside
 
     # ----- installation -----------------------------------------------------------------------
     def install(self, patches: Patches) -> None:
@@ -229,11 +234,32 @@ class Stepper:
                     # (tens of microseconds each, for the rest of the training run).
                     self.prof.stop()
                     self.profiling = False
+                    if self.on_window_done is not None:
+                        self.on_window_done()
             except Exception as err:  # e.g. the script runs its own profiler: keep counting steps
                 self.error = f"{type(err).__name__}: {err}"
                 self.profiling = False
             S.recording = self.recording
+        elif self.aside:  # the probes go into the script's own trace while its profiler runs
+            S.recording = torch.autograd._profiler_enabled()
         self.step_start = time.perf_counter()  # a trace export inside step() is not the script's
+        if self.max_steps and len(self.step_times) >= self.max_steps:
+            raise MaxStepsReached(len(self.step_times))
+
+    def step_aside(self) -> None:
+        """The script starts its own profiler (Kineto runs one per process): stop trainprof's for
+        good, saving what it recorded (a window being recorded is cut short), and keep counting."""
+        self.aside = True
+        if not self.profiling:
+            return
+        if self.recording:
+            self.cut_step = self.prof.step_num
+        self.profiling = False
+        S.recording = False
+        try:
+            self.prof.stop()
+        except Exception as err:
+            self.error = f"{type(err).__name__}: {err}"
 
     def finish(self) -> StepSummary:
         """Close the bookkeeping at the end of the script (the runner then calls prof.stop())."""

@@ -14,7 +14,7 @@ _SOURCE = {
 }
 
 
-def _ranges(steps: list[int]) -> str:
+def step_ranges(steps: list[int]) -> str:
     """[7, 8, 9, 12] -> '7-9, 12'."""
     runs: list[list[int]] = []
     for n in steps:
@@ -32,6 +32,8 @@ def step_summary(meta: RunMeta) -> str:
         parts.append(f"median {statistics.median(times) * 1e3:.2f} ms")
         parts.append(f"mean {statistics.fmean(times) * 1e3:.2f} ms")
     recorded = meta.window.recorded_steps
-    parts.append(f"recorded steps {_ranges(recorded)}" if recorded else "no step recorded")
+    parts.append(f"recorded steps {step_ranges(recorded)}" if recorded else "no step recorded")
     parts.append(f"{len(meta.traces)} trace file{'s' if len(meta.traces) != 1 else ''}")
+    if meta.user_traces:
+        parts.append(f"{len(meta.user_traces)} written by the script's own profiler")
     return ", ".join(parts)
