@@ -68,6 +68,15 @@ def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals) -> bool:
     return any("torchmetrics/" in f for f in ctx.frames(op))
 
 
+# The DataLoader, its samplers and fetchers: creating an iterator draws its base seed with
+# `.item()`, RandomSampler draws one per epoch. Their tensors live on the CPU in any run.
+_DATA_PIPELINE = "torch/utils/data/"
+
+
+def _in_data_pipeline(ctx: Context, op: int) -> bool:
+    return any(_DATA_PIPELINE in f for f in ctx.frames(op))
+
+
 def sync_sites(ctx: Context) -> list[SyncSite]:
     """Sync sites grouped by (cause, location, in DataLoader, in a metric)."""
     cached = ctx._cache.get("sync_sites")
@@ -115,7 +124,8 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
         p = int(probe_of[k])
         loc = probe_location(tr.name(p)) if p >= 0 else None
         loc = loc or ctx.location(op)
-        key = (label, loc, bool(in_dl[k]), _in_metric(ctx, op, metric_spans), bool(in_opt[k]))
+        dl = bool(in_dl[k]) or _in_data_pipeline(ctx, op)
+        key = (label, loc, dl, _in_metric(ctx, op, metric_spans), bool(in_opt[k]))
         site = groups.get(key)
         if site is None:
             site = groups[key] = SyncSite(label, loc, key[2], key[3], key[4])

@@ -231,7 +231,9 @@ def _host_read(kind: str, orig: Callable[..., Any], user: UserCode) -> Callable[
 
     @functools.wraps(orig)
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if is_compiling() or not S.recording:
+        # Inside a DataLoader fetch (a dataset's `__getitem__`, a sampler, a collate_fn) tensors
+        # are the CPU's in any run: never a device sync.
+        if is_compiling() or not S.recording or S.fetch_depth:
             return orig(self, *args, **kwargs)
         caller = getframe(1)
         # Library code reading a CPU tensor (Adam's step counters, per parameter) can never be a

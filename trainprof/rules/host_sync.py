@@ -10,8 +10,10 @@ Detection: blocking runtime calls (`cuda*Synchronize`, `hip*Synchronize`, blocki
 into pageable memory) inside the step windows, each tied to the op that issued it
 (`aten::item`, `aten::_local_scalar_dense`, `aten::is_nonzero`, `aten::nonzero`, copies to
 host, or none: an explicit synchronize) and to the user's file:line (trainprof probe, Python
-stack or `Call stack`). Syncs inside a DataLoader fetch belong to the data pipeline, syncs in
-TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`. On a trace
+stack or `Call stack`). Syncs inside a DataLoader fetch or the DataLoader's own code (an
+iterator's seed, a sampler's) belong to the data pipeline, syncs in
+TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`, reads
+handed to logging every step to `per-step-logging`. On a trace
 without a GPU timeline, reads inside `Optimizer.step#` are left out: they are torch's own reads
 of CPU-resident state (Adam's step counters), which stay on the CPU in a GPU run too.
 
@@ -23,6 +25,7 @@ cost nothing measurable: they are listed as "would stall a GPU", severity low, n
 from __future__ import annotations
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.logreads import logging_owns
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
 from trainprof.rules import Rule
@@ -78,6 +81,8 @@ def check(ctx: Context) -> list[Finding]:
             continue  # no blocking call inside: a read of a CPU tensor, which never syncs
         if not ctx.gpu_timeline and site.in_optimizer:
             continue  # e.g. Adam's step counters: CPU tensors on a GPU run too
+        if logging_owns(ctx, site):
+            continue  # a read handed to logging every step: per-step-logging's row
         per_step = site.count / max(ctx.n_steps, 1)
         cost = ctx.per_step(site.cost_us)
         metrics = {
