@@ -10,7 +10,14 @@ from rich.table import Table
 from rich.text import Text
 
 from trainprof.analysis.model import Diagnosis, Finding
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_text,
+    step_line,
+    title_of,
+    where_text,
+)
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
@@ -22,7 +29,7 @@ def _console() -> Console:
 def findings_table(
     findings: list[Finding],
     where_title: str = "where",
-    where: Callable[[Finding], str] = lambda f: f.location or "-",
+    where: Callable[[Finding], str] = lambda f: where_text(f, "\n→ "),
 ) -> Table:
     """The ranked findings; `where` fills the location column (multi-rank adds the ranks)."""
     table = Table(show_lines=True, expand=True, pad_edge=False)

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from trainprof.analysis.model import Diagnosis
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_text,
+    step_line,
+    title_of,
+    where_markdown,
+)
 
 
 def _cell(s: str | None) -> str:
@@ -20,7 +27,7 @@ def findings_markdown(d: Diagnosis) -> str:
     for i, f in enumerate(d.findings, 1):
         rows.append(
             f"| {i} | {f.severity} | {_cell(f.title)} | {_cell(f.evidence)} | "
-            f"{_cell(f'`{f.location}`' if f.location else None)} | {_cell(f.fix)} | "
+            f"{_cell(where_markdown(f))} | {_cell(f.fix)} | "
             f"{_cell(saving_text(f))} |"
         )
     return "\n".join(rows) + "\n"

@@ -17,6 +17,12 @@ handed to logging every step to `per-step-logging`. On a trace
 without a GPU timeline, reads inside `Optimizer.step#` are left out: they are torch's own reads
 of CPU-resident state (Adam's step counters), which stay on the CPU in a GPU run too.
 
+Where: the user's line, and when a library does it (`trainer.fit()` -> Lightning's logger
+connector), the library frames in between (`via`); the fix is then said in the framework's terms
+(analysis/frameworks.py: `self.log(..., on_step=False, on_epoch=True)`,
+`TrainingArguments(logging_nan_inf_filter=False)`), or marked "upstream" when the library's own
+code does it and no setting removes it.
+
 Saving estimate: the GPU idle attributed to these calls (host blocked while the GPU idled, plus
 the refill gap until the next launch, capped at 1 ms), per step. On a CPU-only trace the same ops
 cost nothing measurable: they are listed as "would stall a GPU", severity low, no saving claimed.
@@ -25,6 +31,7 @@ cost nothing measurable: they are listed as "would stall a GPU", severity low, n
 from __future__ import annotations
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import sync_fix
 from trainprof.analysis.logreads import logging_owns
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
@@ -85,6 +92,7 @@ def check(ctx: Context) -> list[Finding]:
             continue  # a read handed to logging every step: per-step-logging's row
         per_step = site.count / max(ctx.n_steps, 1)
         cost = ctx.per_step(site.cost_us)
+        how = sync_fix(site.library, site.label, FIX.get(site.label, FIX["synchronize"]))
         metrics = {
             "count": site.count,
             "per_step": round(per_step, 3),
@@ -101,9 +109,10 @@ def check(ctx: Context) -> list[Finding]:
                     title=_title(site, per_step),
                     evidence=f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step); "
                     f"costs nothing measurable {where}, but {GPU_ONLY_NOTE} every time.",
-                    fix=FIX.get(site.label, FIX["synchronize"]),
+                    fix=how.fix,
                     saving_us_per_step=0.0,
                     location=site.location,
+                    via=site.via,
                     metrics=metrics,
                     severity="low",
                     at=site.ops,
@@ -123,9 +132,10 @@ def check(ctx: Context) -> list[Finding]:
                 rule="host-sync",
                 title=_title(site, per_step),
                 evidence=evidence,
-                fix=FIX.get(site.label, FIX["synchronize"]),
+                fix=how.fix,
                 saving_us_per_step=cost,
                 location=site.location,
+                via=site.via,
                 metrics=metrics,
                 at=site.ops,
             )

@@ -29,6 +29,7 @@ from collections import Counter
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import sync_fix
 from trainprof.analysis.logreads import MIN_PER_STEP, logged_reads
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
@@ -113,9 +114,10 @@ def _site_finding(ctx: Context, site: SyncSite) -> Finding | None:
         rule="per-step-logging",
         title=f"Logging a GPU value every step ({per_step:.3g} reads per step)",
         evidence=evidence,
-        fix=FIX,
+        fix=sync_fix(site.library, site.label, FIX).fix,
         saving_us_per_step=saving,
         location=site.location,
+        via=site.via,
         metrics={
             "reads": len(logs),
             "per_step": round(per_step, 3),

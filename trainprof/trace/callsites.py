@@ -25,8 +25,9 @@ _BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
 _FRAME = re.compile(r"^.+?\(\d+\): (?P<func>.*)$")
 # Costs of the alignment: an exact name match is free, a call of an object matched to a call
 # whose name no child has is cheap, an unknown wrapper (torch's `inner`, trainprof's `read`)
-# matched to anything costs more; a child or a source call left unmatched costs 1.
-_OBJECT_COST, _WILDCARD_COST, _SKIP = 0.3, 0.6, 1.0
+# matched to anything costs more; a child left unmatched costs 1. A source call without a child
+# is common (a class with a C constructor, a builtin the tracer does not see): it costs little.
+_OBJECT_COST, _WILDCARD_COST, _SKIP, _SKIP_SOURCE = 0.3, 0.6, 1.0, 0.05
 MAX_CELLS = 4_000_000
 
 
@@ -205,16 +206,16 @@ def align(
     m = len(lines)
     ar = np.arange(m + 1, dtype=float)
     dp = np.empty((len(children) + 1, m + 1))
-    dp[0] = ar * _SKIP
+    dp[0] = ar * _SKIP_SOURCE
     for i, (name, pin) in enumerate(children, 1):
         prev = dp[i - 1]
         b = prev + _SKIP  # the child left unmatched
         b[1:] = np.minimum(b[1:], prev[:-1] + cost(name, pin))
-        dp[i] = ar * _SKIP + np.minimum.accumulate(b - ar * _SKIP)
+        dp[i] = ar * _SKIP_SOURCE + np.minimum.accumulate(b - ar * _SKIP_SOURCE)
     out: list[int | None] = [None] * len(children)
     i, j = len(children), int(np.argmin(dp[-1]))
     while i > 0:
-        if j > 0 and np.isclose(dp[i, j], dp[i, j - 1] + _SKIP):
+        if j > 0 and np.isclose(dp[i, j], dp[i, j - 1] + _SKIP_SOURCE):
             j -= 1
             continue
         name, pin = children[i - 1]

@@ -21,7 +21,10 @@ from trainprof.trace.callsites import align, call_name, find_source, loop_calls
 from trainprof.trace.model import Kind, Trace
 
 _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
-_PROBE_LOC = re.compile(r"@(?P<loc>[^@]+:\d+)$")
+# `trainprof/host_read:item@train.py:42`, and for a read inside a library
+# `...@train.py:42|/venv/.../site-packages/transformers/trainer.py:1911` (the library's line).
+_PROBE_LOC = re.compile(r"@(?P<loc>[^@|]+:\d+)(?:\|(?P<lib>[^@|]+:\d+))?$")
+_SITE_PACKAGES = re.compile(r"^.*?[/\\](?:site|dist)-packages[/\\]")
 
 # Kineto strips sys.path prefixes, so library frames often look like "transformers/x.py":
 # recognise the common training stack by its top-level package.
@@ -68,6 +71,57 @@ def frame_location(text: str) -> str | None:
 def probe_location(name: str) -> str | None:
     m = _PROBE_LOC.search(name)
     return display_location(m.group("loc")) if m else None
+
+
+def probe_library_frame(name: str) -> str | None:
+    """The library frame a host-read probe names (`transformers/trainer.py(1911): ?`), if any."""
+    m = _PROBE_LOC.search(name)
+    if not m or not m.group("lib"):
+        return None
+    path, _, line = m.group("lib").rpartition(":")
+    return f"{library_path(path)}({line}): ?"
+
+
+def library_path(path: str) -> str:
+    """A library file as its import path (`transformers/trainer.py`), not the venv's absolute
+    path: trainprof's probes record absolute paths, Kineto strips the sys.path prefix."""
+    return _SITE_PACKAGES.sub("", path).replace("\\", "/")
+
+
+def split_stack(frames: list[str]) -> tuple[str | None, list[str]]:
+    """(the first user frame's file:line, the library frames below it, innermost first). The
+    library frames are source frames only: builtins and trainprof's own wrappers left out."""
+    library: list[str] = []
+    for name in frames:
+        loc = frame_location(name)
+        if loc:
+            return loc, library
+        f = parse_frame(name)
+        if f and not f[0].startswith("trainprof/") and "/trainprof/" not in f[0]:
+            library.append(name)
+    return None, library
+
+
+def call_chain(library: list[str], framework_roots: tuple[str, ...] = ()) -> list[str]:
+    """The library frames to show after the user's line, as file:line, outermost first: the
+    frame the user's code called, the innermost frame of a framework (`framework_roots`: path
+    prefixes), and the frame that did it."""
+    if not library:
+        return []
+    picks = [library[-1]]
+    for name in library:
+        f = parse_frame(name)
+        if framework_roots and f and library_path(f[0]).startswith(framework_roots):
+            picks.append(name)
+            break
+    picks.append(library[0])
+    out: list[str] = []
+    for name in picks:
+        f = parse_frame(name)
+        loc = f"{library_path(f[0])}:{f[1]}" if f else name
+        if loc not in out:
+            out.append(loc)
+    return out
 
 
 def display_location(loc: str) -> str:
