@@ -9,6 +9,8 @@ import json
 import pytest
 from test_run_cli import SCRIPTS, Run, line_of, run, trainprof
 
+from trainprof.trace.frames import probe_library_frame, probe_location
+
 TOPLEVEL = "train_toplevel.py"
 
 
@@ -57,3 +59,19 @@ def test_a_logged_read_is_one_row(toplevel) -> None:
     _, findings = toplevel
     at_print = [f["rule"] for f in findings if (f["location"] or "").endswith(_at("PRINT_LINE"))]
     assert at_print == ["per-step-logging"], at_print
+
+
+def test_probe_names_with_a_library_line() -> None:
+    # A read a library makes on a device tensor (only on a GPU run): the user's line, then the
+    # library's, which Kineto's frames do not have (they give the function's `def` line).
+    name = (
+        "trainprof/host_read:item@/home/me/train.py:31|/venv/lib/python3.11/site-packages/"
+        "pytorch_lightning/trainer/connectors/logger_connector/result.py:482"
+    )
+    assert probe_location(name) == "/home/me/train.py:31"
+    assert probe_library_frame(name) == (
+        "pytorch_lightning/trainer/connectors/logger_connector/result.py(482): ?"
+    )
+    plain = "trainprof/host_read:item@/home/me/train.py:31"
+    assert probe_location(plain) == "/home/me/train.py:31"
+    assert probe_library_frame(plain) is None
