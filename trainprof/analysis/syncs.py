@@ -75,10 +75,10 @@ def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
     return out[np.argsort(trace.ts[out], kind="stable")]
 
 
-def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals) -> bool:
+def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals, frames: list[str]) -> bool:
     if iv.contains(metric_spans, np.array([ctx.trace.ts[op]]))[0]:
         return True
-    return any("torchmetrics/" in f for f in ctx.frames(op))
+    return any("torchmetrics/" in f for f in frames)
 
 
 # The DataLoader, its samplers and fetchers: creating an iterator draws its base seed with
@@ -86,14 +86,10 @@ def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals) -> bool:
 _DATA_PIPELINE = "torch/utils/data/"
 
 
-def _in_data_pipeline(ctx: Context, op: int) -> bool:
-    return any(_DATA_PIPELINE in f for f in ctx.frames(op))
-
-
-def _library(ctx: Context, op: int, probe_name: str | None) -> tuple[str, ...]:
+def _library(frames: list[str], probe_name: str | None) -> tuple[str, ...]:
     """Library frames between the op and the user's frame, innermost first; the probe's
     library line (exact, Kineto gives a `def` line) replaces the innermost one's."""
-    _, library = split_stack(ctx.frames(op))
+    _, library = split_stack(frames)
     lib = probe_library_frame(probe_name) if probe_name else None
     if lib is None:
         return tuple(library)
@@ -151,12 +147,13 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
         probe_name = tr.name(p) if p >= 0 else None
         loc = probe_location(probe_name) if probe_name else None
         loc = loc or ctx.location(op)
-        dl = bool(in_dl[k]) or _in_data_pipeline(ctx, op)
-        library = _library(ctx, op, probe_name)
+        frames = ctx.frames(op)
+        dl = bool(in_dl[k]) or any(_DATA_PIPELINE in f for f in frames)
+        library = _library(frames, probe_name)
         # One line can reach several libraries' syncs (`trainer.train()`): one site each.
         doer = doing_frame(list(library))
         doer = doer and doer.partition("(")[0] + doer.partition(")")[2]  # its function
-        key = (label, loc, dl, _in_metric(ctx, op, metric_spans), bool(in_opt[k]), doer)
+        key = (label, loc, dl, _in_metric(ctx, op, metric_spans, frames), bool(in_opt[k]), doer)
         site = groups.get(key)
         if site is None:
             site = groups[key] = SyncSite(label, loc, key[2], key[3], key[4])
