@@ -19,6 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
+HEADER = frozenset({"__next__", "__iter__"})  # a for loop's header: iter() and next()
 CALL = "()"  # a call of an object (`model(x)`): Kineto names the module or `_call_impl`
 _OBJECT_CALLS = {"_wrapped_call_impl", "_call_impl", "__call__"}
 _BUILTIN = re.compile(r"^<built-in (?:method|function) (\w+)")
@@ -121,7 +122,7 @@ class _Calls(ast.NodeVisitor):
 
     def visit_For(self, node: ast.For) -> None:
         self.visit(node.iter)
-        self.out.append((node.lineno, frozenset({"__next__", "__iter__"})))
+        self.out.append((node.lineno, HEADER))
         for stmt in node.body:
             self.visit(stmt)
 
@@ -156,7 +157,7 @@ def loop_calls(path: str, func: str, line: int) -> tuple[list[tuple[int, frozens
         for stmt in loop.body:
             v.visit(stmt)
     else:  # the iterable is evaluated once, before the loop: only the header repeats
-        v.out.append((loop.lineno, frozenset({"__next__", "__iter__"})))
+        v.out.append((loop.lineno, HEADER))
         for stmt in loop.body:
             v.visit(stmt)
     return v.out, True
@@ -203,6 +204,9 @@ def align(
             hit = cost_of[(name, pin)] = np.tile(np.array(c), reps)
         return hit
 
+    # A header also takes the calls of an epoch change (`__next__` ends, `__iter__` restarts).
+    header = np.tile(np.array([names == HEADER for _, names in base]), reps)
+    stay = np.where(header, 0.0, np.inf)
     m = len(lines)
     ar = np.arange(m + 1, dtype=float)
     dp = np.empty((len(children) + 1, m + 1))
@@ -211,6 +215,8 @@ def align(
         prev = dp[i - 1]
         b = prev + _SKIP  # the child left unmatched
         b[1:] = np.minimum(b[1:], prev[:-1] + cost(name, pin))
+        if name in HEADER:
+            b[1:] = np.minimum(b[1:], prev[1:] + stay)
         dp[i] = ar * _SKIP_SOURCE + np.minimum.accumulate(b - ar * _SKIP_SOURCE)
     out: list[int | None] = [None] * len(children)
     i, j = len(children), int(np.argmin(dp[-1]))
@@ -222,5 +228,7 @@ def align(
         if j > 0 and np.isclose(dp[i, j], dp[i - 1, j - 1] + cost(name, pin)[j - 1]):
             out[i - 1] = int(lines[j - 1])
             j -= 1
+        elif j > 0 and name in HEADER and np.isclose(dp[i, j], dp[i - 1, j] + stay[j - 1]):
+            out[i - 1] = int(lines[j - 1])
         i -= 1
     return out
