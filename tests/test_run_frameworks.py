@@ -1,6 +1,7 @@
 """Problems inside Lightning and the Hugging Face Trainer (issue #10 item 3), on real CPU runs:
 the finding names the user's line and the library frames that do it (`via`), its fix is said in
-the framework's terms, and a library's own sync is marked upstream. Both runs take 15-35 s here."""
+the framework's terms, and a library's own sync is marked upstream. The Lightning and HF runs
+take 15-35 s here (marked slow), the accelerate one a few seconds."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from test_run_cli import SCRIPTS, Run, line_of, run, trainprof
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.trace.load import load_trace
-
-pytestmark = pytest.mark.slow
 
 
 def _findings(r: Run, *flags: str) -> str:
@@ -49,6 +48,7 @@ def hf(tmp_path_factory) -> Run:
     return r
 
 
+@pytest.mark.slow
 def test_lightning_log_read_names_fit_and_the_logger_connector(lightning: Run) -> None:
     fit = f"train_lightning.py:{line_of('train_lightning.py', 'FIT_LINE')}"
     f = _one(_json(lightning), "host-sync", "on_step=False, on_epoch=True")
@@ -66,6 +66,7 @@ def test_lightning_log_read_names_fit_and_the_logger_connector(lightning: Run) -
     assert "→ <code>pytorch_lightning/trainer/trainer.py:" in html
 
 
+@pytest.mark.slow
 def test_lightning_fixes_in_lightning_terms(lightning: Run) -> None:
     f = _one(_json(lightning), "dataloader-starvation", "num_workers=")
     assert "train_dataloader()" in f["fix"], f["fix"]
@@ -76,6 +77,7 @@ def test_lightning_fixes_in_lightning_terms(lightning: Run) -> None:
     assert "train_dataloader()" in run_fix(ctx, "pin_memory", "generic")
 
 
+@pytest.mark.slow
 def test_hf_trainer_nan_check_names_the_trainer_and_its_setting(hf: Run) -> None:
     train = f"train_hf.py:{line_of('train_hf.py', 'TRAIN_LINE')}"
     findings = _json(hf)
@@ -87,9 +89,23 @@ def test_hf_trainer_nan_check_names_the_trainer_and_its_setting(hf: Run) -> None
     assert "dataloader_persistent_workers=True" in dl["fix"]
 
 
+@pytest.mark.slow
 def test_hf_library_sync_is_upstream(hf: Run) -> None:
     train = f"train_hf.py:{line_of('train_hf.py', 'TRAIN_LINE')}"
     f = _one(_json(hf), "host-sync", "upstream:")
     assert f["fix"].startswith("upstream: transformers.masking_utils._ignore_bidirectional_mask")
     assert f["location"].endswith(train)
     assert f["via"][-1].startswith("transformers/masking_utils.py:"), f["via"]
+
+
+def test_accelerate_fixes_in_accelerate_terms(tmp_path: Path) -> None:
+    r = run(tmp_path / "run", "--wait", "2", "--warmup", "1", "--active", "3",
+            str(SCRIPTS / "train_accelerate.py"))
+    assert r.code == 0, r.stderr
+    f = _one(_json(r), "dataloader-starvation", "num_workers=")
+    assert f["location"].endswith(f"train_accelerate.py:{line_of('train_accelerate.py', 'LOADER')}")
+    assert "accelerator.prepare()" in f["fix"], f["fix"]
+    (trace,) = Path(r.folder).glob("*.pt.trace.json.gz")
+    ctx = Context(load_trace(str(trace)))
+    assert run_fix(ctx, "amp_bf16", "generic").startswith('Accelerator(mixed_precision="bf16")')
+    assert "DataLoaderConfiguration(non_blocking=True)" in run_fix(ctx, "pin_memory", "generic")
