@@ -188,11 +188,8 @@ def sync_fix(library: list[str], label: str, default: str) -> SyncFix:
         return SyncFix(default, None, upstream=False)
     fw = owner(_file(inner))
     assert fw is not None
-    f = parse_frame(inner)
-    module = library_path(f[0]).removesuffix(".py").replace("/", ".") if f else inner
-    func = f[2] if f else ""
     return SyncFix(
-        f"upstream: {module}.{func} ({fw.name}) does this in its own code; nothing in your "
+        f"upstream: {function_label(inner)} ({fw.name}) does this in its own code; nothing in your "
         f"script issues it. Report it ({fw.issues}) or use a version without it. "
         f"The remedy, in the library's code: {default}",
         fw,
@@ -203,6 +200,14 @@ def sync_fix(library: list[str], label: str, default: str) -> SyncFix:
 def doing_frame(library: list[str]) -> str | None:
     """The library frame that does it: the innermost one outside torch."""
     return next((n for n in library if not library_path(_file(n)).startswith("torch/")), None)
+
+
+def function_label(name: str) -> str:
+    """`transformers.masking_utils._ignore_bidirectional_mask_sdpa` for a Kineto frame name."""
+    f = parse_frame(name)
+    if f is None:
+        return name
+    return f"{library_path(f[0]).removesuffix('.py').replace('/', '.')}.{f[2]}"
 
 
 def _file(name: str) -> str:

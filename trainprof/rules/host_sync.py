@@ -31,7 +31,7 @@ cost nothing measurable: they are listed as "would stall a GPU", severity low, n
 from __future__ import annotations
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.frameworks import sync_fix
+from trainprof.analysis.frameworks import doing_frame, function_label, sync_fix
 from trainprof.analysis.logreads import logging_owns
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
@@ -74,7 +74,9 @@ FIX = {
 
 def _title(site: SyncSite, per_step: float) -> str:
     what = WHAT.get(site.label, site.label)
-    return f"Host-GPU sync: {what}, {per_step:.3g}x per step"
+    doer = doing_frame(site.library)
+    where = f" in {function_label(doer)}" if doer else ""
+    return f"Host-GPU sync: {what}{where}, {per_step:.3g}x per step"
 
 
 def check(ctx: Context) -> list[Finding]:
