@@ -94,6 +94,7 @@ def test_hf_library_sync_is_upstream(hf: Run) -> None:
     train = f"train_hf.py:{line_of('train_hf.py', 'TRAIN_LINE')}"
     f = _one(_json(hf), "host-sync", "upstream:")
     assert f["fix"].startswith("upstream: transformers.masking_utils._ignore_bidirectional_mask")
+    assert "in transformers.masking_utils._ignore_bidirectional_mask_sdpa" in f["title"]
     assert f["location"].endswith(train)
     assert f["via"][-1].startswith("transformers/masking_utils.py:"), f["via"]
 
