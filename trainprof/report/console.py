@@ -35,7 +35,7 @@ def findings_table(
     table = Table(show_lines=True, expand=True, pad_edge=False)
     table.add_column("#", justify="right", width=2, no_wrap=True)
     table.add_column("sev", width=6, no_wrap=True)
-    table.add_column("finding and evidence", ratio=5)
+    table.add_column("finding and evidence", ratio=5, overflow="fold")
     table.add_column(where_title, ratio=2, overflow="fold")
     table.add_column("fix", ratio=4, overflow="fold")  # a fix is never cut short
     table.add_column("est. saving", ratio=2)
