@@ -207,7 +207,8 @@ def function_label(name: str) -> str:
     f = parse_frame(name)
     if f is None:
         return name
-    return f"{library_path(f[0]).removesuffix('.py').replace('/', '.')}.{f[2]}"
+    module = library_path(f[0]).removesuffix(".py").replace("/", ".")
+    return module if f[2] == "?" else f"{module}.{f[2]}"  # "?": a probe's line, no function
 
 
 def _file(name: str) -> str:
