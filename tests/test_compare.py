@@ -259,6 +259,19 @@ def test_findings_matched_by_rule_and_location():
     }
 
 
+def test_findings_on_one_line_in_different_libraries_stay_apart():
+    # `trainer.train()` reaches the Trainer's nan check and transformers' mask check.
+    def hf(via: str, saving: float) -> Finding:
+        f = _f("host-sync", "`if tensor:` 1x per step", "train.py:36", saving)
+        f.via = ["transformers/trainer.py:1576", via]
+        return f
+
+    a = _diag(hf("transformers/trainer.py:1935", 2.0), hf("transformers/masking_utils.py:347", 1.0))
+    b = _diag(hf("transformers/masking_utils.py:347", 1.0))
+    got = {(d.status, d.saving_a_ms) for d in finding_deltas([a], [b])}
+    assert got == {("resolved", 2.0), ("still present", 1.0)}
+
+
 # ---- the bootstrap ------------------------------------------------------------------------------
 def test_median_ci_coverage():
     """Percentile-bootstrap intervals of a median hold the true median ~95 % of the time."""

@@ -257,7 +257,10 @@ def _plain_title(f: Finding) -> str:
 
 
 def _key(f: Finding) -> tuple[str, str]:
-    return (f.rule, f.location) if f.location else (f.rule, "title:" + _plain_title(f))
+    if not f.location:
+        return f.rule, "title:" + _plain_title(f)
+    # One line (`trainer.train()`) can reach several libraries' problems: `via` tells them apart.
+    return f.rule, " → ".join([f.location, *f.via[-1:]])
 
 
 def _loose_key(f: Finding) -> tuple[str, str, str]:

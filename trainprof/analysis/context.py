@@ -16,6 +16,7 @@ Because the causes partition the idle time, two rules can never claim the same i
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -194,7 +195,10 @@ class Context:
     # ---- host spans -----------------------------------------------------------------------
     @cached_property
     def stacks(self) -> PyStacks:
-        return PyStacks(self.trace)
+        # Kineto names the script's files relative to its folder (sys.path[0]).
+        script = self.meta.script if self.meta else None
+        dirs = (os.path.dirname(os.path.abspath(script)),) if script else ()
+        return PyStacks(self.trace, dirs)
 
     @cached_property
     def dataloader_idx(self) -> np.ndarray:

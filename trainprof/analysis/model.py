@@ -34,6 +34,10 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=False):
     est_saving_ms_per_step: float = 0.0
     est_saving_pct: float = 0.0  # of the mean step time
     location: str | None = None  # file:line in user code
+    # When a library does it on the user's behalf: the library frames between `location` and
+    # the code that does it, as file:line, outermost first (`trainer.fit()` at `location` ->
+    # ["pytorch_lightning/trainer/trainer.py:584", ".../logger_connector/result.py:470", ...]).
+    via: list[str] = []
     metrics: dict[str, float | int | str] = {}  # the same evidence, machine-readable
     ranks: list[int] | None = None  # multi-rank: ranks where it was found
     # Where it happens on the timeline: [start_us, dur_us] in the trace's own clock, at most

@@ -4,7 +4,7 @@ caused it, where in the user's code, and the GPU idle it cost. Shared by `host-s
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,8 +17,15 @@ from trainprof.analysis.context import (
     sync_op_label,
     sync_op_pattern,
 )
+from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
 from trainprof.trace import intervals as iv
-from trainprof.trace.frames import probe_location
+from trainprof.trace.frames import (
+    call_chain,
+    parse_frame,
+    probe_library_frame,
+    probe_location,
+    split_stack,
+)
 from trainprof.trace.model import Kind, Trace
 from trainprof.trace.nesting import END_SLACK, enclosing
 
@@ -44,6 +51,12 @@ class SyncSite:
     host_us: float = 0.0  # host time blocked
     cost_us: float = 0.0  # GPU idle attributed to them
     ops: list[int] = field(default_factory=list)
+    # The library code between the user's line and the op, when a library did it: `via` is
+    # what is shown after the user's line (file:line, see trace.frames.call_chain), `library`
+    # the library frames of that stack (Kineto names, innermost first); the most common stack.
+    via: list[str] = field(default_factory=list)
+    library: list[str] = field(default_factory=list)
+    _stacks: Counter = field(default_factory=Counter, repr=False)
 
 
 def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
@@ -62,10 +75,28 @@ def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
     return out[np.argsort(trace.ts[out], kind="stable")]
 
 
-def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals) -> bool:
+def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals, frames: list[str]) -> bool:
     if iv.contains(metric_spans, np.array([ctx.trace.ts[op]]))[0]:
         return True
-    return any("torchmetrics/" in f for f in ctx.frames(op))
+    return any("torchmetrics/" in f for f in frames)
+
+
+# The DataLoader, its samplers and fetchers: creating an iterator draws its base seed with
+# `.item()`, RandomSampler draws one per epoch. Their tensors live on the CPU in any run.
+_DATA_PIPELINE = "torch/utils/data/"
+
+
+def _library(frames: list[str], probe_name: str | None) -> tuple[str, ...]:
+    """Library frames between the op and the user's frame, innermost first; the probe's
+    library line (exact, Kineto gives a `def` line) replaces the innermost one's."""
+    _, library = split_stack(frames)
+    lib = probe_library_frame(probe_name) if probe_name else None
+    if lib is None:
+        return tuple(library)
+    f, g = parse_frame(lib), parse_frame(library[0]) if library else None
+    if g is not None and f is not None and g[0] == f[0]:
+        return (f"{f[0]}({f[1]}): {g[2]}", *library[1:])
+    return (lib, *library)
 
 
 def sync_sites(ctx: Context) -> list[SyncSite]:
@@ -113,18 +144,29 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
     groups: dict[tuple, SyncSite] = {}
     for k, (op, label) in enumerate(rows):
         p = int(probe_of[k])
-        loc = probe_location(tr.name(p)) if p >= 0 else None
+        probe_name = tr.name(p) if p >= 0 else None
+        loc = probe_location(probe_name) if probe_name else None
         loc = loc or ctx.location(op)
-        key = (label, loc, bool(in_dl[k]), _in_metric(ctx, op, metric_spans), bool(in_opt[k]))
+        frames = ctx.frames(op)
+        dl = bool(in_dl[k]) or any(_DATA_PIPELINE in f for f in frames)
+        library = _library(frames, probe_name)
+        # One line can reach several libraries' syncs (`trainer.train()`): one site each.
+        doer = doing_frame(list(library))
+        doer = doer and doer.partition("(")[0] + doer.partition(")")[2]  # its function
+        key = (label, loc, dl, _in_metric(ctx, op, metric_spans, frames), bool(in_opt[k]), doer)
         site = groups.get(key)
         if site is None:
             site = groups[key] = SyncSite(label, loc, key[2], key[3], key[4])
         site.count += 1
         site.ops.append(op)
+        site._stacks[library] += 1
         for j in per_op_calls.get(op, []):
             site.calls += 1
             site.host_us += float(tr.dur[b_idx[j]])
             site.cost_us += float(b_cost[j])
+    for site in groups.values():
+        site.library = list(site._stacks.most_common(1)[0][0])
+        site.via = call_chain(site.library, FRAMEWORK_HOMES) if site.location else []
     out = sorted(groups.values(), key=lambda s: (-s.cost_us, -s.count))
     ctx._cache["sync_sites"] = out
     return out

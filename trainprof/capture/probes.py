@@ -226,23 +226,32 @@ def _install_backward(patches: Patches, stepper: Stepper) -> None:
 
 
 def _host_read(kind: str, orig: Callable[..., Any], user: UserCode) -> Callable[..., Any]:
+    """`trainprof/host_read:<kind>@<user file>:<line>`, and for a read a library makes
+    `...@<user file>:<line>|<library file>:<line>`. Not inside a DataLoader fetch."""
     prefix = f"trainprof/host_read:{kind}@"
     getframe = sys._getframe
 
     @functools.wraps(orig)
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if is_compiling() or not S.recording:
+        # Inside a DataLoader fetch (a dataset's `__getitem__`, a sampler, a collate_fn) tensors
+        # are the CPU's in any run: never a device sync.
+        if is_compiling() or not S.recording or S.fetch_depth:
             return orig(self, *args, **kwargs)
         caller = getframe(1)
         # Library code reading a CPU tensor (Adam's step counters, per parameter) can never be a
         # device sync: skipped. User code is always recorded: on a CPU-only run its reads are
-        # what would stall a GPU. Library reads of device tensors (GradScaler's found_inf)
-        # are charged to the user line that called the library.
-        if self.is_cpu and not user.is_user(caller.f_code.co_filename):
+        # what would stall a GPU. Library reads of device tensors (GradScaler's found_inf,
+        # Lightning's logged values) are charged to the user line that called the library,
+        # followed by `|file:line` of the library line that reads (Kineto has only its `def`).
+        filename = caller.f_code.co_filename
+        in_user = user.is_user(filename)
+        if self.is_cpu and not in_user:
             return orig(self, *args, **kwargs)
         where = user.location(caller)
         if where is None:  # no user code above it
             return orig(self, *args, **kwargs)
+        if not in_user:
+            where = f"{where}|{filename}:{caller.f_lineno}"
         with record_function(prefix + where):
             return orig(self, *args, **kwargs)
 

@@ -95,6 +95,8 @@ def _args(f: Finding, rank: int, k: int, n: int) -> dict[str, Any]:
     }
     if f.location:
         args["location"] = f.location
+    if f.via:
+        args["via"] = " → ".join(f.via)
     return args
 
 

@@ -10,7 +10,14 @@ from rich.table import Table
 from rich.text import Text
 
 from trainprof.analysis.model import Diagnosis, Finding
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_text,
+    step_line,
+    title_of,
+    where_text,
+)
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
@@ -22,13 +29,13 @@ def _console() -> Console:
 def findings_table(
     findings: list[Finding],
     where_title: str = "where",
-    where: Callable[[Finding], str] = lambda f: f.location or "-",
+    where: Callable[[Finding], str] = lambda f: where_text(f, "\n→ "),
 ) -> Table:
     """The ranked findings; `where` fills the location column (multi-rank adds the ranks)."""
     table = Table(show_lines=True, expand=True, pad_edge=False)
     table.add_column("#", justify="right", width=2, no_wrap=True)
     table.add_column("sev", width=6, no_wrap=True)
-    table.add_column("finding and evidence", ratio=5)
+    table.add_column("finding and evidence", ratio=5, overflow="fold")
     table.add_column(where_title, ratio=2, overflow="fold")
     table.add_column("fix", ratio=4, overflow="fold")  # a fix is never cut short
     table.add_column("est. saving", ratio=2)

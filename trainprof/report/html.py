@@ -178,7 +178,7 @@ def finding_html(i: int, f: Finding) -> str:
     color = SEV_COLORS.get(f.severity, "#7a828e")
     bits = [f"<code>{_e(f.rule)}</code>"]
     if f.location:
-        bits.append(f"at <code>{_e(f.location)}</code>")
+        bits.append("at " + " → ".join(f"<code>{_e(x)}</code>" for x in [f.location, *f.via]))
     saving = saving_text(f)
     bits.append(f"est. saving {_e(saving)}" if saving != "-" else "no saving claimed")
     if f.at:

@@ -6,7 +6,14 @@ import html
 import re
 
 from trainprof.analysis.model import Diagnosis
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_text,
+    step_line,
+    title_of,
+    where_markdown,
+)
 
 # A code span as CommonMark reads it: a run of backticks closed by a run of the same length.
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)", re.S)
@@ -38,7 +45,7 @@ def findings_markdown(d: Diagnosis) -> str:
     for i, f in enumerate(d.findings, 1):
         rows.append(
             f"| {i} | {f.severity} | {cell(f.title)} | {cell(f.evidence)} | "
-            f"{cell(f'`{f.location}`' if f.location else None)} | {cell(f.fix)} | "
+            f"{cell(where_markdown(f))} | {cell(f.fix)} | "
             f"{cell(saving_text(f))} |"
         )
     return "\n".join(rows) + "\n"

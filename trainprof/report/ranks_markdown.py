@@ -13,7 +13,7 @@ from trainprof.report.ranks_console import (
     ranks_text,
     shown_ranks,
 )
-from trainprof.report.text import saving_text
+from trainprof.report.text import saving_text, where_markdown
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -59,7 +59,7 @@ def job_findings_markdown(job: MultiRankDiagnosis) -> str:
         [
             [
                 str(i), f.severity, f.title, f.evidence, ranks_text(f.ranks),
-                f"`{f.location}`" if f.location else "-", f.fix, saving_text(f),
+                where_markdown(f), f.fix, saving_text(f),
             ]
             for i, f in enumerate(job.findings, 1)
         ],

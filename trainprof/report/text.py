@@ -34,6 +34,19 @@ def breakdown_line(d: Diagnosis) -> str:
     return ", ".join(parts)
 
 
+def where_text(f: Finding, sep: str = " → ") -> str:
+    """The user's line, then the library frames that did it (`via`), or "-"."""
+    if not f.location:
+        return "-"
+    return sep.join([f.location, *f.via])
+
+
+def where_markdown(f: Finding) -> str:
+    if not f.location:
+        return "-"
+    return " → ".join(f"`{x}`" for x in [f.location, *f.via])
+
+
 def saving_text(f: Finding) -> str:
     if f.est_saving_ms_per_step <= 0:
         return "-"

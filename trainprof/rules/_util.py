@@ -24,6 +24,7 @@ def finding(
     fix: str,
     saving_us_per_step: float,
     location: str | None = None,
+    via: list[str] | None = None,
     metrics: dict | None = None,
     severity: str | None = None,
     at: Iterable[int] = (),
@@ -39,6 +40,7 @@ def finding(
         est_saving_ms_per_step=round(saving_us_per_step / 1000.0, 3),
         est_saving_pct=round(pct, 2),
         location=location,
+        via=list(via or []),
         metrics=metrics or {},
         at=occurrences(ctx, at),
     )

@@ -31,6 +31,7 @@ import math
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
@@ -125,6 +126,7 @@ def check(ctx: Context) -> list[Finding]:
             + (", pin_memory=True)" if ctx.on_gpu else ")")
             + (f"  # {cpus} CPUs here" if cpus else "")
         )
+        fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
     else:
         have = f"num_workers={workers}" if workers is not None else "worker processes"
         title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"

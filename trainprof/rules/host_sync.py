@@ -10,10 +10,18 @@ Detection: blocking runtime calls (`cuda*Synchronize`, `hip*Synchronize`, blocki
 into pageable memory) inside the step windows, each tied to the op that issued it
 (`aten::item`, `aten::_local_scalar_dense`, `aten::is_nonzero`, `aten::nonzero`, copies to
 host, or none: an explicit synchronize) and to the user's file:line (trainprof probe, Python
-stack or `Call stack`). Syncs inside a DataLoader fetch belong to the data pipeline, syncs in
-TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`. On a trace
+stack or `Call stack`). Syncs inside a DataLoader fetch or the DataLoader's own code (an
+iterator's seed, a sampler's) belong to the data pipeline, syncs in
+TorchMetrics to `metric-sync`, pageable host-to-device copies to `pageable-memcpy`, reads
+handed to logging every step to `per-step-logging`. On a trace
 without a GPU timeline, reads inside `Optimizer.step#` are left out: they are torch's own reads
 of CPU-resident state (Adam's step counters), which stay on the CPU in a GPU run too.
+
+Where: the user's line, and when a library does it (`trainer.fit()` -> Lightning's logger
+connector), the library frames in between (`via`); the fix is then said in the framework's terms
+(analysis/frameworks.py: `self.log(..., on_step=False, on_epoch=True)`,
+`TrainingArguments(logging_nan_inf_filter=False)`), or marked "upstream" when the library's own
+code does it and no setting removes it.
 
 Saving estimate: the GPU idle attributed to these calls (host blocked while the GPU idled, plus
 the refill gap until the next launch, capped at 1 ms), per step. On a CPU-only trace the same ops
@@ -23,6 +31,8 @@ cost nothing measurable: they are listed as "would stall a GPU", severity low, n
 from __future__ import annotations
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import doing_frame, function_label, sync_fix
+from trainprof.analysis.logreads import logging_owns
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
 from trainprof.rules import Rule
@@ -64,7 +74,9 @@ FIX = {
 
 def _title(site: SyncSite, per_step: float) -> str:
     what = WHAT.get(site.label, site.label)
-    return f"Host-GPU sync: {what}, {per_step:.3g}x per step"
+    doer = doing_frame(site.library)
+    where = f" in {function_label(doer)}" if doer else ""
+    return f"Host-GPU sync: {what}{where}, {per_step:.3g}x per step"
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -78,8 +90,11 @@ def check(ctx: Context) -> list[Finding]:
             continue  # no blocking call inside: a read of a CPU tensor, which never syncs
         if not ctx.gpu_timeline and site.in_optimizer:
             continue  # e.g. Adam's step counters: CPU tensors on a GPU run too
+        if logging_owns(ctx, site):
+            continue  # a read handed to logging every step: per-step-logging's row
         per_step = site.count / max(ctx.n_steps, 1)
         cost = ctx.per_step(site.cost_us)
+        how = sync_fix(site.library, site.label, FIX.get(site.label, FIX["synchronize"]))
         metrics = {
             "count": site.count,
             "per_step": round(per_step, 3),
@@ -96,9 +111,10 @@ def check(ctx: Context) -> list[Finding]:
                     title=_title(site, per_step),
                     evidence=f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step); "
                     f"costs nothing measurable {where}, but {GPU_ONLY_NOTE} every time.",
-                    fix=FIX.get(site.label, FIX["synchronize"]),
+                    fix=how.fix,
                     saving_us_per_step=0.0,
                     location=site.location,
+                    via=site.via,
                     metrics=metrics,
                     severity="low",
                     at=site.ops,
@@ -118,9 +134,10 @@ def check(ctx: Context) -> list[Finding]:
                 rule="host-sync",
                 title=_title(site, per_step),
                 evidence=evidence,
-                fix=FIX.get(site.label, FIX["synchronize"]),
+                fix=how.fix,
                 saving_us_per_step=cost,
                 location=site.location,
+                via=site.via,
                 metrics=metrics,
                 at=site.ops,
             )

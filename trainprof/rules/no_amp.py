@@ -24,6 +24,7 @@ AMP would free once the host-side bottleneck is fixed.
 from __future__ import annotations
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.model import Finding
 from trainprof.analysis.precision import (
     FP32_C,
@@ -102,7 +103,7 @@ def check(ctx: Context) -> list[Finding]:
             title=f"fp32 matmuls/convolutions without AMP on a tensor-core GPU: {ms(kernel_us)}"
             "/step",
             evidence=evidence,
-            fix=FIX_BF16 if bf16 else FIX_FP16,
+            fix=run_fix(ctx, "amp_bf16", FIX_BF16) if bf16 else run_fix(ctx, "amp_fp16", FIX_FP16),
             saving_us_per_step=saving,
             location=loc,
             metrics={

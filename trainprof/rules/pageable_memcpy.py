@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import sync_sites
 from trainprof.rules import Rule
@@ -73,7 +74,7 @@ def check(ctx: Context) -> list[Finding]:
             rule="pageable-memcpy",
             title=f"Pageable host-to-device copies, {per_step:.3g}x per step (synchronous)",
             evidence=evidence,
-            fix=FIX,
+            fix=run_fix(ctx, "pin_memory", FIX),
             saving_us_per_step=cost,
             location=loc,
             metrics={

@@ -3,7 +3,9 @@ library, the standard library nor trainprof itself.
 
 Sources, best first: a trainprof probe name (`trainprof/host_read:item@train.py:42`), the
 `python_function` events of `with_stack` traces (walked through `Python parent id`), and the
-2021 schema's `Call stack` argument.
+2021 schema's `Call stack` argument. A user frame that was already running when tracing started
+(a module-level loop) has a stale line in Kineto; `callsites.py` finds the line of each call it
+made, and frames it cannot place are named `file(?): func`, which no location reads.
 """
 
 from __future__ import annotations
@@ -15,10 +17,14 @@ from functools import lru_cache
 
 import numpy as np
 
+from trainprof.trace.callsites import align, call_name, find_source, loop_calls
 from trainprof.trace.model import Kind, Trace
 
 _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
-_PROBE_LOC = re.compile(r"@(?P<loc>[^@]+:\d+)$")
+# `trainprof/host_read:item@train.py:42`, and for a read inside a library
+# `...@train.py:42|/venv/.../site-packages/transformers/trainer.py:1911` (the library's line).
+_PROBE_LOC = re.compile(r"@(?P<loc>[^@|]+:\d+)(?:\|(?P<lib>[^@|]+:\d+))?$")
+_SITE_PACKAGES = re.compile(r"^.*?[/\\](?:site|dist)-packages[/\\]")
 
 # Kineto strips sys.path prefixes, so library frames often look like "transformers/x.py":
 # recognise the common training stack by its top-level package.
@@ -67,6 +73,57 @@ def probe_location(name: str) -> str | None:
     return display_location(m.group("loc")) if m else None
 
 
+def probe_library_frame(name: str) -> str | None:
+    """The library frame a host-read probe names (`transformers/trainer.py(1911): ?`), if any."""
+    m = _PROBE_LOC.search(name)
+    if not m or not m.group("lib"):
+        return None
+    path, _, line = m.group("lib").rpartition(":")
+    return f"{library_path(path)}({line}): ?"
+
+
+def library_path(path: str) -> str:
+    """A library file as its import path (`transformers/trainer.py`), not the venv's absolute
+    path: trainprof's probes record absolute paths, Kineto strips the sys.path prefix."""
+    return _SITE_PACKAGES.sub("", path).replace("\\", "/")
+
+
+def split_stack(frames: list[str]) -> tuple[str | None, list[str]]:
+    """(the first user frame's file:line, the library frames below it, innermost first). The
+    library frames are source frames only: builtins and trainprof's own wrappers left out."""
+    library: list[str] = []
+    for name in frames:
+        loc = frame_location(name)
+        if loc:
+            return loc, library
+        f = parse_frame(name)
+        if f and not f[0].startswith("trainprof/") and "/trainprof/" not in f[0]:
+            library.append(name)
+    return None, library
+
+
+def call_chain(library: list[str], framework_roots: tuple[str, ...] = ()) -> list[str]:
+    """The library frames to show after the user's line, as file:line, outermost first: the
+    frame the user's code called, the innermost frame of a framework (`framework_roots`: path
+    prefixes), and the frame that did it."""
+    if not library:
+        return []
+    picks = [library[-1]]
+    for name in library:
+        f = parse_frame(name)
+        if framework_roots and f and library_path(f[0]).startswith(framework_roots):
+            picks.append(name)
+            break
+    picks.append(library[0])
+    out: list[str] = []
+    for name in picks:
+        f = parse_frame(name)
+        loc = f"{library_path(f[0])}:{f[1]}" if f else name
+        if loc not in out:
+            out.append(loc)
+    return out
+
+
 def display_location(loc: str) -> str:
     """'file:line' with the file relative to the working folder when it lies inside it."""
     path, _, line = loc.rpartition(":")
@@ -80,17 +137,102 @@ def display_location(loc: str) -> str:
     return loc
 
 
-class PyStacks:
-    """Fast lookup of the Python stack active on a thread at a point in time."""
+# Kineto emits the frames already on the stack one after another, a microsecond or two apart.
+_STALE_GAP_US = 20.0
+_HOST_READ = r"^trainprof/host_read:"
 
-    def __init__(self, trace: Trace) -> None:
+
+class PyStacks:
+    """Fast lookup of the Python stack active on a thread at a point in time.
+
+    `source_dirs`: folders where Kineto's relative file names may be found (the script's), to
+    read the source of stale user frames."""
+
+    def __init__(self, trace: Trace, source_dirs: tuple[str, ...] = ()) -> None:
         self.trace = trace
+        self.source_dirs = source_dirs
         idx = trace.where_kind(Kind.PYTHON)
         self.by_thread: dict[int, np.ndarray] = {}
         for t in np.unique(trace.thread[idx]):
             self.by_thread[int(t)] = idx[trace.thread[idx] == t]
         ids = trace.py_id[idx]
         self.index_of_id = dict(zip(ids.tolist(), idx.tolist(), strict=True))
+        self.stale: set[int] = set()
+        for cand in self.by_thread.values():
+            self.stale.update(self._initial_chain(cand))
+        self._lines: dict[int, dict[int, int | None]] = {}
+
+    def _initial_chain(self, cand: np.ndarray) -> list[int]:
+        """The frames already running when tracing started: the first events of the thread,
+        each the child of the one before, emitted a moment apart."""
+        tr = self.trace
+        chain = [int(cand[0])] if len(cand) else []
+        for k in range(1, len(cand)):
+            i, prev = int(cand[k]), chain[-1]
+            if int(tr.py_parent[i]) != int(tr.py_id[prev]):
+                break
+            if tr.ts[i] - tr.ts[prev] > _STALE_GAP_US:
+                break
+            chain.append(i)
+        return chain
+
+    def _children(self, parent: int) -> np.ndarray:
+        tr = self.trace
+        cand = self.by_thread.get(int(tr.thread[parent]), np.zeros(0, np.int64))
+        lo = int(np.searchsorted(tr.ts[cand], tr.ts[parent], side="left"))
+        hi = int(np.searchsorted(tr.ts[cand], tr.end[parent], side="right"))
+        sub = cand[lo:hi]
+        return sub[tr.py_parent[sub] == tr.py_id[parent]]
+
+    def _pins(self, kids: np.ndarray, path: str) -> list[int | None]:
+        """The line a trainprof host-read probe inside each child gives, for the same file."""
+        tr = self.trace
+        probes = tr.where_name(_HOST_READ, Kind.ANNOTATION)
+        out: list[int | None] = [None] * len(kids)
+        if not len(probes):
+            return out
+        base = os.path.basename(path)
+        for k, c in enumerate(kids.tolist()):
+            a = int(np.searchsorted(tr.ts[probes], tr.ts[c], side="left"))
+            for p in probes[a:].tolist():
+                if tr.ts[p] > tr.end[c]:
+                    break
+                loc = _PROBE_LOC.search(tr.name(p))
+                if loc and tr.thread[p] == tr.thread[c]:
+                    file, _, line = loc.group("loc").rpartition(":")
+                    if os.path.basename(file) == base:
+                        out[k] = int(line)
+                        break
+        return out
+
+    def _resolve(self, frame: int) -> dict[int, int | None]:
+        """child event -> source line, for a stale user frame."""
+        hit = self._lines.get(frame)
+        if hit is not None:
+            return hit
+        hit = self._lines[frame] = {}
+        f = parse_frame(self.trace.name(frame))
+        src = find_source(f[0], self.source_dirs) if f else None
+        if f is None or src is None:
+            return hit
+        calls, repeats = loop_calls(src, f[2], f[1])
+        kids = self._children(frame)
+        names = [call_name(self.trace.name(c)) for c in kids.tolist()]
+        lines = align(list(zip(names, self._pins(kids, f[0]), strict=True)), calls, f[1], repeats)
+        hit.update(zip(kids.tolist(), lines, strict=True))
+        return hit
+
+    def name_of(self, frame: int, child: int | None) -> str:
+        """The frame's name, its line fixed when Kineto recorded it stale (`child`: the frame
+        it called on the way to the moment looked at)."""
+        name = self.trace.name(frame)
+        if frame not in self.stale:
+            return name
+        f = parse_frame(name)
+        if f is None or not is_user_file(f[0]):
+            return name
+        line = self._resolve(frame).get(child) if child is not None else None
+        return f"{f[0]}({line if line is not None else '?'}): {f[2]}"
 
     def __bool__(self) -> bool:
         return bool(self.by_thread)
@@ -117,9 +259,10 @@ class PyStacks:
         """Frame names, innermost first."""
         out: list[str] = []
         i = self.innermost(thread, t)
+        child = None
         while i is not None and len(out) < 512:
-            out.append(self.trace.name(i))
-            i = self.index_of_id.get(int(self.trace.py_parent[i]))
+            out.append(self.name_of(i, child))
+            child, i = i, self.index_of_id.get(int(self.trace.py_parent[i]))
         return out
 
 

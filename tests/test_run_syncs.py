@@ -1,0 +1,77 @@
+"""Where sync findings point, on real `trainprof run`s of small CPU scripts (issue #10 item 8):
+a training loop at module level, reads of CPU tensors by the DataLoader and a dataset, a read
+both synced and logged, and a TorchMetrics update after `opt.step()`."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_run_cli import SCRIPTS, Run, line_of, run, trainprof
+
+from trainprof.trace.frames import probe_library_frame, probe_location
+
+TOPLEVEL = "train_toplevel.py"
+
+
+def _diagnose(r: Run) -> list[dict]:
+    done = trainprof("diagnose", str(r.folder), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["findings"]
+
+
+def _at(marker: str) -> str:
+    return f"{TOPLEVEL}:{line_of(TOPLEVEL, marker)}"
+
+
+@pytest.fixture(scope="module")
+def toplevel(tmp_path_factory) -> tuple[Run, list[dict]]:
+    folder = tmp_path_factory.mktemp("toplevel") / "run"
+    # 4 batches an epoch: a new DataLoader iterator (its seed `.item()`) inside the window.
+    r = run(folder, "--wait", "3", "--warmup", "1", "--active", "4", str(SCRIPTS / TOPLEVEL))
+    assert r.code == 0, r.stderr
+    return r, _diagnose(r)
+
+
+def test_module_level_loop_findings_name_the_line_that_runs(toplevel) -> None:
+    # Kineto keeps the module frame at the line where the window opened (`opt.step()`).
+    _, findings = toplevel
+    (metric,) = [f for f in findings if f["rule"] == "metric-sync"]
+    assert metric["location"].endswith(_at("METRIC_LINE")), metric["location"]
+    for bf16 in [f for f in findings if f["rule"] == "cpu-bf16"]:  # on CPUs with bf16 units
+        assert bf16["location"].endswith(_at("FORWARD_LINE")), bf16["location"]
+    stale = _at("opt.step()")
+    assert not [f for f in findings if (f["location"] or "").endswith(stale)], findings
+
+
+def test_reads_of_cpu_tensors_by_the_data_pipeline_are_no_syncs(toplevel) -> None:
+    r, findings = toplevel
+    # The dataset's `target.item()` runs inside a DataLoader fetch: not even recorded.
+    assert not [n for n in r.annotations() if n.startswith("trainprof/host_read") and
+                n.endswith(f":{line_of(TOPLEVEL, 'DATASET_READ')}")]
+    # The iterator's base seed `.item()` (torch/utils/data) is not reported either.
+    syncs = [f for f in findings if f["rule"] in ("host-sync", "per-step-logging")]
+    assert [f["location"] for f in syncs] == [syncs[0]["location"]], syncs
+    assert syncs[0]["location"].endswith(_at("PRINT_LINE"))
+
+
+def test_a_logged_read_is_one_row(toplevel) -> None:
+    _, findings = toplevel
+    at_print = [f["rule"] for f in findings if (f["location"] or "").endswith(_at("PRINT_LINE"))]
+    assert at_print == ["per-step-logging"], at_print
+
+
+def test_probe_names_with_a_library_line() -> None:
+    # A read a library makes on a device tensor (only on a GPU run): the user's line, then the
+    # library's, which Kineto's frames do not have (they give the function's `def` line).
+    name = (
+        "trainprof/host_read:item@/home/me/train.py:31|/venv/lib/python3.11/site-packages/"
+        "pytorch_lightning/trainer/connectors/logger_connector/result.py:482"
+    )
+    assert probe_location(name) == "/home/me/train.py:31"
+    assert probe_library_frame(name) == (
+        "pytorch_lightning/trainer/connectors/logger_connector/result.py(482): ?"
+    )
+    plain = "trainprof/host_read:item@/home/me/train.py:31"
+    assert probe_location(plain) == "/home/me/train.py:31"
+    assert probe_library_frame(plain) is None
