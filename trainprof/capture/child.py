@@ -280,6 +280,13 @@ def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, fn: Any, index:
     except Exception:  # noqa: BLE001
         pass
     if raised:
+        from trainprof.capture.launch import Terminated
+
+        if isinstance(raised[0], Terminated):  # saved: now end as SIGTERM would have
+            import signal
+
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
         raise raised[0]
 
 

@@ -189,8 +189,8 @@ def unprofiled_note(metas: dict[int, RunMeta], world: int | None) -> str | None:
         return None
     s = "s" if len(missing) > 1 else ""
     return (
-        f"rank{s} {rank_list(missing)} of {world}, started by the script's framework, "
-        f"{'were' if s else 'was'} not profiled (started with python -I, -E or -S, with a "
-        "PYTHONPATH of their own, by fork, or on another node): the diagnosis covers "
+        f"rank{s} {rank_list(missing)} of {world} {'were' if s else 'was'} not profiled: started "
+        "by the script or its framework out of reach of trainprof's start-up hook (python -I, -E "
+        "or -S, a PYTHONPATH of its own, fork, another node); the diagnosis covers "
         f"rank{'s' if len(metas) > 1 else ''} {rank_list(sorted(metas))} only"
     )
