@@ -129,6 +129,30 @@ def test_spawn_failed_rank_reported_and_saved(spawn_failed: Job) -> None:
     assert "Terminated" not in spawn_failed.stderr  # rank 0, stopped by spawn, dies quietly
 
 
+# ----- accelerate launch: its torchrun agent starts `python -u accelerate_ddp.py` per rank ------
+@pytest.fixture(scope="module")
+def accelerate(tmp_path_factory) -> Job:
+    folder = tmp_path_factory.mktemp("accelerate") / "run"
+    return trainprof_run(
+        folder, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+        "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+        str(SCRIPTS / "accelerate_ddp.py"),
+    )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_accelerate_launch_ranks_profiled(accelerate: Job) -> None:
+    assert accelerate.code == 0, accelerate.stderr
+    assert "rank 0 of 2 done" in accelerate.stdout and "rank 1 of 2 done" in accelerate.stdout
+    assert accelerate.stdout.count(HEADER) == 1
+    for rank in (0, 1):
+        meta = accelerate.meta(f"trainprof.rank{rank}.json")
+        assert (meta["rank"], meta["world_size"], meta["status"]) == (rank, 2, "ok")
+        assert meta["window"]["recorded_steps"] == [2, 3] and len(meta["step_times_s"]) == 30
+        assert meta["script"].endswith("accelerate_ddp.py")
+    assert accelerate.meta("trainprof.json")["module"] == "accelerate.commands.launch"
+
+
 # ----- the script starts rank 1 itself; with python -E the hook cannot reach it ----------------
 @pytest.fixture(scope="module")
 def isolated(tmp_path_factory) -> Job:
