@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from trainprof.capture import child
 from trainprof.capture.child import new_rank
 from trainprof.capture.children import HOOK_ENV, STARTUP_DIR, ChildHook, unprofiled_note
 from trainprof.capture.config import ProfileConfig
@@ -232,6 +233,7 @@ def test_hook_failure_runs_the_rank_unprofiled(tmp_path) -> None:
 
 
 def test_new_rank_only_for_processes_that_are_ranks() -> None:
+    assert child.HOOK_ENV == HOOK_ENV  # child.py keeps its own copy to start up light
     top = {"ident": [None, None]}
     assert new_rank(top, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"}) == 1  # torchrun
     assert new_rank(top, {"LOCAL_RANK": "1", "WORLD_SIZE": "2"}) == 1  # Lightning's rank 1

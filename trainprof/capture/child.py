@@ -98,7 +98,10 @@ def _this_target() -> Any:
         if not orig or len(orig) <= len(sys.argv):
             return None
         module = orig[len(orig) - len(sys.argv)]
-        spec = importlib.util.find_spec(module.split(".")[0])  # the top package: no import
+        top = module.split(".")[0]
+        if top == "trainprof":
+            return None  # trainprof itself (a nested `trainprof run` sets up its own ranks)
+        spec = importlib.util.find_spec(top)  # the top package: no import
         if spec is not None and spec.origin and _installed(spec.origin):
             return None  # an installed tool (torch's compile workers, pip, ...)
         return resolve_target(None, module, args)

@@ -156,8 +156,9 @@ def _mark_done(registry: Path, pid: int) -> None:
 def _alive(pid: int) -> bool:
     """Still running. A child of this process that exited is a zombie until reaped: reap it."""
     try:
-        got, _ = os.waitpid(pid, os.WNOHANG)
-        return got == 0
+        if hasattr(os, "WNOHANG"):  # POSIX
+            got, _ = os.waitpid(pid, os.WNOHANG)
+            return got == 0
     except ChildProcessError:  # not our child (a grandchild), or its Popen reaped it
         pass
     except OSError:
