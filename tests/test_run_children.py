@@ -112,6 +112,16 @@ def test_spawn_profiles_every_rank(spawned: Job) -> None:
     assert "its ranks ran in the processes it started" in spawned.stderr
 
 
+@pytest.mark.slow
+def test_compare_takes_the_step_times_of_rank_0_not_the_launcher(spawned: Job) -> None:
+    from trainprof.compare import load_run, step_sample
+
+    run = load_run(spawned.folder)
+    assert run.meta is not None and run.meta.rank == 0
+    _, source, _ = step_sample(run)
+    assert source == "metadata"
+
+
 @pytest.fixture(scope="module")
 def spawn_failed(tmp_path_factory) -> Job:
     folder = tmp_path_factory.mktemp("spawnfail") / "run"
