@@ -89,34 +89,28 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
     where = folder.resolve()
     hook = ChildHook(where, cfg, opts.cuda_sync_events, opts.sync_debug, target) if top else None
     # SIGTERM (torchrun stopping the ranks after one failed) ends the script; saving goes on.
-    with sigterm_guard(), hook if hook is not None else contextlib.nullcontext():
-        result = Session(
-            target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
-        ).run()
-    meta, outcome = result.meta, result.outcome
-    files = _own_rank_files(where, files, meta)
-    job: dict[int, RunMeta] = {}
-    if hook is not None:
-        meta.notes += hook.wait(say)
-        job = {r: m for r, m in rank_metas(where).items() if r is not None}
-        if files.rank is not None:
-            job[files.rank] = meta
-        if job and meta.rank is None and meta.step_source == "none":
-            meta.notes = [n for n in meta.notes if not n.startswith("no training step found")]
-            meta.notes.append("this process ran no training step: its ranks ran in the "
-                              "processes it started")  # fmt: skip
-        world = max((m.world_size or 0 for m in [meta, *job.values()]), default=0)
-        note = unprofiled_note(job, world)
-        if note:
-            meta.notes.append(note)
-    write_meta(meta, where, files.meta)
-
+    with sigterm_guard():
+        with hook if hook is not None else contextlib.nullcontext():
+            result = Session(
+                target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
+            ).run()
+        meta, outcome = result.meta, result.outcome
+        files = _own_rank_files(where, files, meta)
+        write_meta(meta, where, files.meta)
     if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
         sys.stderr.write(outcome.message)
         sys.stderr.flush()
         hint = explain_exception(outcome.message)
         if hint:
             say(f"hint: {hint}")
+    job: dict[int, RunMeta] = {}
+    if hook is not None:  # after the script's traceback: the ranks may take a while to save
+        before = list(meta.notes)
+        job = _started_ranks(where, hook, meta, files)
+        if meta.notes != before:
+            with sigterm_guard():  # not armed: a SIGTERM waits for the metadata to be written
+                write_meta(meta, where, files.meta)
+
     tag = "" if files.rank is None else f"rank {files.rank}: "
     for note in meta.notes:
         say(f"{tag}note: {note}")
@@ -146,6 +140,26 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
         say(step_summary(meta))
     say_where(folder)
     return outcome.exit_code
+
+
+def _started_ranks(
+    folder: Path, hook: ChildHook, meta: RunMeta, files: RunFiles
+) -> dict[int, RunMeta]:
+    """Wait for the ranks the script started; every rank's metadata by rank (this process's
+    too when it is one). Notes on `meta`: ranks that did not save, ranks not profiled."""
+    meta.notes += hook.wait(say)
+    job: dict[int, RunMeta] = {r: m for r, m in rank_metas(folder).items() if r is not None}
+    if files.rank is not None:
+        job[files.rank] = meta
+    if job and meta.rank is None and meta.step_source == "none":
+        meta.notes = [n for n in meta.notes if not n.startswith("no training step found")]
+        meta.notes.append("this process ran no training step: its ranks ran in the processes "
+                          "it started")  # fmt: skip
+    world = max((m.world_size or 0 for m in [meta, *job.values()]), default=0)
+    note = unprofiled_note(job, world)
+    if note:
+        meta.notes.append(note)
+    return job
 
 
 def _own_rank_files(folder: Path, files: RunFiles, meta: RunMeta) -> RunFiles:
