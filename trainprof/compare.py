@@ -150,10 +150,11 @@ class RunInput:
 
 
 def _folder_meta(folder: Path) -> RunMeta | None:
-    """trainprof.json, else the lowest rank's trainprof.rank<R>.json."""
-    meta = read_meta(folder / META_NAME)
-    if meta is not None:
-        return meta
+    """trainprof.json, else the lowest rank's trainprof.rank<R>.json (also when trainprof.json
+    is that of a process that only started the ranks: no step of its own)."""
+    launcher = read_meta(folder / META_NAME)
+    if launcher is not None and launcher.step_times_s:
+        return launcher
     ranked = []
     for p in folder.glob("trainprof.rank*.json"):
         m = re.fullmatch(r"trainprof\.rank(\d+)\.json", p.name)
@@ -163,7 +164,7 @@ def _folder_meta(folder: Path) -> RunMeta | None:
         meta = read_meta(p)
         if meta is not None:
             return meta
-    return None
+    return launcher
 
 
 def load_run(path: Path) -> RunInput:

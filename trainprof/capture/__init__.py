@@ -5,6 +5,9 @@ Modules, one job each:
 * runner     RunOptions, run_script: checks the request, runs a Session, writes metadata, reports
 * distributed --nproc-per-node: every rank through torchrun, one folder, failures, merged report
 * worker     `python -m trainprof.capture.worker`: torchrun's program, one rank under the engine
+* children   ranks the script's framework starts itself: the start-up hook's environment, waiting
+* child      run at start-up in those processes (startup/sitecustomize.py): profiles the ranks
+* rankfiles  the ranks' metadata files in a run folder: which saved, which failed first
 * session    one capture: installs everything, runs the script, saves, builds RunMeta
 * launch     runs the script / -m module like python; exit codes; trimmed tracebacks
 * config     schedule and options: default.toml, --config, flags

@@ -26,7 +26,6 @@ the node launched with --node-rank 0 prints the diagnosis.
 
 from __future__ import annotations
 
-import datetime
 import os
 import re
 import shlex
@@ -39,18 +38,16 @@ from pathlib import Path
 from trainprof.capture.config import ProfileConfig, load_config
 from trainprof.capture.launch import Target, resolve_target
 from trainprof.capture.progress import Progress
+from trainprof.capture.rankfiles import failures, rank_metas
 from trainprof.capture.rundir import SHARED_ENV, RunFiles, prepare_run_dir
 from trainprof.capture.runner import RunOptions, diagnose_run, env_rank, say_where
 from trainprof.capture.session import say
 from trainprof.capture.summary import step_summary
 from trainprof.errors import TrainprofError
-from trainprof.ranks.fold import rank_list
-from trainprof.runmeta import META_NAME, RunMeta, read_meta
 
 WORKER = "trainprof.capture.worker"
 _NPROC = re.compile(r"[1-9]\d*|auto|cpu|gpu|xpu")  # what torchrun's --nproc-per-node takes
 _NNODES = re.compile(r"[1-9]\d*(:[1-9]\d*)?")
-_META = re.compile(r"trainprof\.rank(\d+)\.json")
 
 
 @dataclass
@@ -200,56 +197,3 @@ def _wait(proc: subprocess.Popen) -> int:
                 say("waiting for torchrun to stop the ranks (they save their traces)")
     finally:
         signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
-
-
-def rank_metas(folder: Path) -> dict[int | None, RunMeta]:
-    """Each rank's metadata by rank (None: trainprof.json, a job of one process)."""
-    out: dict[int | None, RunMeta] = {}
-    for path in folder.iterdir():
-        m = _META.fullmatch(path.name)
-        if m or path.name == META_NAME:
-            meta = read_meta(path)
-            if meta is not None:
-                out[int(m.group(1)) if m else None] = meta
-    return out
-
-
-def _ended(meta: RunMeta) -> float:
-    """When the script ended (seconds since the epoch), for ordering the ranks' failures."""
-    try:
-        start = datetime.datetime.fromisoformat(meta.started_at).timestamp()
-    except ValueError:
-        return float("inf")
-    return start + meta.wall_time_s
-
-
-def failures(
-    metas: dict[int | None, RunMeta], world: int | None, torchrun_code: int
-) -> tuple[list[str], int]:
-    """One line per failed or missing rank (first failure first) and the exit code to return."""
-    if world is None:
-        world = next((m.world_size for m in metas.values() if m.world_size), None)
-    failed = sorted(
-        ((r, m) for r, m in metas.items() if m.exit_code != 0),
-        key=lambda rm: (_ended(rm[1]), -1 if rm[0] is None else rm[0]),
-    )
-    lines = []
-    for i, (r, m) in enumerate(failed):
-        rank = r if r is not None else m.rank  # a job of one process: trainprof.json
-        who = "the script" if rank is None else f"rank {rank}"
-        why = ["stopped by a signal"] if m.status == "interrupted" else []
-        if i == 0 and len(failed) > 1 and any(x.status != "interrupted" for _, x in failed):
-            why.append("the first to fail")
-        lines.append(f"{who} exited with code {m.exit_code}" + (f" ({'; '.join(why)})" * bool(why)))
-    if world and world > 1 and torchrun_code != 0:
-        missing = [r for r in range(world) if r not in metas]
-        if missing:
-            lines.append(
-                f"rank{'s' if len(missing) > 1 else ''} {rank_list(missing)} left no metadata: "
-                "killed before saving (see torchrun's summary above)"
-            )
-    if torchrun_code == 0:
-        return lines, 0
-    if not lines:
-        lines.append(f"torchrun exited with code {torchrun_code}")
-    return lines, failed[0][1].exit_code if failed else torchrun_code

@@ -12,8 +12,8 @@ import signal
 import sys
 import threading
 import traceback
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
@@ -28,6 +28,8 @@ class Target:
     """What to run. `path` is the file (the module's file for -m); `path0` goes to sys.path[0].
 
     `command` re-runs it with python: [script, *args] or ["-m", module, *args].
+    `call`: a function to run instead (a rank a framework spawned runs a function of the script,
+    not the script); `started` becomes True once the script or function was entered.
     """
 
     argv0: str
@@ -37,6 +39,8 @@ class Target:
     stem: str
     module: str | None = None
     user_roots: list[str] = field(default_factory=list)
+    call: Callable[[], object] | None = None
+    started: bool = False
 
     @property
     def command(self) -> list[str]:
@@ -165,6 +169,8 @@ def _module_target(module: str, args: list[str]) -> Target:
 
 def run_target(target: Target) -> Outcome:
     """Run it as __main__ with its own argv and sys.path[0]; never raises for the script's sake."""
+    if target.call is not None:
+        return _run_call(target)
     saved_argv = sys.argv
     saved_path0 = sys.path[0] if sys.path else None
     sys.argv = [target.argv0, *target.args]
@@ -174,6 +180,7 @@ def run_target(target: Target) -> Outcome:
         sys.path.append(target.path0)
     saved_hook = sys.excepthook
     _sigterm["armed"] = True
+    target.started = True
     try:
         if target.module:
             target.path = _module_file(target.module) or target.path
@@ -233,6 +240,29 @@ def _uncaught(exc: BaseException, outcome: Outcome, saved_hook: object) -> Outco
             f"Original exception was:\n{format_exception(exc)}"
         )
     return outcome
+
+
+def _run_call(target: Target) -> Outcome:
+    """Run target.call. The caller re-raises what it raised (its own machinery reports it), so
+    the outcome carries no message."""
+    assert target.call is not None
+    _sigterm["armed"] = True
+    target.started = True
+    try:
+        target.call()
+        return Outcome(0, "ok")
+    except SystemExit as exc:
+        return replace(_system_exit(exc), message=None)
+    except MaxStepsReached as exc:  # trainprof ended it: a normal end
+        return Outcome(0, "ok", note=str(exc))
+    except KeyboardInterrupt as exc:
+        return Outcome(130, "interrupted", None, format_exception(exc, False))
+    except Terminated as exc:
+        return Outcome(143, "interrupted", None, format_exception(exc, False))
+    except BaseException as exc:  # noqa: BLE001
+        return Outcome(1, "error", None, format_exception(exc, False))
+    finally:
+        _sigterm["armed"] = False
 
 
 def _module_file(name: str) -> str | None:

@@ -217,3 +217,15 @@ def distributed() -> tuple[int | None, int | None]:
     if rank is not None and world is not None and rank.isdigit() and world.isdigit():
         return int(rank), int(world)
     return None, None
+
+
+def live_rank() -> tuple[int, int] | None:
+    """(rank, world size) while torch.distributed is initialized with more than one rank."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    return None

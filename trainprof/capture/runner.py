@@ -10,6 +10,7 @@ all ranks share and never diagnoses: the other ranks may still be running. Under
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -17,9 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainprof.capture.children import ChildHook, unprofiled_note
 from trainprof.capture.config import load_config
-from trainprof.capture.launch import resolve_target, sigterm_guard
+from trainprof.capture.launch import Target, resolve_target, sigterm_guard
 from trainprof.capture.progress import Progress
+from trainprof.capture.rankfiles import failures, rank_metas
 from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
 from trainprof.capture.session import Session, say
 from trainprof.capture.summary import step_summary
@@ -40,6 +43,7 @@ class RunOptions:
     cuda_sync_events: bool = False
     sync_debug: bool = False
     diagnose: bool = True
+    rank: int | None = None  # expected rank where the environment does not tell (child.py)
 
 
 def env_rank() -> int | None:
@@ -52,16 +56,27 @@ def env_rank() -> int | None:
 
 def run_script(opts: RunOptions) -> int:
     """Run the script under the profiler and report; returns the script's exit code."""
-    target = resolve_target(opts.script, opts.module, list(opts.script_args))
+    return run_resolved(resolve_target(opts.script, opts.module, list(opts.script_args)), opts)
+
+
+def run_resolved(target: Target, opts: RunOptions) -> int:
+    """run_script for a resolved target (a rank a framework started runs its own, see child.py).
+
+    The process `trainprof run` started (no rank, no shared folder) also profiles the ranks its
+    script starts (children.py), waits for them, and reports for all of them."""
     cfg = load_config(opts.config, opts.overrides)
     rank = env_rank()
+    if rank is None:
+        rank = opts.rank
     files = RunFiles(rank)
     shared = shared_run_dir(opts.out)  # prepared by a launching trainprof, which reports
+    top = rank is None and shared is None
     if shared is not None:
         folder = shared
     else:
         out = opts.out if opts.out is not None or rank is None else rank_run_dir(target.stem)
-        folder = prepare_run_dir(out, target.stem, opts.force, files)
+        # The top process owns the rank files too: the ranks its script starts write them.
+        folder = prepare_run_dir(out, target.stem, opts.force, RunFiles(rank, job=top))
     progress = Progress()
     if rank is not None or shared is not None:
         progress.enabled = False  # several ranks on one terminal: no spinners
@@ -72,17 +87,19 @@ def run_script(opts: RunOptions) -> int:
     )
     # Absolute from here on: scripts may chdir (Hydra does) before the trace is written.
     where = folder.resolve()
+    hook = ChildHook(where, cfg, opts.cuda_sync_events, opts.sync_debug, target) if top else None
     # SIGTERM (torchrun stopping the ranks after one failed) ends the script; saving goes on.
     with sigterm_guard():
-        result = Session(
-            target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
-        ).run()
+        with hook if hook is not None else contextlib.nullcontext():
+            result = Session(
+                target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
+            ).run()
         meta, outcome = result.meta, result.outcome
+        files = _own_rank_files(where, files, meta)
         try:
             write_meta(meta, where, files.meta)
         except OSError as err:  # disk full: say so; the script's exit code stands
             say(f"could not write {where / files.meta}: {err.strerror or err}")
-
     if outcome.message:  # what Python would have printed: traceback or sys.exit("text")
         sys.stderr.write(outcome.message)
         sys.stderr.flush()
@@ -90,7 +107,18 @@ def run_script(opts: RunOptions) -> int:
     hint = explain_exception(outcome.message or outcome.detail or "")
     if hint:
         say(f"hint: {hint}")
-    tag = "" if rank is None else f"rank {rank}: "
+    job: dict[int, RunMeta] = {}
+    if hook is not None:  # after the script's traceback: the ranks may take a while to save
+        before = list(meta.notes)
+        job = _started_ranks(where, hook, meta, files)
+        if meta.notes != before:
+            with sigterm_guard():  # not armed: a SIGTERM waits for the metadata to be written
+                try:
+                    write_meta(meta, where, files.meta)
+                except OSError as err:
+                    say(f"could not write {where / files.meta}: {err.strerror or err}")
+
+    tag = "" if files.rank is None else f"rank {files.rank}: "
     for note in meta.notes:
         say(f"{tag}note: {note}")
     if shared is not None:
@@ -103,7 +131,17 @@ def run_script(opts: RunOptions) -> int:
                 f"trainprof diagnose {shlex.quote(str(folder))}"
             )
         return outcome.exit_code
-    if opts.diagnose:
+    if len(job) > 1 or (job and files.rank is None):  # ranks the script started: one report
+        lines, _ = failures(dict(job), None, 0)
+        for line in lines:
+            say(line)
+        summaries = [f"rank {r}: {step_summary(m)}" for r, m in sorted(job.items())]
+        if opts.diagnose:
+            diagnose_run(where, job[min(job)], summaries, any(m.traces for m in job.values()))
+        else:
+            for line in summaries:
+                say(line)
+    elif opts.diagnose:
         # trainprof's window was cut short by the script's own profiler (user_traces are only
         # listed then): diagnose the script's trace instead.
         w = meta.window
@@ -114,6 +152,39 @@ def run_script(opts: RunOptions) -> int:
         say(step_summary(meta))
     say_where(folder)
     return outcome.exit_code
+
+
+def _started_ranks(
+    folder: Path, hook: ChildHook, meta: RunMeta, files: RunFiles
+) -> dict[int, RunMeta]:
+    """Wait for the ranks the script started; every rank's metadata by rank (this process's
+    too when it is one). Notes on `meta`: ranks that did not save, ranks not profiled."""
+    meta.notes += hook.wait(say)
+    job: dict[int, RunMeta] = {r: m for r, m in rank_metas(folder).items() if r is not None}
+    if files.rank is not None:
+        job[files.rank] = meta
+    if job and meta.rank is None and meta.step_source == "none":
+        meta.notes = [n for n in meta.notes if not n.startswith("no training step found")]
+        meta.notes.append("this process ran no training step: its ranks ran in the processes "
+                          "it started")  # fmt: skip
+    world = max((m.world_size or 0 for m in [meta, *job.values()]), default=0)
+    note = unprofiled_note(job, world)
+    if note:
+        meta.notes.append(note)
+    return job
+
+
+def _own_rank_files(folder: Path, files: RunFiles, meta: RunMeta) -> RunFiles:
+    """The files of the rank this process turned out to be (torch.distributed said so while the
+    script ran: rank 0 of a Lightning job, a rank a framework started); its log renamed."""
+    if meta.rank is None or not meta.world_size or meta.world_size < 2 or meta.rank == files.rank:
+        return files
+    found = RunFiles(meta.rank)
+    try:
+        os.replace(folder / files.log, folder / found.log)
+    except OSError:
+        return files
+    return found
 
 
 def say_where(folder: Path) -> None:

@@ -133,7 +133,12 @@ class Session:
         cuda = CudaFlags(self.cuda_sync_events, self.sync_debug, user)
         noise.add_warning_tap(cuda.tap)
         # Unbounded windows (repeat = 0) are written as they close, the others after the script.
-        writer = TraceWriter(self.folder, worker_name(self.target.stem, self.rank), cfg.repeat > 0)
+        writer = TraceWriter(
+            self.folder,
+            worker_name(self.target.stem, self.rank),
+            cfg.repeat > 0,
+            metadata.live_rank,
+        )
         prof = make_profiler(cfg, writer, cuda.activities(), cuda.experimental_config())
         patches = Patches()
         collector = MetaCollector(patches, user)
@@ -188,6 +193,8 @@ class Session:
         if outcome.detail:
             noise.write_log("the script's traceback, untrimmed:\n" + outcome.detail)
         rank, world = metadata.distributed()
+        if rank is None and writer.rank is not None:  # process group already destroyed
+            rank, world = writer.rank, writer.world_size
         meta = RunMeta(
             **metadata.environment(),
             script=self.target.path,

@@ -15,6 +15,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,8 @@ def worker_name(stem: str, rank: int | None) -> str:
 class _Cycle:
     """One finished window, exported later; quacks like the profiler for the trace handler."""
 
-    def __init__(self, prof: Any) -> None:
+    def __init__(self, prof: Any, worker: str) -> None:
+        self.worker = worker  # the name decided when the window closed (the rank is known then)
         self.profiler = prof.profiler  # the autograd profile holding this window's results
         self.metadata = dict(getattr(prof, "_trace_metadata", {}) or {})
 
@@ -62,27 +64,47 @@ class _Cycle:
 
 
 class TraceWriter:
-    """`on_trace_ready` for the profiler; `flush()` writes deferred windows; `files` lists them."""
+    """`on_trace_ready` for the profiler; `flush()` writes deferred windows; `files` lists them.
 
-    def __init__(self, folder: Path, worker: str, defer: bool) -> None:
+    `live_rank` (optional) tells (rank, world size) of the process when torch.distributed is
+    initialized: a process whose rank was not known at start (rank 0 of a Lightning DDP job, a
+    rank a framework started) names its traces `rank<R>` from the window that shows it one."""
+
+    def __init__(
+        self,
+        folder: Path,
+        worker: str,
+        defer: bool,
+        live_rank: Callable[[], tuple[int, int] | None] | None = None,
+    ) -> None:
         self.folder = folder
         self.defer = defer
         self.worker = worker
-        self.handler = tensorboard_trace_handler(str(folder), worker_name=worker, use_gzip=True)
+        self.live_rank = live_rank
+        self.rank: int | None = None  # found by live_rank
+        self.world_size: int | None = None
         self.pending: list[_Cycle] = []
         self.files: list[str] = []
         self.errors: list[str] = []
 
-    def __call__(self, prof: Any) -> None:
-        if self.defer and not getattr(prof, "_use_cupti_monitor", False):  # cupti: export now
-            self.pending.append(_Cycle(prof))
-        else:
-            self._write(prof)
+    def _current_worker(self) -> str:
+        found = self.live_rank() if self.live_rank is not None else None
+        if found is not None:
+            self.rank, self.world_size = found
+            self.worker = worker_name("", self.rank)
+        return self.worker
 
-    def _write(self, prof: Any) -> None:
+    def __call__(self, prof: Any) -> None:
+        worker = self._current_worker()
+        if self.defer and not getattr(prof, "_use_cupti_monitor", False):  # cupti: export now
+            self.pending.append(_Cycle(prof, worker))
+        else:
+            self._write(prof, worker)
+
+    def _write(self, prof: Any, worker: str) -> None:
         before = set(os.listdir(self.folder))
         try:
-            self.handler(prof)
+            tensorboard_trace_handler(str(self.folder), worker_name=worker, use_gzip=True)(prof)
         except Exception as err:  # disk full, ...: the run still ends normally
             self.errors.append(f"could not write a trace: {type(err).__name__}: {err}")
             for name in set(os.listdir(self.folder)) - before:  # a truncated file is no trace
@@ -91,11 +113,12 @@ class TraceWriter:
                         (self.folder / name).unlink()
         # Only this worker's files: the other ranks of a distributed run write into this folder.
         new = set(os.listdir(self.folder)) - before
-        self.files += sorted(n for n in new if n.startswith(self.worker + "."))
+        self.files += sorted(n for n in new if n.startswith(worker + "."))
 
     def flush(self) -> None:
         while self.pending:
-            self._write(self.pending.pop(0))
+            cycle = self.pending.pop(0)
+            self._write(cycle, cycle.worker)
 
 
 def make_profiler(
