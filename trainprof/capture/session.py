@@ -121,6 +121,7 @@ class Session:
         collector = MetaCollector(patches, user)
         cycle = cfg.wait + cfg.warmup + cfg.active
         stepper = Stepper(prof, last_step=cycle * cfg.repeat - 1 if cfg.repeat else None)
+        collector.watch_steps(lambda: len(stepper.step_times))
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
@@ -189,6 +190,7 @@ class Session:
             rank=rank if rank is not None else self.rank,
             world_size=world,
             sync_warnings=cuda.sync_warnings(),
+            dynamo=collector.dynamo_info(),
         )
         meta.notes = cuda.notes + self._capture_notes(meta, steps.open_step)
         meta.notes += [f"profiler failed: {e}" for e in (steps.profiler_error, save_error) if e]

@@ -10,7 +10,14 @@ from rich.table import Table
 from rich.text import Text
 
 from trainprof.analysis.model import Diagnosis, Finding
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_header,
+    saving_text,
+    step_line,
+    title_of,
+)
 
 _SEV_STYLE = {"high": "bold red", "medium": "yellow", "low": "cyan", "info": "dim"}
 
@@ -23,9 +30,12 @@ def findings_table(
     findings: list[Finding],
     where_title: str = "where",
     where: Callable[[Finding], str] = lambda f: f.location or "-",
+    basis: str | None = None,
 ) -> Table:
     """The ranked findings; `where` fills the location column (multi-rank adds the ranks)."""
-    table = Table(show_lines=True, expand=True, pad_edge=False)
+    # The basis heads the table: in the narrow saving column it would wrap over many lines.
+    table = Table(show_lines=True, expand=True, pad_edge=False, title=basis,
+                  title_justify="right", title_style="")
     table.add_column("#", justify="right", width=2, no_wrap=True)
     table.add_column("sev", width=6, no_wrap=True)
     table.add_column("finding and evidence", ratio=5)
@@ -57,7 +67,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     for note in d.notes:
         console.print(Text(f"Note: {note}", style="dim"))
     if d.findings:
-        console.print(findings_table(d.findings))
+        console.print(findings_table(d.findings, basis=saving_header(d).capitalize()))
     else:
         console.print("No problems found.")
 

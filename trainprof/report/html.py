@@ -14,7 +14,7 @@ from trainprof.analysis.breakdown import CPU_CATEGORIES, GPU_CATEGORIES
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.report import svg
 from trainprof.report.per_step import PerStep
-from trainprof.report.text import device_line, saving_text, step_line, title_of
+from trainprof.report.text import device_line, saving_header, saving_text, step_line, title_of
 from trainprof.runmeta import RunMeta
 
 COLORS = {
@@ -201,6 +201,7 @@ def diagnosis_html(item: ReportItem) -> str:
         f"<p><b>Device:</b> {_e(device_line(d))}<br><b>Steps:</b> {_e(step_line(d))}</p>",
         breakdown_chart(item),
         f"<h3>Findings ({len(d.findings)})</h3>",
+        f'<p class="meta">{_e(saving_header(d).capitalize())}</p>',
     ]
     if d.findings:
         parts += [finding_html(i, f) for i, f in enumerate(d.findings, 1)]

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from trainprof.analysis.model import Diagnosis
-from trainprof.report.text import breakdown_line, device_line, saving_text, step_line, title_of
+from trainprof.report.text import (
+    breakdown_line,
+    device_line,
+    saving_header,
+    saving_text,
+    step_line,
+    title_of,
+)
 
 
 def _cell(s: str | None) -> str:
@@ -14,7 +21,7 @@ def findings_markdown(d: Diagnosis) -> str:
     if not d.findings:
         return "No problems found.\n"
     rows = [
-        "| # | severity | finding | evidence | where | fix | est. saving |",
+        f"| # | severity | finding | evidence | where | fix | {saving_header(d)} |",
         "|---|---|---|---|---|---|---|",
     ]
     for i, f in enumerate(d.findings, 1):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from trainprof.analysis.model import Diagnosis, Finding
+from trainprof.analysis.model import BASIS_UNPROFILED, Diagnosis, Finding
 
 
 def device_line(d: Diagnosis) -> str:
@@ -38,6 +38,18 @@ def saving_text(f: Finding) -> str:
     if f.est_saving_ms_per_step <= 0:
         return "-"
     return f"{f.est_saving_ms_per_step:.2f} ms/step ({f.est_saving_pct:.1f} %)"
+
+
+def basis_text(d: Diagnosis) -> str:
+    """The step the est. savings are shares of, for column and summary headers."""
+    b = d.saving_basis
+    if b.kind == BASIS_UNPROFILED:
+        return f"unprofiled step, median {b.step_ms:.1f} ms"
+    return f"profiled step, mean {b.step_ms:.1f} ms"
+
+
+def saving_header(d: Diagnosis) -> str:
+    return f"est. saving per step ({basis_text(d)})"
 
 
 def title_of(d: Diagnosis) -> str:

@@ -19,7 +19,8 @@ The profiler itself slows the recorded steps, Python-heavy fetches (with_stack t
 Python call) far more than compute: when the run metadata has the unprofiled step times, the
 difference (profiled mean step minus unprofiled median step) is taken off F and M in proportion
 to the events the profiler recorded in each, before the estimate above; the saving is then a
-share of the unprofiled step.
+share of the unprofiled step (the step the engine states every saving on for such runs), and
+its evidence gives that step's milliseconds.
 The suggested `num_workers` is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
 """
@@ -86,7 +87,8 @@ def check(ctx: Context) -> list[Finding]:
         step, f, m = _unprofiled(ctx, fetch)
         fixed_step = max(m, (f + m * min(threads, cpus)) / cpus)
         shrink = (step, fixed_step)
-        # As a share of the unprofiled step, expressed in the profiled step's units.
+        # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
+        # takes them): the engine states it in ms of the unprofiled step, as the evidence does.
         saving = max(step - fixed_step, 0.0) / step * ctx.mean_step_us
     else:
         saving = fetch
