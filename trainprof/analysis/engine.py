@@ -44,7 +44,7 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
     budget = step_ms
     for f in sorted(findings, key=lambda f: -f.est_saving_ms_per_step):
         if f.est_saving_ms_per_step > budget:
-            scale = budget / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
+            scale = max(budget, 0.0) / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
             f.est_saving_ms_per_step = round(max(budget, 0.0), 3)
             f.est_saving_pct = round(f.est_saving_pct * scale, 2)
             if f.severity != "low" or f.est_saving_pct > 0:

@@ -18,7 +18,8 @@ larger of the two. Without metadata (a bare trace) it is F, an upper bound, and 
 The profiler itself slows the recorded steps, Python-heavy fetches (with_stack traces every
 Python call) far more than compute: when the run metadata has the unprofiled step times, the
 difference (profiled mean step minus unprofiled median step) is taken off F and M in proportion
-to the events the profiler recorded in each, before the estimate above; the saving is then a
+to the events the profiler recorded in each (when the recorded steps were no slower, F keeps
+its share of the step), before the estimate above; the saving is then a
 share of the unprofiled step (the step the engine states every saving on for such runs), and
 its evidence gives that step's milliseconds.
 The suggested `num_workers` is the number of workers needed to produce one batch per
@@ -60,7 +61,10 @@ def _unprofiled(ctx: Context, fetch: float) -> tuple[float, float, float]:
         return step, fetch, step - fetch
     overhead = step - plain
     if overhead <= 0:
-        return step, fetch, step - fetch
+        # The recorded steps were no slower (a noisy machine): nothing to take off; the fetch
+        # keeps its share, of the unprofiled step the saving is stated on.
+        f = fetch / step * plain if step > 0 else 0.0
+        return plain, f, max(plain - f, 1.0)
     tr = ctx.trace
     ev = np.flatnonzero(np.isin(tr.kind, (Kind.PYTHON, Kind.CPU_OP)))
     ev = ev[ctx.in_windows(ev)]
