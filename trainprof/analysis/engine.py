@@ -70,11 +70,25 @@ def saving_basis(ctx: Context) -> SavingBasis:
 def on_basis(findings: list[Finding], basis: SavingBasis) -> None:
     """Rules state savings as a share of the profiled step (`est_saving_pct`, with ms of that
     step); re-express every saving in ms of the basis step, so that ms and % always agree with
-    it. The one place this conversion happens."""
+    it. The one place this conversion happens (also for a multi-rank job's findings). A
+    profiled basis is the rules' own step: nothing changes."""
     if basis.kind == BASIS_PROFILED:
         return
     for f in findings:
         f.est_saving_ms_per_step = round(f.est_saving_pct / 100.0 * basis.step_ms, 3)
+
+
+def job_basis(bases: list[SavingBasis], job_step_ms: float) -> SavingBasis:
+    """Several ranks: the median of their unprofiled steps when every rank has one, else the
+    job's profiled step (median over ranks of the mean step)."""
+    if bases and all(b.kind == BASIS_UNPROFILED for b in bases):
+        return SavingBasis(
+            kind=BASIS_UNPROFILED,
+            step_ms=round(float(np.median([b.step_ms for b in bases])), 3),
+            steps=min(b.steps for b in bases),
+        )
+    return SavingBasis(kind=BASIS_PROFILED, step_ms=round(job_step_ms, 3),
+                       steps=min((b.steps for b in bases), default=0))
 
 
 def basis_note(basis: SavingBasis, profiled_ms: float) -> str | None:

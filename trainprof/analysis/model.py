@@ -137,3 +137,4 @@ class MultiRankDiagnosis(msgspec.Struct, kw_only=True):
     findings: list[Finding] = []
     notes: list[str] = []
     diagnoses: list[Diagnosis] = []  # each rank's own diagnosis, unfolded, in rank order
+    saving_basis: SavingBasis = msgspec.field(default_factory=SavingBasis)  # of `findings`
