@@ -48,6 +48,19 @@ def folder(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def covered(tmp_path_factory) -> list[dict]:
+    """The same script with a window that records steps 19-21: the trace holds the recompile."""
+    out = tmp_path_factory.mktemp("compile") / "covered"
+    window = ["--wait", "17", "--warmup", "2", "--active", "3"]
+    done = trainprof("run", "--out", str(out), "--no-diagnose", *window, str(SCRIPT), "23",
+                     "--graph-break")
+    assert done.returncode == 0, done.stderr
+    done = trainprof("diagnose", str(out), "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["findings"]
+
+
+@pytest.fixture(scope="module")
 def meta(folder: Path) -> dict:
     return json.loads((folder / "trainprof.json").read_text())
 
@@ -97,6 +110,13 @@ def test_compile_recompile_reports_them_at_the_compiled_call(findings: list[dict
     assert f"compile_recompile.py:{line_of('BREAK_LINE')}" in f["evidence"]
     # One shape change: a one-off, no per-step saving claimed.
     assert (f["severity"], f["est_saving_ms_per_step"]) == ("low", 0.0)
+
+
+def test_a_recompile_in_the_window_is_placed_at_the_compiled_call(covered: list[dict]) -> None:
+    (f,) = [f for f in covered if f["rule"] == "compile-recompile"]
+    assert f["metrics"]["recompiles"] == 2  # seen in the trace, frames 0 and 1
+    assert f["location"].endswith(f"compile_recompile.py:{line_of('COMPILED_CALL')}")
+    assert "expected 16, actual 12" in f["evidence"]
 
 
 # ---- launch-bound on compiled code ------------------------------------------------------------

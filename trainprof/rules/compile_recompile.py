@@ -127,12 +127,13 @@ def _breaks_text(info: DynamoInfo) -> str:
     at = sorted({
         f"{m.group(3)}:{m.group(2)}" for e in info.events if (m := RESUME.match(e.function))
     })
-    text = f"{info.graph_breaks} graph break{'s' if info.graph_breaks != 1 else ''}"
+    n = info.graph_breaks
+    text = f"Dynamo hit a graph break {n} time{'s' if n != 1 else ''} while compiling"
     if at:
-        text += " at " + ", ".join(at[:3])
+        text += f" (at {', '.join(at[:3])}{', ...' if len(at) > 3 else ''})"
     if reasons:
-        text += " (" + "; ".join(f"'{r}'" for r, _ in reasons.most_common(2)) + ")"
-    return text + ": each splits the compiled region and runs the code between eagerly."
+        text += ": " + "; ".join(f"'{r}'" for r, _ in reasons.most_common(2))
+    return text + ". A graph break splits the compiled region and runs the code between eagerly."
 
 
 def _call_site(events: list[CompileEvent]) -> str | None:
@@ -182,7 +183,7 @@ def _from_meta(ctx: Context, info: DynamoInfo) -> list[Finding]:
             finding(
                 ctx,
                 rule="compile-recompile",
-                title=f"torch.compile graph breaks: {info.graph_breaks}",
+                title=f"torch.compile graph breaks ({info.graph_breaks} while compiling)",
                 evidence=_breaks_text(info) + " No saving is claimed here: the eager code "
                 "between the graphs is costed by the other findings.",
                 fix=FIX,
