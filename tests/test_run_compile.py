@@ -14,10 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from trainprof.analysis.engine import analyze
-from trainprof.runmeta import Flags, RunMeta
+from trainprof.runmeta import Flags, RunMeta, read_meta
 from trainprof.trace.load import load_trace
 
 pytestmark = pytest.mark.slow  # one `trainprof run` with two Dynamo compiles: ~10-30 s
@@ -110,6 +111,27 @@ def test_compile_recompile_reports_them_at_the_compiled_call(findings: list[dict
     assert f"compile_recompile.py:{line_of('BREAK_LINE')}" in f["evidence"]
     # One shape change: a one-off, no per-step saving claimed.
     assert (f["severity"], f["est_saving_ms_per_step"]) == ("low", 0.0)
+
+
+def test_recurring_recompiles_claim_their_compile_time_per_step(folder: Path) -> None:
+    """The same run, as if the shape had changed in three steps (the recompiles copied to steps
+    21 and 22): the saving is their compile time over the steps run, on the saving basis."""
+    meta = read_meta(folder)
+    re = [e for e in meta.dynamo.events if e.recompile]
+    again = [msgspec.structs.replace(e, step=s) for s in (21, 22) for e in re]
+    meta.dynamo.events += again
+    meta.dynamo.recompiles += len(again)
+    (trace,) = folder.glob("*.pt.trace.json.gz")
+    d = analyze(load_trace(trace), meta, select=["compile-recompile"])
+    (f,) = d.findings
+    secs = 3 * sum(e.duration_s for e in re)
+    per_step_ms = 1000 * secs / len(meta.step_times_s)
+    assert f.severity != "low" and "They recur" in f.evidence
+    assert d.saving_basis.kind == "unprofiled"
+    assert f.est_saving_ms_per_step == pytest.approx(min(per_step_ms, d.saving_basis.step_ms),
+                                                     rel=0.01)
+    assert f.est_saving_ms_per_step / d.saving_basis.step_ms == pytest.approx(
+        f.est_saving_pct / 100, abs=2e-4)
 
 
 def test_a_recompile_in_the_window_is_placed_at_the_compiled_call(covered: list[dict]) -> None:

@@ -162,8 +162,11 @@ def _from_meta(ctx: Context, info: DynamoInfo) -> list[Finding]:
                 f"{per_step / 1000:.2f} ms per step on average."
             )
         else:
-            evidence += " One-off (automatic dynamic shapes settle after a new shape): no "\
-                "per-step saving is claimed."
+            evidence += (
+                f" They happened in {len(steps)} step{'s' if len(steps) != 1 else ''} only "
+                "(automatic dynamic shapes settle after a new shape): not a per-step cost, no "
+                "saving is claimed."
+            )
         return [
             finding(
                 ctx,
