@@ -51,6 +51,7 @@ from trainprof.rules._util import finding, ms
 from trainprof.rules.optimizer_foreach import claim
 from trainprof.runmeta import CompileEvent, DynamoInfo
 from trainprof.trace import intervals as iv
+from trainprof.trace.frames import display_location
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import enclosing
 
@@ -117,15 +118,14 @@ def _run_wide(info: DynamoInfo) -> tuple[list[CompileEvent], str]:
             text += " Guard failures: " + "; ".join(
                 f"'{r}'" + (f" x{n}" if n > 1 else "") for r, n in reasons.most_common(3)
             ) + "."
-    if info.graph_breaks:
-        text += (" " if text else "") + _breaks_text(info)
     return re_events, text
 
 
 def _breaks_text(info: DynamoInfo) -> str:
     reasons = Counter(r for e in info.events for r in e.break_reasons)
     at = sorted({
-        f"{m.group(3)}:{m.group(2)}" for e in info.events if (m := RESUME.match(e.function))
+        display_location(f"{m.group(3)}:{m.group(2)}")
+        for e in info.events if (m := RESUME.match(e.function))
     })
     n = info.graph_breaks
     text = f"Dynamo hit a graph break {n} time{'s' if n != 1 else ''} while compiling"
@@ -167,6 +167,8 @@ def _from_meta(ctx: Context, info: DynamoInfo) -> list[Finding]:
                 "(automatic dynamic shapes settle after a new shape): not a per-step cost, no "
                 "saving is claimed."
             )
+        if info.graph_breaks:
+            evidence += " " + _breaks_text(info)
         return [
             finding(
                 ctx,
@@ -276,6 +278,8 @@ def check(ctx: Context) -> list[Finding]:
         re_events, text = _run_wide(info)
         if text:
             evidence += " " + text
+        if info.graph_breaks:
+            evidence += " " + _breaks_text(info)
         # The compiled call, not whatever op the trace shows around the compile.
         location = _call_site(re_events) or location
         metrics = _meta_metrics(info, re_events)
