@@ -16,6 +16,9 @@ META_NAME = "trainprof.json"
 
 
 class DataLoaderInfo(msgspec.Struct, kw_only=True):
+    """One DataLoader: one object, however many epochs iterate it; loaders built again by the
+    same constructor call with the same settings (a new one every epoch) are one entry too."""
+
     num_workers: int = 0
     pin_memory: bool = False
     batch_size: int | None = None
@@ -23,6 +26,8 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     prefetch_factor: int | None = None
     dataset: str = ""
     location: str | None = None  # file:line of the constructor call in user code
+    instances: int = 1  # objects built by this constructor call with these settings
+    iterators: int = 0  # iterators made over it (epochs, usually), all instances together
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):
@@ -76,6 +81,31 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     matmul_speedup: float = 1.0
 
 
+class CompileEvent(msgspec.Struct, kw_only=True):
+    """One frame Dynamo compiled (capture/dynamo.py), in the order they happened."""
+
+    compile_id: str = ""  # Dynamo's "F/C": frame F, its C-th compile (C >= 1: a recompile)
+    recompile: bool = False
+    step: int | None = None  # the step it happened in, numbered from 0 like ProfilerStep#N
+    location: str | None = None  # file:line of the user call that entered the compiled code
+    function: str = ""  # the compiled frame: "name (file:first line)"
+    reason: str | None = None  # recompiles: the guard that failed, as Dynamo words it
+    graph_breaks: int = 0  # graph breaks hit while compiling it
+    break_reasons: list[str] = []  # their first lines (at most 5)
+    duration_s: float = 0.0  # compile time
+    failed: str | None = None  # exception type when the compile failed
+
+
+class DynamoInfo(msgspec.Struct, kw_only=True):
+    """torch.compile over the whole run, not only the profiled window."""
+
+    compiles: int = 0  # frames compiled, first compiles and recompiles
+    recompiles: int = 0
+    graph_breaks: int = 0
+    events: list[CompileEvent] = []  # the first 200 compiles
+    events_dropped: int = 0  # compiles past those 200 (counted above, not listed)
+
+
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trainprof_version: str = ""
@@ -107,6 +137,7 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
+    dynamo: DynamoInfo | None = None  # only when the script called torch.compile
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:

@@ -128,15 +128,33 @@ class Context:
         return self.window_us / max(self.n_steps, 1)
 
     @cached_property
-    def unprofiled_step_us(self) -> float | None:
-        """Median wall time of the steps outside the recording window (run metadata: every
-        step's time), without the profiler's own overhead; None without enough of them."""
+    def unprofiled_steps_s(self) -> list[float]:
+        """Wall times of the steps the profiler did not touch (run metadata): neither recorded
+        nor warming it up, and after the schedule's first wait+warmup steps (the script's own
+        warm-up: first batches, lazy init, compilation). When fewer than 5 remain, every
+        untouched step but the first. Empty without metadata."""
         times = self.meta.step_times_s if self.meta else []
-        if len(times) < 10:
-            return None
+        if not times:
+            return []
         w = self.meta.window
+        touched = set(w.recorded_steps)
+        for r in w.recorded_steps:
+            if r - 1 not in touched:  # the first step of a recorded block: its warm-up precedes
+                touched.update(range(max(r - w.warmup, 0), r))
+        if w.partial_step is not None:
+            touched.add(w.partial_step)
         skip = w.wait + w.warmup
-        return float(np.median(times[skip:] if len(times) > skip + 5 else times)) * 1e6
+        plain = [t for i, t in enumerate(times) if i >= skip and i not in touched]
+        if len(plain) < 5:
+            plain = [t for i, t in enumerate(times) if i >= 1 and i not in touched]
+        return plain if len(plain) >= 5 else []
+
+    @cached_property
+    def unprofiled_step_us(self) -> float | None:
+        """Median wall time of the steps outside the profiler window, without the profiler's
+        own overhead; None without at least 5 of them."""
+        plain = self.unprofiled_steps_s
+        return float(np.median(plain)) * 1e6 if plain else None
 
     @cached_property
     def device(self) -> Device:

@@ -16,6 +16,12 @@ GPU work, or the Python glue of under GLUE_US between two of them) within an idl
 STALL_US. Everything else in `other` is `host` idle. The two are disjoint and cover `other`.
 Idle that a cause-specific rule has claimed (optimizer-foreach, zero-grad-not-none: they run
 first) is left out of both by `unclaimed()`, so no idle microsecond is counted twice.
+
+Kernels replayed from a CUDA/HIP graph (torch.compile mode="reduce-overhead", CUDA graphs) are
+launched together by one `cudaGraphLaunch`/`hipGraphLaunch` and share its correlation id (newer
+CUPTI also tags them with a `graph id`). The host issues no launch between them, so the idle
+between the first and last kernel of one replay is no launch overhead and no host stall: it is
+left out of both (`graph`), and those kernels are left out of the launch statistics.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ STALL_US = 1000.0  # an idle gap this long is one host stall, not per-op overhea
 SHORT_LAUNCH_US = 0.0  # HTA: a kernel is "short" when it runs for less than its launch call
 DELAY_OUTLIER_US = 100.0  # HTA's default launch-delay outlier cutoff
 RUNTIME_OUTLIER_US = 50.0  # HTA's default runtime-call outlier cutoff
+GRAPH_LAUNCH = r"^(cuda|hip)GraphLaunch"
+COMPILED = r"^CompiledFunction|^Torch-Compiled Region|^TorchDynamo"
 OP_PATTERN = "::"  # aten::, autograd::, vendor ops; 2021 traces mark annotations as ops too
 # ctx._cache key under which cause-specific rules record the `other` idle they explain
 # (rules/optimizer_foreach.py `claim()`: optimizer and zero_grad launch gaps).
@@ -47,11 +55,13 @@ class IdleSplit:
     host: iv.Intervals  # idle while the host did other work or stalled (gpu-idle)
     dispatch: iv.Intervals  # the dispatch spans themselves (host timeline)
     outer_ops: np.ndarray  # outermost operators that launch GPU work
+    graph: iv.Intervals  # idle inside CUDA-graph replays: neither launch nor host idle
 
 
 @dataclass
 class LaunchStats:
-    kernels: int  # kernels inside the step windows
+    kernels: int  # kernels inside the step windows, not counting graph replays
+    graph_kernels: int  # kernels replayed from CUDA graphs inside the step windows
     median_kernel_us: float
     median_launch_us: float
     short_share: float  # share of kernels that ran shorter than their launch call
@@ -61,12 +71,54 @@ class LaunchStats:
     runtime_outliers: int  # launch calls longer than RUNTIME_OUTLIER_US
 
 
+def graph_gpu_events(ctx: Context) -> np.ndarray:
+    """GPU events (kernels, copies, memsets) replayed by a graph launch, by correlation id."""
+    hit = ctx._cache.get("dispatch.graph_events")
+    if hit is not None:
+        return hit
+    tr = ctx.trace
+    launches = tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER)
+    corr = tr.corr[launches]
+    corr = corr[corr >= 0]
+    out = np.zeros(0, np.int64)
+    if len(corr):
+        gpu = tr.where_kind(Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+        out = gpu[np.isin(tr.corr[gpu], corr)]
+    ctx._cache["dispatch.graph_events"] = out
+    return out
+
+
+def graph_replays(ctx: Context) -> iv.Intervals:
+    """The GPU time of each graph replay, first event start to last event end."""
+    tr = ctx.trace
+    ev = graph_gpu_events(ctx)
+    if not len(ev):
+        return np.zeros(0), np.zeros(0)
+    corr = tr.corr[ev]
+    ids, first = np.unique(corr, return_inverse=True)
+    start = np.full(len(ids), np.inf)
+    end = np.full(len(ids), -np.inf)
+    np.minimum.at(start, first, tr.ts[ev])
+    np.maximum.at(end, first, tr.end[ev])
+    return iv.merge(start, end)
+
+
+def compiled(ctx: Context) -> bool:
+    """The step already runs torch.compile'd code (trace ops, or `compile_used` in the run
+    metadata): advice to compile does not apply."""
+    if ctx.meta is not None and ctx.meta.flags.compile_used:
+        return True
+    return bool(len(ctx.trace.name_ids(COMPILED)))
+
+
 def launch_pairs(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel, launch call) index pairs linked by correlation id, kernels in the windows."""
+    """(kernel, launch call) index pairs linked by correlation id, kernels in the windows; graph
+    replays are left out (one launch call for many kernels says nothing of per-kernel cost)."""
     tr = ctx.trace
     k = tr.where_kind(Kind.KERNEL)
-    k = k[(tr.corr[k] >= 0) & ctx.in_windows(k)]
+    k = k[(tr.corr[k] >= 0) & ctx.in_windows(k) & ~np.isin(k, graph_gpu_events(ctx))]
     rt = tr.where_name(r"Launch", Kind.RUNTIME, Kind.DRIVER)  # cuLaunchKernel is a driver call
+    rt = rt[~np.isin(rt, tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER))]
     rt = rt[tr.corr[rt] >= 0]
     if not len(k) or not len(rt):
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
@@ -84,6 +136,8 @@ def launch_stats(ctx: Context) -> LaunchStats:
     tr = ctx.trace
     k_all = tr.where_kind(Kind.KERNEL)
     k_all = k_all[ctx.in_windows(k_all)]
+    replayed = np.isin(k_all, graph_gpu_events(ctx))
+    k_all = k_all[~replayed]
     k, rt = launch_pairs(ctx)
     kd, ld = tr.dur[k], tr.dur[rt]
     delay = tr.ts[k] - tr.end[rt]
@@ -93,6 +147,7 @@ def launch_stats(ctx: Context) -> LaunchStats:
 
     out = LaunchStats(
         kernels=len(k_all),
+        graph_kernels=int(replayed.sum()),
         median_kernel_us=med(tr.dur[k_all]),
         median_launch_us=med(ld),
         short_share=float((kd < ld - SHORT_LAUNCH_US).mean()) if len(k) else 0.0,
@@ -128,8 +183,10 @@ def split_other(ctx: Context) -> IdleSplit:
     other = ctx.attribution["other"]
     spans, used = _dispatch_spans(ctx)
     short = (other[1] - other[0]) < STALL_US
-    launch = iv.intersect((other[0][short], other[1][short]), spans)
-    out = IdleSplit(launch=launch, host=iv.subtract(other, launch), dispatch=spans, outer_ops=used)
+    graph = iv.intersect(other, graph_replays(ctx))
+    launch = iv.subtract(iv.intersect((other[0][short], other[1][short]), spans), graph)
+    host = iv.subtract(iv.subtract(other, launch), graph)
+    out = IdleSplit(launch=launch, host=host, dispatch=spans, outer_ops=used, graph=graph)
     ctx._cache["dispatch.split"] = out
     return out
 

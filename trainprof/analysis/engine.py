@@ -8,7 +8,16 @@ import numpy as np
 
 from trainprof.analysis.breakdown import breakdown
 from trainprof.analysis.context import Context
-from trainprof.analysis.model import Diagnosis, Finding, Steps, severity_for, severity_rank
+from trainprof.analysis.model import (
+    BASIS_PROFILED,
+    BASIS_UNPROFILED,
+    Diagnosis,
+    Finding,
+    SavingBasis,
+    Steps,
+    severity_for,
+    severity_rank,
+)
 from trainprof.errors import TrainprofError
 from trainprof.rules import all_rules, rule_ids
 from trainprof.runmeta import RunMeta
@@ -35,12 +44,62 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
     budget = step_ms
     for f in sorted(findings, key=lambda f: -f.est_saving_ms_per_step):
         if f.est_saving_ms_per_step > budget:
-            scale = budget / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
+            scale = max(budget, 0.0) / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
             f.est_saving_ms_per_step = round(max(budget, 0.0), 3)
             f.est_saving_pct = round(f.est_saving_pct * scale, 2)
             if f.severity != "low" or f.est_saving_pct > 0:
                 f.severity = severity_for(f.est_saving_pct)
         budget -= f.est_saving_ms_per_step
+
+
+def saving_basis(ctx: Context) -> SavingBasis:
+    """The step savings are stated on: the unprofiled step when the run metadata has enough
+    steps outside the profiler window (the profiler's own overhead inflates the recorded ones),
+    else the mean profiled step."""
+    plain = ctx.unprofiled_step_us
+    if plain is not None:
+        return SavingBasis(
+            kind=BASIS_UNPROFILED, step_ms=round(plain / 1000.0, 3),
+            steps=len(ctx.unprofiled_steps_s),
+        )
+    return SavingBasis(
+        kind=BASIS_PROFILED, step_ms=round(ctx.mean_step_us / 1000.0, 3), steps=ctx.n_steps
+    )
+
+
+def on_basis(findings: list[Finding], basis: SavingBasis) -> None:
+    """Rules state savings as a share of the profiled step (`est_saving_pct`, with ms of that
+    step); re-express every saving in ms of the basis step, so that ms and % always agree with
+    it. The one place this conversion happens (also for a multi-rank job's findings). A
+    profiled basis is the rules' own step: nothing changes."""
+    if basis.kind == BASIS_PROFILED:
+        return
+    for f in findings:
+        f.est_saving_ms_per_step = round(f.est_saving_pct / 100.0 * basis.step_ms, 3)
+
+
+def job_basis(bases: list[SavingBasis], job_step_ms: float) -> SavingBasis:
+    """Several ranks: the median of their unprofiled steps when every rank has one, else the
+    job's profiled step (median over ranks of the mean step)."""
+    if bases and all(b.kind == BASIS_UNPROFILED for b in bases):
+        return SavingBasis(
+            kind=BASIS_UNPROFILED,
+            step_ms=round(float(np.median([b.step_ms for b in bases])), 3),
+            steps=min(b.steps for b in bases),
+        )
+    return SavingBasis(kind=BASIS_PROFILED, step_ms=round(job_step_ms, 3),
+                       steps=min((b.steps for b in bases), default=0))
+
+
+def basis_note(basis: SavingBasis, profiled_ms: float) -> str | None:
+    if basis.kind != BASIS_UNPROFILED:
+        return None
+    return (
+        f"Savings are per unprofiled step (median {basis.step_ms:.1f} ms over the run's "
+        f"{basis.steps} steps outside the profiler window); the traced steps, with the "
+        f"profiler's overhead, average {profiled_ms:.1f} ms. Evidence figures are measured in "
+        "the traced steps unless they say otherwise; shares (%) are the same on both."
+    )
 
 
 def rank(findings: list[Finding]) -> list[Finding]:
@@ -95,6 +154,12 @@ def analyze(
             f.location = _show(f.location, meta)
     mean_ms = ctx.mean_step_us / 1000.0
     cap_savings(findings, mean_ms)
+    basis = saving_basis(ctx)
+    on_basis(findings, basis)
+    notes = notes_for(ctx)
+    extra = basis_note(basis, mean_ms)
+    if extra:
+        notes.append(extra)
     durs = ctx.steps.durations / 1000.0
     return Diagnosis(
         trace=trace.path,
@@ -111,5 +176,6 @@ def analyze(
         breakdown={k: round(v, 3) for k, v in breakdown(ctx).items()},
         gpu_busy_pct=None if ctx.gpu_busy_pct is None else round(ctx.gpu_busy_pct, 2),
         findings=rank(findings),
-        notes=notes_for(ctx),
+        notes=notes,
+        saving_basis=basis,
     )

@@ -31,8 +31,9 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=False):
     title: str
     evidence: str  # one human sentence with the numbers
     fix: str  # code or a one-line instruction
+    # Both on the Diagnosis' `saving_basis` step: ms == pct / 100 * saving_basis.step_ms.
     est_saving_ms_per_step: float = 0.0
-    est_saving_pct: float = 0.0  # of the mean step time
+    est_saving_pct: float = 0.0
     location: str | None = None  # file:line in user code
     # When a library does it on the user's behalf: the library frames between `location` and
     # the code that does it, as file:line, outermost first (`trainer.fit()` at `location` ->
@@ -60,6 +61,18 @@ class Steps(msgspec.Struct, kw_only=True):
     labels: list[str] = []
 
 
+BASIS_UNPROFILED = "unprofiled"  # median wall time of the run's steps outside the profiler window
+BASIS_PROFILED = "profiled"  # mean of the recorded (profiled) step windows
+
+
+class SavingBasis(msgspec.Struct, kw_only=True):
+    """The step that every finding's est. saving (ms and %) is a share of."""
+
+    kind: str = BASIS_PROFILED  # unprofiled | profiled
+    step_ms: float = 0.0
+    steps: int = 0  # how many steps step_ms was taken over
+
+
 class Diagnosis(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trace: str = ""
@@ -71,6 +84,7 @@ class Diagnosis(msgspec.Struct, kw_only=True):
     gpu_busy_pct: float | None = None  # None when there is no GPU timeline
     findings: list[Finding] = []
     notes: list[str] = []
+    saving_basis: SavingBasis = msgspec.field(default_factory=SavingBasis)
 
 
 # ---- multi-rank (several ranks of one job diagnosed together; see trainprof/ranks) -------------
@@ -127,3 +141,4 @@ class MultiRankDiagnosis(msgspec.Struct, kw_only=True):
     findings: list[Finding] = []
     notes: list[str] = []
     diagnoses: list[Diagnosis] = []  # each rank's own diagnosis, unfolded, in rank order
+    saving_basis: SavingBasis = msgspec.field(default_factory=SavingBasis)  # of `findings`

@@ -15,14 +15,16 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import torch
 
 import trainprof
 from trainprof.capture.compat import is_compiling
+from trainprof.capture.dynamo import DynamoWatch
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
-from trainprof.runmeta import DataLoaderInfo, Flags, MetricInfo, OptimizerInfo
+from trainprof.runmeta import DataLoaderInfo, DynamoInfo, Flags, MetricInfo, OptimizerInfo
 
 
 def _qualname(obj: Any) -> str:
@@ -38,11 +40,16 @@ class MetaCollector:
         self.patches = patches
         self.user = user
         self.dataloaders: list[DataLoaderInfo] = []
+        # DataLoader object -> its entry (weak: a loader rebuilt every epoch must not be kept)
+        self._loader_info: weakref.WeakKeyDictionary[Any, DataLoaderInfo] = (
+            weakref.WeakKeyDictionary()
+        )
         self.optimizers: list[OptimizerInfo] = []
         self._metrics: list[tuple[MetricInfo, weakref.ref[Any]]] = []
         self.autocast_used = False
         self.grad_scaler_used = False
         self.compile_used = False
+        self.dynamo = DynamoWatch(patches, user)
 
     # ----- constructors ----------------------------------------------------------------------
     def install(self) -> None:
@@ -50,6 +57,7 @@ class MetaCollector:
         from torch.utils.data import DataLoader
 
         self.patches.wrap(DataLoader, "__init__", lambda orig: self._after_init(orig, self._loader))
+        self.patches.wrap(DataLoader, "__iter__", self._wrap_loader_iter)
         self.patches.wrap(
             torch.optim.Optimizer, "__init__", lambda orig: self._after_init(orig, self._optimizer)
         )
@@ -76,17 +84,41 @@ class MetaCollector:
         return __init__
 
     def _loader(self, loader: Any, where: str | None) -> None:
-        self.dataloaders.append(
-            DataLoaderInfo(
-                num_workers=int(loader.num_workers),
-                pin_memory=bool(loader.pin_memory),
-                batch_size=loader.batch_size,
-                persistent_workers=bool(loader.persistent_workers),
-                prefetch_factor=getattr(loader, "prefetch_factor", None),
-                dataset=_qualname(loader.dataset),
-                location=where,
-            )
+        if loader in self._loader_info:  # a subclass whose __init__ ran the base one again
+            return
+        info = DataLoaderInfo(
+            num_workers=int(loader.num_workers),
+            pin_memory=bool(loader.pin_memory),
+            batch_size=loader.batch_size,
+            persistent_workers=bool(loader.persistent_workers),
+            prefetch_factor=getattr(loader, "prefetch_factor", None),
+            dataset=_qualname(loader.dataset),
+            location=where,
         )
+        for seen in self.dataloaders:  # the same call, same settings: a loader built per epoch
+            if msgspec.structs.replace(
+                info, instances=seen.instances, iterators=seen.iterators
+            ) == seen:
+                seen.instances += 1
+                info = seen
+                break
+        else:
+            self.dataloaders.append(info)
+        self._loader_info[loader] = info
+
+    def _wrap_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def __iter__(loader: Any) -> Any:
+            if S.enabled:
+                try:
+                    info = self._loader_info.get(loader)
+                except TypeError:  # an unhashable subclass: not counted
+                    info = None
+                if info is not None:
+                    info.iterators += 1
+            return orig(loader)
+
+        return __iter__
 
     def _optimizer(self, opt: Any, where: str | None) -> None:
         group = opt.param_groups[0] if opt.param_groups else {}
@@ -123,9 +155,17 @@ class MetaCollector:
         def compile(*args: Any, **kwargs: Any) -> Any:
             if S.enabled:
                 self.compile_used = True
+                try:
+                    self.dynamo.install()
+                except Exception:  # metadata is best effort; the script must not notice
+                    pass
             return orig(*args, **kwargs)
 
         return compile
+
+    def watch_steps(self, step_of: Callable[[], int]) -> None:
+        """`step_of()`: the number of the step in progress (compiles are placed in steps)."""
+        self.dynamo.step_of = step_of
 
     # ----- torchmetrics (called by trainprof.capture.metrics) --------------------------------
     def add_metric(self, metric: Any, where: str | None) -> None:
@@ -146,6 +186,9 @@ class MetaCollector:
         return [info for info, _ in self._metrics]
 
     # ----- end of run --------------------------------------------------------------------------
+    def dynamo_info(self) -> DynamoInfo | None:
+        return self.dynamo.result()
+
     def flags(self) -> Flags:
         """Backend flags as the script left them, plus what it used."""
         flags = Flags(

@@ -150,6 +150,7 @@ class Session:
                 window_done_line(stepper.recorded, cfg.repeat, stepper.max_steps)
             )
         theirs = ScriptProfiler(stepper, prof, user, self.folder)
+        collector.watch_steps(lambda: len(stepper.step_times))
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
@@ -223,6 +224,7 @@ class Session:
             world_size=world,
             sync_warnings=cuda.sync_warnings(),
             user_traces=theirs.existing_traces(),
+            dynamo=collector.dynamo_info(),
         )
         aside = theirs.note()
         if aside is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainprof.analysis.engine import job_basis, on_basis
 from trainprof.analysis.engine import rank as rank_findings
 from trainprof.analysis.model import Finding, MultiRankDiagnosis
 from trainprof.ranks import collectives as coll
@@ -118,6 +119,10 @@ def build_job(
         )
         if i_find:
             findings.append(i_find)
+    # Folded and cross-rank findings on one step: with run metadata on every rank, the median
+    # unprofiled step (their % are shares of it); else the profiled steps, as measured.
+    basis = job_basis([r.diagnosis.saving_basis for r in results], job_step)
+    on_basis(findings, basis)
     worlds = {r.world_size for r in results if r.world_size is not None}
     world = max(worlds) if worlds else None
     return MultiRankDiagnosis(
@@ -134,4 +139,5 @@ def build_job(
         findings=rank_findings(findings),
         notes=_notes(results, world, ids, len(m), dropped),
         diagnoses=[r.diagnosis for r in results],
+        saving_basis=basis,
     )

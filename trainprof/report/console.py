@@ -13,6 +13,7 @@ from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.report.text import (
     breakdown_line,
     device_line,
+    saving_header,
     saving_text,
     step_line,
     title_of,
@@ -30,9 +31,12 @@ def findings_table(
     findings: list[Finding],
     where_title: str = "where",
     where: Callable[[Finding], str] = lambda f: where_text(f, "\n→ "),
+    basis: str | None = None,
 ) -> Table:
     """The ranked findings; `where` fills the location column (multi-rank adds the ranks)."""
-    table = Table(show_lines=True, expand=True, pad_edge=False)
+    # The basis heads the table: in the narrow saving column it would wrap over many lines.
+    table = Table(show_lines=True, expand=True, pad_edge=False, title=basis,
+                  title_justify="right", title_style="")
     table.add_column("#", justify="right", width=2, no_wrap=True)
     table.add_column("sev", width=6, no_wrap=True)
     table.add_column("finding and evidence", ratio=5, overflow="fold")
@@ -64,7 +68,7 @@ def print_diagnosis(d: Diagnosis, console: Console | None = None) -> None:
     for note in d.notes:
         console.print(Text(f"Note: {note}", style="dim"))
     if d.findings:
-        console.print(findings_table(d.findings))
+        console.print(findings_table(d.findings, basis=saving_header(d).capitalize()))
     else:
         console.print("No problems found.")
 

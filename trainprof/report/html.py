@@ -14,7 +14,7 @@ from trainprof.analysis.breakdown import CPU_CATEGORIES, GPU_CATEGORIES
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.report import svg
 from trainprof.report.per_step import PerStep
-from trainprof.report.text import device_line, saving_text, step_line, title_of
+from trainprof.report.text import device_line, saving_header, saving_text, step_line, title_of
 from trainprof.runmeta import RunMeta
 
 COLORS = {
@@ -201,6 +201,7 @@ def diagnosis_html(item: ReportItem) -> str:
         f"<p><b>Device:</b> {_e(device_line(d))}<br><b>Steps:</b> {_e(step_line(d))}</p>",
         breakdown_chart(item),
         f"<h3>Findings ({len(d.findings)})</h3>",
+        f'<p class="meta">{_e(saving_header(d).capitalize())}</p>',
     ]
     if d.findings:
         parts += [finding_html(i, f) for i, f in enumerate(d.findings, 1)]
@@ -249,9 +250,10 @@ def meta_html(meta: RunMeta) -> str:
         parts.append("<h3>DataLoaders</h3>")
         parts.append(_table(
             ("dataset", "batch size", "num_workers", "pin_memory", "persistent_workers",
-             "prefetch_factor", "created at"),
+             "prefetch_factor", "created at", "objects / iterators"),
             ((d.dataset or "-", d.batch_size, d.num_workers, _yn(d.pin_memory),
-              _yn(d.persistent_workers), d.prefetch_factor, d.location)
+              _yn(d.persistent_workers), d.prefetch_factor, d.location,
+              f"{d.instances} / {d.iterators}")
              for d in meta.dataloaders),
         ))
     if meta.optimizers:
@@ -277,6 +279,18 @@ def meta_html(meta: RunMeta) -> str:
         ("GradScaler used", _yn(f.grad_scaler_used)),
         ("torch.compile used", _yn(f.compile_used)),
     ]))
+    dyn = meta.dynamo
+    if dyn is not None and dyn.events:
+        parts.append(
+            f"<h3>torch.compile: {dyn.compiles} compiles, {dyn.recompiles} recompiles, "
+            f"{dyn.graph_breaks} graph breaks</h3>"
+        )
+        parts.append(_table(
+            ("compile id", "step", "called at", "frame", "recompile reason", "graph breaks",
+             "seconds"),
+            ((e.compile_id, e.step, e.location, e.function, e.reason or "-", e.graph_breaks,
+              f"{e.duration_s:.2f}") for e in dyn.events),
+        ))
     warns = getattr(meta, "sync_warnings", None) or []
     if warns:
         parts.append("<h3>CUDA sync warnings (--sync-debug)</h3>")

@@ -9,6 +9,7 @@ from trainprof.analysis.model import Diagnosis
 from trainprof.report.text import (
     breakdown_line,
     device_line,
+    saving_header,
     saving_text,
     step_line,
     title_of,
@@ -39,7 +40,7 @@ def findings_markdown(d: Diagnosis) -> str:
     if not d.findings:
         return "No problems found.\n"
     rows = [
-        "| # | severity | finding | evidence | where | fix | est. saving |",
+        f"| # | severity | finding | evidence | where | fix | {saving_header(d)} |",
         "|---|---|---|---|---|---|---|",
     ]
     for i, f in enumerate(d.findings, 1):

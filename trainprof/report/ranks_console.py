@@ -10,7 +10,7 @@ from rich.text import Text
 from trainprof.analysis.model import Diagnosis, Finding, MultiRankDiagnosis, RankSummary
 from trainprof.ranks.fold import rank_list
 from trainprof.report.console import _console, findings_table, print_diagnosis
-from trainprof.report.text import device_line, where_text
+from trainprof.report.text import device_line, saving_header, where_text
 
 MAX_ROWS = 32  # more ranks than this: show the slowest and the fastest
 SHOW_SLOWEST, SHOW_FASTEST = 16, 4
@@ -127,7 +127,8 @@ def job_findings_table(job: MultiRankDiagnosis) -> Table:
         text = ranks_text(f.ranks)
         return text + "\n" + where_text(f, "\n→ ") if f.location else text
 
-    return findings_table(job.findings, "ranks, where", where)
+    return findings_table(job.findings, "ranks, where", where,
+                          basis=saving_header(job).capitalize())
 
 
 def print_job(job: MultiRankDiagnosis, console: Console | None = None) -> None:

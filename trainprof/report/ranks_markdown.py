@@ -13,7 +13,7 @@ from trainprof.report.ranks_console import (
     ranks_text,
     shown_ranks,
 )
-from trainprof.report.text import saving_text, where_markdown
+from trainprof.report.text import saving_header, saving_text, where_markdown
 
 
 def _f(x: float | None, digits: int = 2) -> str:
@@ -55,7 +55,7 @@ def job_findings_markdown(job: MultiRankDiagnosis) -> str:
     if not job.findings:
         return "No problems found.\n"
     return _table(
-        ["#", "severity", "finding", "evidence", "ranks", "where", "fix", "est. saving"],
+        ["#", "severity", "finding", "evidence", "ranks", "where", "fix", saving_header(job)],
         [
             [
                 str(i), f.severity, f.title, f.evidence, ranks_text(f.ranks),

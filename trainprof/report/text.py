@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from trainprof.analysis.model import Diagnosis, Finding
+from trainprof.analysis.model import BASIS_UNPROFILED, Diagnosis, Finding, MultiRankDiagnosis
 
 
 def device_line(d: Diagnosis) -> str:
@@ -51,6 +51,21 @@ def saving_text(f: Finding) -> str:
     if f.est_saving_ms_per_step <= 0:
         return "-"
     return f"{f.est_saving_ms_per_step:.2f} ms/step ({f.est_saving_pct:.1f} %)"
+
+
+def basis_text(d: Diagnosis | MultiRankDiagnosis) -> str:
+    """The step the est. savings are shares of, for column and summary headers."""
+    b = d.saving_basis
+    ranks = " over ranks" if isinstance(d, MultiRankDiagnosis) else ""
+    if b.kind == BASIS_UNPROFILED:
+        return f"unprofiled step, median{ranks} {b.step_ms:.1f} ms"
+    if ranks:
+        return f"profiled step, median over ranks of the mean {b.step_ms:.1f} ms"
+    return f"profiled step, mean {b.step_ms:.1f} ms"
+
+
+def saving_header(d: Diagnosis | MultiRankDiagnosis) -> str:
+    return f"est. saving per step ({basis_text(d)})"
 
 
 def title_of(d: Diagnosis) -> str:

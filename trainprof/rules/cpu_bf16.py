@@ -78,7 +78,8 @@ def check(ctx: Context) -> list[Finding]:
     )
     step = ctx.mean_step_us
     plain = ctx.unprofiled_step_us or step
-    # A share of the step without the profiler, in the profiled step's units (as ctx.pct wants).
+    # A share of the step without the profiler, in the profiled step's units (as ctx.pct wants);
+    # the engine states it in ms of the unprofiled step.
     saving = min(freed / plain, 1.0) * step
     if ctx.pct(saving) < MIN_PCT:
         return []

@@ -18,8 +18,10 @@ larger of the two. Without metadata (a bare trace) it is F, an upper bound, and 
 The profiler itself slows the recorded steps, Python-heavy fetches (with_stack traces every
 Python call) far more than compute: when the run metadata has the unprofiled step times, the
 difference (profiled mean step minus unprofiled median step) is taken off F and M in proportion
-to the events the profiler recorded in each, before the estimate above; the saving is then a
-share of the unprofiled step.
+to the events the profiler recorded in each (when the recorded steps were no slower, F keeps
+its share of the step), before the estimate above; the saving is then a
+share of the unprofiled step (the step the engine states every saving on for such runs), and
+its evidence gives that step's milliseconds.
 The suggested `num_workers` is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
 """
@@ -60,7 +62,10 @@ def _unprofiled(ctx: Context, fetch: float) -> tuple[float, float, float]:
         return step, fetch, step - fetch
     overhead = step - plain
     if overhead <= 0:
-        return step, fetch, step - fetch
+        # The recorded steps were no slower (a noisy machine): nothing to take off; the fetch
+        # keeps its share, of the unprofiled step the saving is stated on.
+        f = fetch / step * plain if step > 0 else 0.0
+        return plain, f, max(plain - f, 1.0)
     tr = ctx.trace
     ev = np.flatnonzero(np.isin(tr.kind, (Kind.PYTHON, Kind.CPU_OP)))
     ev = ev[ctx.in_windows(ev)]
@@ -87,7 +92,8 @@ def check(ctx: Context) -> list[Finding]:
         step, f, m = _unprofiled(ctx, fetch)
         fixed_step = max(m, (f + m * min(threads, cpus)) / cpus)
         shrink = (step, fixed_step)
-        # As a share of the unprofiled step, expressed in the profiled step's units.
+        # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
+        # takes them): the engine states it in ms of the unprofiled step, as the evidence does.
         saving = max(step - fixed_step, 0.0) / step * ctx.mean_step_us
     else:
         saving = fetch

@@ -7,7 +7,8 @@ critical path whenever the GPU has nothing queued: the GPU idles for all of it.
 Detection: what is left of the GPU idle inside the steps after every cause-specific rule took its
 share: DataLoader fetches, host waits and refills (Context.attribution) and dispatch gaps
 (`launch-bound`, see `analysis/dispatch.py`), and what `optimizer-foreach` / `zero-grad-not-none`
-claimed. The longest idle gaps are sampled (a few points
+claimed; idle between the kernels of one CUDA-graph replay is neither (no host work could fill
+it) and is left out. The longest idle gaps are sampled (a few points
 each, on the training thread) and named by the deepest Python frame common to all samples of a
 gap (`with_stack` traces), else by the `Call stack` of the running operator (2021 traces), else
 by the host events open at that moment. Gaps with the same name are summed; each name above
@@ -25,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.dispatch import split_other, unclaimed
+from trainprof.analysis.dispatch import compiled, split_other, unclaimed
 from trainprof.analysis.hoststack import common_frame, stack_at
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
@@ -62,6 +63,11 @@ FIX_GENERIC = (
     "Take this CPU work off the step: run it in a DataLoader worker or a background thread, "
     "every N steps instead of every step, or on the GPU; `torch.compile` removes Python "
     "overhead between ops."
+)
+FIX_GENERIC_COMPILED = (
+    "Take this CPU work off the step: run it in a DataLoader worker or a background thread, "
+    "every N steps instead of every step, or on the GPU; if it is Python between compiled "
+    "regions, find the graph breaks (`TORCH_LOGS=graph_breaks`)."
 )
 FIX_NO_OP = (
     "Record the Python stack to name this code (`torch.profiler.profile(with_stack=True)`, or "
@@ -113,7 +119,11 @@ def _pretty(label: str) -> str:
     return label
 
 
-def _fix(grp: Group) -> str:
+def _generic(ctx: Context) -> str:
+    return FIX_GENERIC_COMPILED if compiled(ctx) else FIX_GENERIC
+
+
+def _fix(ctx: Context, grp: Group) -> str:
     # Function names only: a path such as `transformers/...` says nothing about the work.
     funcs = [p[2] for p in map(parse_frame, grp.shared[:3]) if p]
     text = " ".join(funcs) if funcs else grp.label
@@ -123,7 +133,7 @@ def _fix(grp: Group) -> str:
         return FIX_PREPROCESS
     if SETUP.search(grp.label):
         return FIX_SETUP
-    return FIX_GENERIC
+    return _generic(ctx)
 
 
 def _finding(ctx: Context, grp: Group, gaps: tuple[np.ndarray, np.ndarray]) -> Finding:
@@ -151,7 +161,7 @@ def _finding(ctx: Context, grp: Group, gaps: tuple[np.ndarray, np.ndarray]) -> F
         rule="gpu-idle",
         title=title,
         evidence=evidence,
-        fix=_fix(grp),
+        fix=_fix(ctx, grp),
         saving_us_per_step=saving,
         location=loc,
         metrics={
@@ -201,7 +211,7 @@ def check(ctx: Context) -> list[Finding]:
             rule="gpu-idle",
             title=f"GPU idle spread over many host gaps: {ctx.pct(rest):.0f} % of the step",
             evidence=evidence,
-            fix=FIX_NO_OP if top is not None and top.source == "none" else FIX_GENERIC,
+            fix=FIX_NO_OP if top is not None and top.source == "none" else _generic(ctx),
             saving_us_per_step=rest,
             location=first_user_frame(top.shared) if top is not None else None,
             metrics={

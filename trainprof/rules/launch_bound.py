@@ -22,7 +22,10 @@ is a long chain of tiny ops: reported (severity low, no saving claimed) when the
 op takes under 20 µs and the median step holds one top-level op per 100 µs or less.
 
 When the step is already compiled (`CompiledFunction` ops, or `compile_used` in the run
-metadata), the fix offered is CUDA graphs and graph-break hunting rather than `torch.compile`.
+metadata), the fix offered is CUDA graphs and graph-break hunting rather than `torch.compile`
+(on a CPU: a larger batch and graph-break hunting); when it already replays CUDA graphs, the
+graph breaks and the ops left outside the graphs. Kernels replayed from a CUDA graph are no
+launch overhead (`analysis/dispatch.py`): their idle and their count are left out.
 
 Saving estimate: the launch-bound idle per step. An upper bound: CUDA graphs (torch.compile
 mode="reduce-overhead") remove the per-kernel CPU cost entirely, fusion and a larger batch
@@ -36,7 +39,13 @@ from collections import Counter
 import numpy as np
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.dispatch import OP_PATTERN, launch_stats, split_other, unclaimed
+from trainprof.analysis.dispatch import (
+    OP_PATTERN,
+    compiled,
+    launch_stats,
+    split_other,
+    unclaimed,
+)
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
@@ -61,10 +70,20 @@ FIX_COMPILED = (
     "`fused=True` optimizers; check for graph breaks (`TORCH_LOGS=graph_breaks`) that leave "
     "eager ops between compiled regions."
 )
-COMPILED = r"^CompiledFunction|^Torch-Compiled Region|^TorchDynamo"
+FIX_GRAPHED = (
+    "The step already replays CUDA graphs: the gaps are in the eager ops around them. Find the "
+    "graph breaks (`TORCH_LOGS=graph_breaks`) and the ops outside the compiled region (the "
+    "optimizer step: `fused=True`, or compile it too), and use a larger batch."
+)
 CPU_FIX = (
     "Per-op overhead dominates: batch more samples per step, `torch.compile(model)` to fuse the "
     "small ops, or torch.jit / fewer Python-level ops in the loop."
+)
+CPU_FIX_COMPILED = (
+    "Per-op overhead dominates although the step is compiled: batch more samples per step; find "
+    "the graph breaks that leave eager ops between compiled regions (`TORCH_LOGS=graph_breaks`, "
+    "`torch._dynamo.explain(model)(batch)`) and the ops outside the compiled call (the optimizer: "
+    "`foreach=True`)."
 )
 
 
@@ -108,9 +127,16 @@ def _gpu(ctx: Context) -> list[Finding]:
     claimed = ctx.per_step(iv.total(split.launch) - iv.total(idle))
     if claimed > 0:
         evidence += f" ({ms(claimed)}/step more is in the optimizer findings.)"
-    compiled = bool(len(ctx.trace.name_ids(COMPILED))) or bool(
-        ctx.meta is not None and ctx.meta.flags.compile_used
-    )
+    if st.graph_kernels:
+        evidence += (
+            f" {st.graph_kernels / max(ctx.n_steps, 1):.0f} kernels/step replayed from CUDA "
+            "graphs are not counted: one launch replays them all."
+        )
+    fix = FIX
+    if st.graph_kernels:
+        fix = FIX_GRAPHED
+    elif compiled(ctx):
+        fix = FIX_COMPILED
     loc = None
     if len(split.outer_ops):
         by_op = iv.overlap_each(ctx.trace.ts[split.outer_ops], ctx.trace.end[split.outer_ops], idle)
@@ -122,12 +148,13 @@ def _gpu(ctx: Context) -> list[Finding]:
         title=f"Launch-bound: the GPU waits for kernel launches, {ctx.pct(saving):.0f} % of "
         "the step",
         evidence=evidence,
-        fix=FIX_COMPILED if compiled else FIX,
+        fix=fix,
         saving_us_per_step=saving,
         location=loc,
         metrics={
             "idle_ms_per_step": round(saving / 1000, 3),
             "kernels_per_step": round(per_step, 1),
+            "graph_kernels_per_step": round(st.graph_kernels / max(ctx.n_steps, 1), 1),
             "median_kernel_us": round(st.median_kernel_us, 2),
             "median_launch_us": round(st.median_launch_us, 2),
             "short_kernel_share": round(st.short_share, 3),
@@ -170,7 +197,7 @@ def _cpu(ctx: Context) -> list[Finding]:
             f"{med:.1f} µs: one op per {slot:.0f} µs, so the time goes to fixed per-op and Python "
             "overhead rather than arithmetic. On a GPU each op would be a kernel launch. No "
             "saving is claimed: the overhead's share is not measurable from the trace.",
-            fix=CPU_FIX,
+            fix=CPU_FIX_COMPILED if compiled(ctx) else CPU_FIX,
             saving_us_per_step=0.0,
             severity="low",
             location=locs.most_common(1)[0][0] if locs else None,
