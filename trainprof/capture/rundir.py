@@ -45,19 +45,27 @@ class RunFiles:
         return fnmatch.fnmatch(name, traces)
 
 
-def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -> Path:
+def prepare_run_dir(
+    out: Path | None, stem: str, force: bool, files: RunFiles, claim_meta: bool | None = None
+) -> Path:
     """Create and claim the run folder. A folder with content is never written into without
     --force; with --force only the files an earlier trainprof run wrote there (its metadata
     lists its traces) are removed, and a folder holding traces trainprof did not write is
     refused (they would be diagnosed with this run's). The claim is atomic: of two runs started
-    together with one --out, one gets the folder and the other a one-line refusal."""
+    together with one --out, one gets the folder and the other a one-line refusal.
+
+    The claim is this run's metadata file, created exclusively; `claim_meta` (default: not
+    `files.job`) says whether this process writes one: the torchrun launcher does not (its
+    ranks write theirs), `trainprof run` does even when its script starts ranks itself."""
+    claim = (not files.job) if claim_meta is None else claim_meta
     if out is None:
         base = Path("runs") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
         path, n = base, 1
         while not _create_new(path):  # two runs in the same second
             n += 1
             path = base.with_name(f"{base.name}-{n}")
-        _claim(path, files)
+        if claim:
+            _claim(path, files)
         return path
     path = Path(out)
     try:
@@ -73,7 +81,8 @@ def prepare_run_dir(out: Path | None, stem: str, force: bool, files: RunFiles) -
         path.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise TrainprofError(f"cannot use run folder {path}: {_reason(err)}") from None
-    _claim(path, files)
+    if claim:
+        _claim(path, files)
     return path
 
 
@@ -96,8 +105,6 @@ def _claim(path: Path, files: RunFiles) -> None:
     """Create this run's metadata file exclusively (O_EXCL), holding a placeholder that says
     the run has not finished; write_meta replaces it. A second run on the same folder fails to
     create it: the folder is taken."""
-    if files.job:  # the ranks write their own trainprof.rank<R>.json into the folder
-        return
     placeholder = msgspec.json.encode(
         RunMeta(
             status="incomplete",

@@ -76,7 +76,9 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
     else:
         out = opts.out if opts.out is not None or rank is None else rank_run_dir(target.stem)
         # The top process owns the rank files too: the ranks its script starts write them.
-        folder = prepare_run_dir(out, target.stem, opts.force, RunFiles(rank, job=top))
+        folder = prepare_run_dir(
+            out, target.stem, opts.force, RunFiles(rank, job=top), claim_meta=True
+        )
     progress = Progress()
     if rank is not None or shared is not None:
         progress.enabled = False  # several ranks on one terminal: no spinners
@@ -184,6 +186,9 @@ def _own_rank_files(folder: Path, files: RunFiles, meta: RunMeta) -> RunFiles:
         os.replace(folder / files.log, folder / found.log)
     except OSError:
         return files
+    # The placeholder that claimed the folder: this process's metadata is the rank's file now.
+    with contextlib.suppress(OSError):
+        (folder / files.meta).unlink()
     return found
 
 
