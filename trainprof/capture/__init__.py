@@ -12,6 +12,7 @@ Modules, one job each:
 * stepper    finds training steps (optimizer > backward > dataloader) and steps the profiler
 * probes     trainprof/* record_function ranges: fetch, forward, backward, host reads
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
+* evaluation trainprof/eval ranges: Lightning/HF evaluation loops, eval-mode no-grad forwards
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
