@@ -199,7 +199,9 @@ def step_sample(run: RunInput) -> tuple[np.ndarray, str, int]:
     if run.meta is not None and run.meta.step_times_s:
         ms = np.asarray(run.meta.step_times_s, dtype=float) * 1000.0
         k = warmup_steps(len(ms), run.meta)
-        return ms[k:], "metadata", k
+        train = np.ones(len(ms), bool)  # steps holding an evaluation pass are not training
+        train[[i for i in run.meta.eval_steps if i < len(ms)]] = False
+        return ms[k:][train[k:]], "metadata", k
     durs = [x for d in _main_rank(run.diagnoses) for x in d.steps.durations_ms]
     return np.asarray(durs, dtype=float), "trace", 0
 
