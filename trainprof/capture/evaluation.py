@@ -8,7 +8,9 @@ Three sources, the first that applies:
   of `pytorch_lightning` or `lightning.pytorch`,
 * HF transformers: `Trainer.evaluate` and `Trainer.predict`,
 * any other: a root-module forward while that module is in eval mode and grad is off
-  (`model.eval()` + `torch.no_grad()` / `inference_mode()`; probes.py calls `on_root_forward`).
+  (`model.eval()` + `torch.no_grad()` / `inference_mode()`), for a module that earlier ran in
+  training mode with grad (a frozen teacher never did); probes.py's root-forward probe checks.
+  The stepper drops these when they fall in most steps (RL rollouts, EMA targets).
 
 Frameworks are never imported by trainprof: each is patched right after the script imports it.
 The stepper keeps which step each pass fell into (`Stepper.on_eval`).

@@ -112,6 +112,7 @@ class _RootForward:
         self.conv_seen = False
         self.linear_seen = False
         self._inspected: set[int] = set()
+        self._trained: set[int] = set()  # root modules seen in training mode with grad on
 
     def install(self, patches: Patches) -> None:
         from torch.nn.modules import module as torch_module
@@ -163,7 +164,11 @@ class _RootForward:
         self.stepper.on_forward_root()
         if id(module) not in self._inspected:
             self._inspect(module)
-        evaluating = not S.eval_depth and is_eval_forward(module)
+        key = id(module)
+        if module.training and torch.is_grad_enabled():
+            self._trained.add(key)
+        # Only a model that trains evaluates: a frozen teacher in eval mode is part of the step.
+        evaluating = not S.eval_depth and key in self._trained and is_eval_forward(module)
         if evaluating:
             self.stepper.on_eval(GENERIC_EVAL)
         rf: tuple[Any, ...] = ()
