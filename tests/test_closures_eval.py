@@ -76,10 +76,11 @@ def test_lightning_optimizer_foreach_claims_only_the_update(lit: Run) -> None:
     (d,) = diagnose_path(lit.folder)
     events = _events(lit.folder)
     step = _per_step_us(events, d, lambda n: n.startswith("Optimizer.step#Adam"))
-    closure = _per_step_us(events, d, lambda n: n == "trainprof/closure")
+    model = _per_step_us(events, d, lambda n: n in ("trainprof/forward", "trainprof/backward"))
     loop = _per_step_us(events, d, lambda n: n.endswith(": _single_tensor_adam"))
     f = _one(d, "optimizer-foreach")
-    update_ms = (step - closure) / 1000
+    # Lightning's forward and backward run inside Adam.step: the update is at most the rest.
+    update_ms = (step - model) / 1000
     assert f.metrics["optimizer_ms_per_step"] <= update_ms * 1.01 + 0.001, (f.metrics, update_ms)
     assert f.est_saving_ms_per_step <= loop / 1000 + 0.001, (f.evidence, loop)
     assert "closure" in f.evidence
@@ -130,10 +131,16 @@ def _capture(tmp_path: Path, script: str, *args: str, **window) -> tuple[dict, o
 
 def test_lbfgs_closure_is_forward_and_backward(tmp_path: Path) -> None:
     _, d = _capture(tmp_path, "steps_lbfgs.py")
-    closure = _per_step_us(_events(tmp_path / "run"), d, lambda n: n == "trainprof/closure")
+    events = _events(tmp_path / "run")
+    closure = _per_step_us(events, d, lambda n: n == "trainprof/closure")
+    step = _per_step_us(events, d, lambda n: n.startswith("Optimizer.step#LBFGS"))
+    zero = _per_step_us(events, d, lambda n: n.startswith("Optimizer.zero_grad#"))
     assert closure > 0
     assert d.breakdown["Forward"] > 0 and d.breakdown["Backward"] > 0, d.breakdown
-    assert d.breakdown["Optimizer"] * 1000 < closure, (d.breakdown, closure)
+    # LBFGS's own work (directions, line search) and zero_grad are the optimizer; the rest of
+    # its closure calls is not.
+    update = step - closure + zero
+    assert d.breakdown["Optimizer"] * 1000 <= update * 1.01 + 1, (d.breakdown, update)
 
 
 EVAL_WINDOW = {"wait": 2, "warmup": 1, "active": 4}  # records steps 3-6
