@@ -17,8 +17,12 @@ from pathlib import Path
 import pytest
 from test_run_cli import SCRIPTS, Run, run
 
+from trainprof.analysis.context import Context
 from trainprof.capture.runner import RunOptions, run_script
+from trainprof.capture.summary import step_summary
+from trainprof.compare import RunInput, step_sample
 from trainprof.diagnose import diagnose_path
+from trainprof.runmeta import RunMeta
 
 WINDOW = ["--wait", "4", "--warmup", "1", "--active", "4"]  # records steps 5-8
 
@@ -112,6 +116,16 @@ def test_lightning_validation_left_out_of_the_statistics(lit: Run, lit_val: Run)
     assert "3 of 16 steps of the run hold an evaluation pass (Lightning validation)" in out
 
 
+@pytest.mark.slow
+def test_hf_trainer_evaluate_steps_are_labelled(tmp_path: Path) -> None:
+    r = run(tmp_path / "run", *WINDOW, str(SCRIPTS / "hf_trainer_eval.py"), cwd=tmp_path)
+    assert r.code == 0, r.stderr
+    assert r.meta["eval_steps"] == [5, 10, 15] and r.meta["eval_kinds"] == ["HF Trainer evaluate"]
+    (d,) = diagnose_path(r.folder)
+    assert d.steps.labels == [f"ProfilerStep#{i}" for i in (6, 7, 8)]
+    assert "3 holding an evaluation pass (HF Trainer evaluate)" in " ".join(r.stderr.split())
+
+
 # ----- LBFGS and plain loops ----------------------------------------------------------------
 def _capture(tmp_path: Path, script: str, *args: str, **window) -> tuple[dict, object]:
     folder = tmp_path / "run"
@@ -163,3 +177,16 @@ def test_frozen_teacher_is_not_evaluation(tmp_path: Path) -> None:
     assert len(d.steps.labels) == 4 and not any("evaluation" in n for n in d.notes)
     meta, d = _capture(tmp_path / "both", "steps_eval.py", "--teacher", **EVAL_WINDOW)
     assert meta["eval_steps"] == [4, 8]
+
+
+def test_step_times_without_the_profiler_leave_evaluation_out() -> None:
+    # 6 training steps of 10 ms, 8 evaluation steps of 1 s (a long validation every time).
+    times = [0.01] * 6 + [1.0] * 8
+    evals = list(range(6, 14))
+    meta = RunMeta(step_times_s=times, eval_steps=evals, eval_kinds=["Lightning validation"])
+    assert Context(trace=None, meta=meta).unprofiled_step_us == pytest.approx(10_000)
+    sample, _, _ = step_sample(RunInput("run", [], meta))
+    assert sample.max() == pytest.approx(10.0)
+    summary = step_summary(meta)
+    assert "8 holding an evaluation pass (Lightning validation)" in summary
+    assert "median 10.00 ms" in summary

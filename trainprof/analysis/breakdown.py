@@ -27,14 +27,18 @@ CPU_CATEGORIES = (
     "DataLoader", "Metrics", "Optimizer", "Backward", "Forward", "CPU Exec", "Other",
 )
 
-_BACKWARD = r"^trainprof/backward$|^autograd::engine::evaluate_function|^Optimizer\.zero_grad#"
+# Lightning's own profiler names its training step, backward and modules `[pl][...]`.
+_PL_BACKWARD = r"^\[pl\]\[profile\]\[Strategy\]\w+\.backward$"
+_PL_FORWARD = r"^\[pl\]\[profile\]\[Strategy\]\w+\.training_step$|^\[pl\]\[module\]"
+_BACKWARD = r"^trainprof/backward$|^autograd::engine::evaluate_function|^Optimizer\.zero_grad#|" \
+    + _PL_BACKWARD
 _OPTIMIZER_STEP = r"^Optimizer\.step#"
 _ZERO_GRAD = r"^Optimizer\.zero_grad#"
-_FORWARD = r"^trainprof/forward$|^nn\.Module: "
+_FORWARD = r"^trainprof/forward$|^nn\.Module: |" + _PL_FORWARD
 # What runs inside optimizer.step(closure) and is not the update: the closure itself
 # (capture/stepper's probe) and, in traces without that probe, the model's forward and backward.
 CLOSURE = r"^trainprof/closure$|^trainprof/(forward|backward)$|^nn\.Module: " \
-    r"|^autograd::engine::evaluate_function"
+    r"|^autograd::engine::evaluate_function|" + _PL_FORWARD + "|" + _PL_BACKWARD
 
 
 def _events(ctx: Context, *kinds: int, pattern: str | None = None) -> iv.Intervals:

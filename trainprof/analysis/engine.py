@@ -73,8 +73,8 @@ def eval_notes(ctx: Context) -> list[str]:
         labels = ", ".join(x for x, _ in ev)
         total = len(ev) + (ctx.n_steps if ctx.n_steps != len(ev) else 0)
         if total == len(ev):
-            notes.append(f"Every recorded step holds an evaluation pass ({kinds}): analysed as "
-                         "they are; record later steps (--wait) to see training steps.")
+            notes.append(f"Every recorded step holds an evaluation pass ({kinds}): the trace "
+                         "shows evaluation, not training; analysed as it is.")
         else:
             verb = "holds" if len(ev) == 1 else "hold"
             notes.append(f"{len(ev)} of {total} recorded steps {verb} an evaluation pass ({kinds}: "
