@@ -25,6 +25,8 @@ torch-labelled range. Inside optimizer.step() (LBFGS closures, Lightning's autom
 optimization) forward/backward are not steps; the closure runs in a `trainprof/closure` range.
 
 Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step.
+Evaluation passes (capture/evaluation calls `on_eval`) are kept by step number: those steps are
+not training steps (`eval_steps` in the run metadata).
 
 Every hook and wrapper tests `is_compiling()` first: torch.compile traces them (global hooks,
 patched methods), and dynamo folds that test to a constant, so nothing of trainprof ends up in
