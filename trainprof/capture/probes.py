@@ -165,8 +165,10 @@ class _RootForward:
         if id(module) not in self._inspected:
             self._inspect(module)
         key = id(module)
-        if module.training and torch.is_grad_enabled():
-            self._trained.add(key)
+        if key not in self._trained and module.training and torch.is_grad_enabled():
+            # Its direct children too: DDP(model) / torch.compile(model) train, `.module` /
+            # `._orig_mod` may be what the evaluation calls.
+            self._trained.update([key, *map(id, module.children())])
         # Only a model that trains evaluates: a frozen teacher in eval mode is part of the step.
         evaluating = not S.eval_depth and key in self._trained and is_eval_forward(module)
         if evaluating:
