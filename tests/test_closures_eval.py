@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -124,6 +126,27 @@ def test_hf_trainer_evaluate_steps_are_labelled(tmp_path: Path) -> None:
     (d,) = diagnose_path(r.folder)
     assert d.steps.labels == [f"ProfilerStep#{i}" for i in (6, 7, 8)]
     assert "3 holding an evaluation pass (HF Trainer evaluate)" in " ".join(r.stderr.split())
+
+
+@pytest.mark.slow
+def test_lightning_own_profiler_traces(tmp_path: Path) -> None:
+    """Traces of Lightning's PyTorchProfiler (no trainprof probes): its training_step and
+    backward ranges inside Adam.step are Forward and Backward; its validation trace is said to
+    show evaluation."""
+    script = str(SCRIPTS / "lightning_mlp.py")
+    done = subprocess.run(
+        [sys.executable, script, "val", "--pl-profiler", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    (train,) = tmp_path.glob("*training_step*.pt.trace.json")
+    (val,) = tmp_path.glob("*validation_step*.pt.trace.json")
+    (d,) = diagnose_path(train)
+    assert d.breakdown["Forward"] > 0 and d.breakdown["Backward"] > 0, d.breakdown
+    assert not any("evaluation pass" in n for n in d.notes)
+    (v,) = diagnose_path(val)
+    assert any(n.startswith("Every recorded step holds an evaluation pass (Lightning validation)")
+               for n in v.notes), v.notes
 
 
 # ----- LBFGS and plain loops ----------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A tiny Lightning MLP: automatic optimization runs training_step and backward inside
-optimizer.step(closure). `lightning_mlp.py val` also validates every 5 steps (20 batches)."""
+optimizer.step(closure). `lightning_mlp.py val` also validates every 5 steps (20 batches);
+`--pl-profiler DIR` runs Lightning's own PyTorchProfiler, writing its traces into DIR."""
 
 import sys
 
@@ -50,6 +51,12 @@ if __name__ == "__main__":
     torch.manual_seed(0)
     torch.set_num_threads(1)  # a tiny model: threads only contend on a busy machine
     validate = "val" in sys.argv[1:]
+    profiler = None
+    if "--pl-profiler" in sys.argv:
+        from pytorch_lightning.profilers import PyTorchProfiler
+
+        where = sys.argv[sys.argv.index("--pl-profiler") + 1]
+        profiler = PyTorchProfiler(dirpath=where, filename="pl", export_to_chrome=True)
     train = DataLoader(Samples(2048), batch_size=32, shuffle=True)
     val = DataLoader(Samples(640), batch_size=32) if validate else None
     trainer = pl.Trainer(
@@ -62,6 +69,7 @@ if __name__ == "__main__":
         num_sanity_val_steps=0,
         val_check_interval=5 if validate else None,
         limit_val_batches=20 if validate else 0,
+        profiler=profiler,
     )
     trainer.fit(MLP(), train, val)
     print("done")

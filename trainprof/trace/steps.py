@@ -90,8 +90,9 @@ def find_steps(trace: Trace) -> Steps:
 def _eval_kind(name: str) -> str:
     if name.startswith("trainprof/eval:"):
         return name.split(":", 1)[1]
+    what = name.rsplit(".", 1)[-1]  # validation_step, val_next, test_step, predict_next...
     for word, kind in (("predict", "predict"), ("test", "test"), ("val", "validation")):
-        if word in name:
+        if what.startswith(word):
             return f"Lightning {kind}"
     return "Lightning evaluation"
 
