@@ -72,9 +72,16 @@ def test_lightning_closure_is_forward_and_backward(lit: Run) -> None:
     (d,) = diagnose_path(lit.folder)
     events = _events(lit.folder)
     closure = _per_step_us(events, d, lambda n: n == "trainprof/closure")
+    step = _per_step_us(events, d, lambda n: n.startswith("Optimizer.step#Adam"))
+    model = _per_step_us(events, d, lambda n: n in ("trainprof/forward", "trainprof/backward"))
+    zero = _per_step_us(events, d, lambda n: n.startswith("Optimizer.zero_grad#"))
     assert closure > 0  # training_step and backward run inside Adam.step(closure)
     assert d.breakdown["Forward"] > 0 and d.breakdown["Backward"] > 0, d.breakdown
-    assert d.breakdown["Optimizer"] * 1000 < closure, (d.breakdown, closure)
+    # Optimizer is the update: Adam.step without the forward and backward of its closure (and
+    # zero_grad, inside the closure too). Whether the update or the closure takes longer
+    # depends on the machine's load: compared with the measured parts, not with each other.
+    assert d.breakdown["Optimizer"] * 1000 <= (step - model + zero) * 1.01 + 1, (d.breakdown, step)
+    assert d.breakdown["Optimizer"] * 1000 < step - closure + zero + 1, (d.breakdown, closure)
 
 
 @pytest.mark.slow
