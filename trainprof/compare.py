@@ -9,7 +9,8 @@ Step time
     steps) are dropped as warm-up (at most half of them): `wait` and `warmup` are the profiler
     schedule's, whose `wait` steps are the run's first (cold caches, allocator, cudnn autotune,
     compile) and whose `warmup` steps run with the profiler starting up. Profiled steps stay in:
-    a few slow steps barely move a median.
+    a few slow steps barely move a median. Steps holding an evaluation pass (`eval_steps`:
+    Lightning validation between two optimizer steps...) are left out: they are not training.
     Without metadata (a bare trace, a folder of traces) the trace's own step durations are used,
     none dropped (the profiler already skipped its warm-up), and a note says so: traces hold few
     steps, so the interval is wide. With several ranks, only the lowest rank's steps count.
@@ -205,7 +206,9 @@ def step_sample(run: RunInput) -> tuple[np.ndarray, str, int]:
     if run.meta is not None and run.meta.step_times_s:
         ms = np.asarray(run.meta.step_times_s, dtype=float) * 1000.0
         k = warmup_steps(len(ms), run.meta)
-        return ms[k:], "metadata", k
+        train = np.ones(len(ms), bool)  # steps holding an evaluation pass are not training
+        train[[i for i in run.meta.eval_steps if i < len(ms)]] = False
+        return ms[k:][train[k:]], "metadata", k
     durs = [x for d in _main_rank(run.diagnoses) for x in d.steps.durations_ms]
     return np.asarray(durs, dtype=float), "trace", 0
 
@@ -403,9 +406,12 @@ def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
                 f"{name}: {why}; step times are the {s.count} traced steps' durations."
             )
         else:
+            evals = run.meta.eval_steps if run.meta is not None else []
+            kept = [i for i in evals if i >= s.dropped]  # (earlier ones went with the warm-up)
             notes.append(
-                f"{name}: step times of all {s.count + s.dropped} steps from run metadata; "
-                f"the first {s.dropped} dropped as warm-up."
+                f"{name}: step times of all {s.count + s.dropped + len(kept)} steps from run "
+                f"metadata; the first {s.dropped} dropped as warm-up"
+                + (f", {len(kept)} holding an evaluation pass left out." if kept else ".")
             )
         if side.status not in (None, "ok"):
             notes.append(f"{name}: the run ended with status {side.status!r}.")

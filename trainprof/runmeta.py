@@ -122,6 +122,10 @@ class RunMeta(msgspec.Struct, kw_only=True):
     step_source: str = "none"  # optimizer | backward | dataloader | none
     step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
     window: Window = msgspec.field(default_factory=Window)
+    # Steps (indices into step_times_s) that held an evaluation pass (Lightning validation, HF
+    # Trainer.evaluate, a model.eval() forward without grad): not training, left out of statistics.
+    eval_steps: list[int] = []
+    eval_kinds: list[str] = []  # what evaluated, e.g. "Lightning validation"
     dataloaders: list[DataLoaderInfo] = []
     optimizers: list[OptimizerInfo] = []
     metrics: list[MetricInfo] = []

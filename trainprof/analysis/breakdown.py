@@ -7,6 +7,9 @@ category active then. Unlike tb-profiler, DataLoader counts torch 2.x `user_anno
 
 CPU traces have no GPU categories; the step splits into the training phases instead:
 DataLoader > Metrics > Optimizer > Backward > Forward > CPU Exec > Other.
+Optimizer is the parameter update only: a closure passed to optimizer.step() (LBFGS, Lightning's
+automatic optimization runs training_step and backward in one) is not optimizer time, so the
+closure's forward and backward count as Forward and Backward, the rest of it as CPU Exec.
 """
 
 from __future__ import annotations
@@ -24,9 +27,18 @@ CPU_CATEGORIES = (
     "DataLoader", "Metrics", "Optimizer", "Backward", "Forward", "CPU Exec", "Other",
 )
 
-_BACKWARD = r"^trainprof/backward$|^autograd::engine::evaluate_function|^Optimizer\.zero_grad#"
-_OPTIMIZER = r"^Optimizer\.(step|zero_grad)#"
-_FORWARD = r"^trainprof/forward$|^nn\.Module: "
+# Lightning's own profiler names its training step, backward and modules `[pl][...]`.
+_PL_BACKWARD = r"^\[pl\]\[profile\]\[Strategy\]\w+\.backward$"
+_PL_FORWARD = r"^\[pl\]\[profile\]\[Strategy\]\w+\.training_step$|^\[pl\]\[module\]"
+_BACKWARD = r"^trainprof/backward$|^autograd::engine::evaluate_function|^Optimizer\.zero_grad#|" \
+    + _PL_BACKWARD
+_OPTIMIZER_STEP = r"^Optimizer\.step#"
+_ZERO_GRAD = r"^Optimizer\.zero_grad#"
+_FORWARD = r"^trainprof/forward$|^nn\.Module: |" + _PL_FORWARD
+# What runs inside optimizer.step(closure) and is not the update: the closure itself
+# (capture/stepper's probe) and, in traces without that probe, the model's forward and backward.
+CLOSURE = r"^trainprof/closure$|^trainprof/(forward|backward)$|^nn\.Module: " \
+    r"|^autograd::engine::evaluate_function|" + _PL_FORWARD + "|" + _PL_BACKWARD
 
 
 def _events(ctx: Context, *kinds: int, pattern: str | None = None) -> iv.Intervals:
@@ -43,6 +55,19 @@ def _host_cpu_ops(ctx: Context) -> iv.Intervals:
     if ctx.steps.thread is not None:
         idx = idx[tr.thread[idx] == ctx.steps.thread]
     return iv.merge(tr.ts[idx], tr.end[idx])
+
+
+def closure_spans(ctx: Context) -> iv.Intervals:
+    """Time inside optimizer.step() closures (and any forward/backward, wherever it runs)."""
+    if "closure_spans" not in ctx._cache:
+        ctx._cache["closure_spans"] = _events(ctx, Kind.CPU_OP, Kind.ANNOTATION, pattern=CLOSURE)
+    return ctx._cache["closure_spans"]
+
+
+def update_spans(ctx: Context) -> iv.Intervals:
+    """The optimizer's own time: `Optimizer.step#` spans without their closures."""
+    host = (Kind.CPU_OP, Kind.ANNOTATION)
+    return iv.subtract(_events(ctx, *host, pattern=_OPTIMIZER_STEP), closure_spans(ctx))
 
 
 def category_sets(ctx: Context) -> list[tuple[str, iv.Intervals]]:
@@ -64,7 +89,7 @@ def category_sets(ctx: Context) -> list[tuple[str, iv.Intervals]]:
     return [
         ("DataLoader", ctx.dataloader_spans),
         ("Metrics", _events(ctx, *host, pattern=METRIC_SPANS)),
-        ("Optimizer", _events(ctx, *host, pattern=_OPTIMIZER)),
+        ("Optimizer", iv.union(update_spans(ctx), _events(ctx, *host, pattern=_ZERO_GRAD))),
         ("Backward", _events(ctx, *host, pattern=_BACKWARD)),
         ("Forward", _events(ctx, *host, pattern=_FORWARD)),
         ("CPU Exec", _host_cpu_ops(ctx)),

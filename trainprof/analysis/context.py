@@ -29,7 +29,15 @@ from trainprof.trace import intervals as iv
 from trainprof.trace.frames import PyStacks, event_frames, event_location
 from trainprof.trace.model import GPU_KINDS, Kind, Trace
 from trainprof.trace.nesting import enclosing
-from trainprof.trace.steps import DATALOADER_NEXT, Steps, find_steps
+from trainprof.trace.steps import (
+    DATALOADER_NEXT,
+    GENERIC_EVAL,
+    Steps,
+    eval_kinds,
+    find_steps,
+    keep_windows,
+    step_number,
+)
 
 # Host calls that block until the GPU (or a copy) is done.
 SYNC_CALLS = (
@@ -103,13 +111,39 @@ class Context:
         if partial is not None and label in steps.labels and len(steps) > 1:
             # The script ended inside this step: it runs to the end of the script (saving,
             # teardown) and is no training step.
-            keep = np.array([x != label for x in steps.labels])
-            steps = Steps(
-                steps.start[keep], steps.end[keep],
-                [x for x, k in zip(steps.labels, keep, strict=True) if k],
-                steps.source, steps.thread,
-            )
+            steps = keep_windows(steps, np.array([x != label for x in steps.labels]))
+        kinds = self._eval_windows(steps)
+        keep = np.array([k is None for k in kinds], bool)
+        pairs = zip(steps.labels, kinds, strict=True)
+        self._cache["eval_windows"] = [(x, k) for x, k in pairs if k]
+        if keep.any() and not keep.all():  # every window evaluating: nothing to compare with
+            steps = keep_windows(steps, keep)
         return steps
+
+    def _eval_windows(self, steps: Steps) -> list[str | None]:
+        """The evaluation pass each window holds (None: a training step). With run metadata its
+        `eval_steps` decide for plain-loop passes (capture tells a frozen teacher's no-grad
+        forward in every step from an evaluation every N steps); framework loops always count."""
+        kinds = eval_kinds(self.trace, steps)
+        generic = [i for i, k in enumerate(kinds) if k == GENERIC_EVAL]
+        if self.meta is not None:
+            marked = set(self.meta.eval_steps)
+            for i in generic:
+                kinds[i] = None
+            for i, x in enumerate(steps.labels):
+                n = step_number(x) if steps.source == "ProfilerStep" else None
+                if kinds[i] is None and n in marked:
+                    kinds[i] = ", ".join(self.meta.eval_kinds) or "evaluation"
+        elif 2 * len(generic) > len(kinds):
+            for i in generic:
+                kinds[i] = None
+        return kinds
+
+    @property
+    def eval_windows(self) -> list[tuple[str, str]]:
+        """(label, kind) of the recorded windows that hold an evaluation pass."""
+        _ = self.steps
+        return self._cache.get("eval_windows", [])
 
     @property
     def n_steps(self) -> int:
@@ -144,6 +178,8 @@ class Context:
         if w.partial_step is not None:
             touched.add(w.partial_step)
         skip = w.wait + w.warmup
+        evals = set(self.meta.eval_steps)  # evaluation passes are not training steps
+        touched |= evals
         plain = [t for i, t in enumerate(times) if i >= skip and i not in touched]
         if len(plain) < 5:
             plain = [t for i, t in enumerate(times) if i >= 1 and i not in touched]

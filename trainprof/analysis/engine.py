@@ -124,6 +124,31 @@ def notes_for(ctx: Context) -> list[str]:
     elif not d.gpu_timeline:
         notes.append("The trace lists GPUs but holds no GPU kernels or copies: GPU idle "
                      "cannot be measured, so GPU costs are not estimated.")
+    return notes + eval_notes(ctx)
+
+
+def eval_notes(ctx: Context) -> list[str]:
+    """Which steps hold an evaluation pass, and that they are left out of the statistics."""
+    notes = []
+    ev = ctx.eval_windows
+    if ev:
+        kinds = ", ".join(sorted({k for _, k in ev}))
+        labels = ", ".join(x for x, _ in ev)
+        total = len(ev) + (ctx.n_steps if ctx.n_steps != len(ev) else 0)
+        if total == len(ev):
+            notes.append(f"Every recorded step holds an evaluation pass ({kinds}): the trace "
+                         "shows evaluation, not training; analysed as it is.")
+        else:
+            verb = "holds" if len(ev) == 1 else "hold"
+            notes.append(f"{len(ev)} of {total} recorded steps {verb} an evaluation pass ({kinds}: "
+                         f"{labels}): left out of step statistics and findings.")
+    meta = ctx.meta
+    if meta is not None and meta.eval_steps and meta.step_times_s:
+        kinds = ", ".join(meta.eval_kinds) or "evaluation"
+        verb = "holds" if len(meta.eval_steps) == 1 else "hold"
+        notes.append(f"{len(meta.eval_steps)} of {len(meta.step_times_s)} steps of the run {verb} "
+                     f"an evaluation pass ({kinds}): left out of the step time without the "
+                     "profiler.")
     return notes
 
 

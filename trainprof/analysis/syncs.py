@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from trainprof.analysis.breakdown import update_spans
 from trainprof.analysis.context import (
     COPY_OPS,
     HOST_READ_PROBE,
@@ -140,7 +141,7 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
     probe_of = enclosing(tr, probes, np.array([r[0] for r in rows], np.int64))
     row_ts = tr.ts[np.array([r[0] for r in rows], np.int64)]
     in_dl = iv.contains(ctx.dataloader_spans, row_ts)
-    in_opt = iv.contains(ctx.spans(r"^Optimizer\.step#"), row_ts)
+    in_opt = iv.contains(update_spans(ctx), row_ts)  # a closure's training step is user code
     groups: dict[tuple, SyncSite] = {}
     for k, (op, label) in enumerate(rows):
         p = int(probe_of[k])

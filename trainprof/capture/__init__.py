@@ -15,6 +15,7 @@ Modules, one job each:
 * stepper    finds training steps (optimizer > backward > dataloader) and steps the profiler
 * probes     trainprof/* record_function ranges: fetch, forward, backward, host reads
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
+* evaluation trainprof/eval ranges: Lightning/HF evaluation loops, eval-mode no-grad forwards
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * dynamo     torch.compile over the whole run: compiles, recompiles (step, call, guard), breaks
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)

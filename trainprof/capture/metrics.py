@@ -9,52 +9,18 @@ two factories are patched; forward is a plain method.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 from collections.abc import Callable
-from importlib.machinery import ModuleSpec
 from types import ModuleType
 from typing import Any
 
 from trainprof.capture.metadata import MetaCollector
-from trainprof.capture.patching import Patches
+from trainprof.capture.patching import AfterImport, Patches
 from trainprof.capture.probes import probe
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
 
 MODULE = "torchmetrics"
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Calls `callback(module)` once `name` has been imported (its top-level code has run)."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != self.name:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        loader = spec.loader
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        exec_module = loader.exec_module
-        callback = self.callback
-
-        def exec_then_patch(module: ModuleType) -> None:
-            exec_module(module)
-            callback(module)
-
-        loader.exec_module = exec_then_patch  # type: ignore[method-assign]  # this spec's loader only
-        return spec
 
 
 class TorchMetricsSupport:
@@ -68,7 +34,7 @@ class TorchMetricsSupport:
         if MODULE in sys.modules:
             self._patch(sys.modules[MODULE])
             return
-        finder = _AfterImport(MODULE, self._patch)
+        finder = AfterImport(MODULE, self._patch)
         sys.meta_path.insert(0, finder)
         self.patches.on_restore(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
 

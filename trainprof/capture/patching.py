@@ -1,8 +1,13 @@
-"""Reversible monkey-patching: every replaced attribute is put back, in reverse order."""
+"""Reversible monkey-patching: every replaced attribute is put back, in reverse order; and
+patching a module right after the script imports it (AfterImport)."""
 
 from __future__ import annotations
 
+import importlib.abc
+import sys
 from collections.abc import Callable
+from importlib.machinery import ModuleSpec
+from types import ModuleType
 from typing import Any
 
 _MISSING = object()
@@ -44,3 +49,35 @@ class Patches:
                 undo()
             except Exception:  # restoring the rest matters more than one failure
                 pass
+
+
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Calls `callback(module)` once `name` has been imported (its top-level code has run)."""
+
+    def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
+        self.name = name
+        self.callback = callback
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
+        if fullname != self.name:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        exec_module = loader.exec_module
+        callback = self.callback
+
+        def exec_then_patch(module: ModuleType) -> None:
+            exec_module(module)
+            callback(module)
+
+        loader.exec_module = exec_then_patch  # type: ignore[method-assign]  # this spec's loader only
+        return spec

@@ -1,7 +1,8 @@
 """`trainprof/...` record_function ranges around what a diagnosis needs and torch does not label.
 
 * `trainprof/fetch`: DataLoader iterator __next__ (also a step boundary for the stepper),
-* `trainprof/forward`: the root module's forward (outermost nn.Module call, metrics excluded),
+* `trainprof/forward`: the root module's forward (outermost nn.Module call, metrics excluded);
+  one in eval mode with grad off is also inside `trainprof/eval:...` (capture/evaluation),
 * `trainprof/backward`: torch.autograd.backward (Tensor.backward goes through it),
 * `trainprof/host_read:<kind>@<file>:<line>`: Tensor.item / tolist / cpu / numpy / __bool__ by user
   code (directly, or through a library when the tensor is not on the CPU); file:line is the
@@ -27,9 +28,10 @@ import torch
 from torch.autograd.profiler import record_function
 
 from trainprof.capture.compat import is_compiling
+from trainprof.capture.evaluation import EVAL_RANGE, is_eval_forward
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S, on_fork_child
-from trainprof.capture.stepper import Stepper
+from trainprof.capture.stepper import GENERIC_EVAL, Stepper
 from trainprof.capture.userframe import UserCode
 
 # __bool__ is `if tensor:` (aten::is_nonzero): Kineto's Python frames cannot give its line (a
@@ -110,6 +112,7 @@ class _RootForward:
         self.conv_seen = False
         self.linear_seen = False
         self._inspected: set[int] = set()
+        self._trained: set[int] = set()  # root modules seen in training mode with grad on
 
     def install(self, patches: Patches) -> None:
         from torch.nn.modules import module as torch_module
@@ -161,10 +164,21 @@ class _RootForward:
         self.stepper.on_forward_root()
         if id(module) not in self._inspected:
             self._inspect(module)
-        rf = None
+        key = id(module)
+        if key not in self._trained and module.training and torch.is_grad_enabled():
+            # Its direct children too: DDP(model) / torch.compile(model) train, `.module` /
+            # `._orig_mod` may be what the evaluation calls.
+            self._trained.update([key, *map(id, module.children())])
+        # Only a model that trains evaluates: a frozen teacher in eval mode is part of the step.
+        evaluating = not S.eval_depth and key in self._trained and is_eval_forward(module)
+        if evaluating:
+            self.stepper.on_eval(GENERIC_EVAL)
+        rf: tuple[Any, ...] = ()
         if S.recording:
-            rf = record_function("trainprof/forward")
-            rf.__enter__()
+            rf = (record_function(EVAL_RANGE + GENERIC_EVAL),) if evaluating else ()
+            rf += (record_function("trainprof/forward"),)
+            for r in rf:
+                r.__enter__()
         self._unregister()
         token = next(_TOKENS)
         module._forward_hooks[self.key] = functools.partial(_root_post, token)
@@ -174,7 +188,7 @@ class _RootForward:
 
 
 _ROOT: list[_RootForward | None] = [None]
-_ACTIVE: dict[int, tuple[Any, Any]] = {}  # token -> (root module weakref, open record_function)
+_ACTIVE: dict[int, tuple[Any, Any]] = {}  # token -> (root module weakref, open record_functions)
 _TOKENS = itertools.count()
 
 
@@ -190,8 +204,7 @@ def _root_post(token: int, module: Any, inputs: Any, output: Any) -> None:
         return
     _detach(module, root.key)
     root._register()
-    rf = entry[1]
-    if rf is not None:
+    for rf in reversed(entry[1]):
         try:
             rf.__exit__(None, None, None)
         except Exception:  # the profiling session it belonged to may be over

@@ -118,6 +118,7 @@ class Session:
         # torch is imported only now: argument errors above stay instant.
         from trainprof.capture import cpumath, metadata
         from trainprof.capture.cudaflags import CudaFlags
+        from trainprof.capture.evaluation import EvalSupport
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
         from trainprof.capture.patching import Patches
@@ -160,6 +161,7 @@ class Session:
             theirs.install(patches)
             root = install_probes(patches, stepper, user)
             TorchMetricsSupport(patches, collector, user).install()
+            EvalSupport(patches, stepper).install()
             S.reset()
             cuda.start()
             prof.start()
@@ -207,6 +209,8 @@ class Session:
             wall_time_s=round(wall, 6),
             step_source=steps.source,
             step_times_s=[round(t, 6) for t in steps.step_times],
+            eval_steps=steps.eval_steps,
+            eval_kinds=steps.eval_kinds,
             window=Window(
                 wait=cfg.wait,
                 warmup=cfg.warmup,

@@ -18,6 +18,7 @@ class CaptureState:
         "opt_depth",
         "fetch_depth",
         "backward_depth",
+        "eval_depth",
         "metric_types",
     )
 
@@ -31,6 +32,7 @@ class CaptureState:
         self.opt_depth = 0  # inside optimizer.step(): LBFGS closures run forward/backward there
         self.fetch_depth = 0  # inside a DataLoader fetch: nn.Module transforms are not the model
         self.backward_depth = 0  # inside backward(): checkpointing re-runs forwards there
+        self.eval_depth = 0  # inside a framework's evaluation loop (capture/evaluation)
         self.metric_types: tuple[type, ...] = ()  # torchmetrics.Metric, once the script imports it
 
 

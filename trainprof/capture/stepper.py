@@ -21,9 +21,12 @@ A higher source seen later takes over without double counting, because a boundar
 *pending* and applied once: right after the outermost optimizer.step() returns (outside torch's
 `Optimizer.step#` range, so ranges nest), or else at the start of the next iteration (the next
 DataLoader fetch or root-module forward). prof.step() is therefore never called from inside a
-torch-labelled range. Inside optimizer.step() (LBFGS closures) forward/backward are not steps.
+torch-labelled range. Inside optimizer.step() (LBFGS closures, Lightning's automatic
+optimization) forward/backward are not steps; the closure runs in a `trainprof/closure` range.
 
 Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step.
+Evaluation passes (capture/evaluation calls `on_eval`) are kept by step number: those steps are
+not training steps (`eval_steps` in the run metadata).
 
 Every hook and wrapper tests `is_compiling()` first: torch.compile traces them (global hooks,
 patched methods), and dynamo folds that test to a constant, so nothing of trainprof ends up in
@@ -38,10 +41,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerAction
 
 from trainprof.capture.compat import is_compiling
@@ -52,6 +56,8 @@ from trainprof.capture.state import S
 # Source ranks: a higher one seen later takes over.
 NONE, DATALOADER, BACKWARD, OPTIMIZER = 0, 1, 2, 3
 WAIT_FOR_OPTIMIZER = 64
+CLOSURE_RANGE = "trainprof/closure"
+GENERIC_EVAL = "model.eval() forward without grad"  # capture/evaluation's kind for plain loops
 RECORDING = frozenset({ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE})
 
 
@@ -63,6 +69,29 @@ class StepSummary:
     open_step: int  # number of the ProfilerStep still open when the script ended
     open_step_recorded: bool  # that last ProfilerStep is in the trace (it runs to the script's end)
     profiler_error: str | None
+    eval_steps: list[int] = field(default_factory=list)  # completed steps holding an evaluation
+    eval_kinds: list[str] = field(default_factory=list)  # what evaluated, e.g. Lightning validation
+
+
+def _probe_closure(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """`closure` (step(closure) / step(closure=...)) inside a `trainprof/closure` range: the
+    analysis gives what runs in it to Forward/Backward and leaves Optimizer the update alone."""
+    if args and callable(args[0]):
+        return (_closure_probed(args[0]), *args[1:]), kwargs
+    if callable(kwargs.get("closure")):
+        return args, {**kwargs, "closure": _closure_probed(kwargs["closure"])}
+    return args, kwargs
+
+
+def _closure_probed(closure: Callable[[], Any]) -> Callable[[], Any]:
+    @functools.wraps(closure)
+    def closure_probed() -> Any:
+        if not S.recording:  # the window may close inside a long LBFGS step
+            return closure()
+        with record_function(CLOSURE_RANGE):
+            return closure()
+
+    return closure_probed
 
 
 class Stepper:
@@ -90,6 +119,7 @@ class Stepper:
         self.on_window_done: Callable[[], None] | None = None  # every window recorded
         self.aside = False  # the script runs its own profiler: trainprof's stopped for good
         self.cut_step: int | None = None  # the ProfilerStep cut short by stepping aside
+        self.evals: dict[int, str] = {}  # step number -> the first evaluation pass seen in it
 
     # ----- installation -----------------------------------------------------------------------
     def install(self, patches: Patches) -> None:
@@ -149,6 +179,8 @@ class Stepper:
                 return inner(opt, *args, **kwargs)
             S.opt_depth += 1
             try:
+                if S.recording:  # forward/backward run in the closure: mark it (breakdown)
+                    args, kwargs = _probe_closure(args, kwargs)
                 return inner(opt, *args, **kwargs)
             finally:
                 S.opt_depth -= 1
@@ -214,6 +246,23 @@ class Stepper:
         self.pending = True
         self.pending_t = time.perf_counter()
 
+    def on_eval(self, kind: str) -> None:
+        """An evaluation pass starts (capture/evaluation): it belongs to the step running now,
+        or, when a step has ended and the profiler is not advanced yet, to the next one."""
+        self.evals.setdefault(len(self.step_times) + int(self.pending), kind)
+
+    def _training_evals(self) -> dict[int, str]:
+        """The evaluation steps worth leaving out of training statistics."""
+        if self._rank < BACKWARD:  # no training (inference loop): every step evaluates
+            return {}
+        done = {s: k for s, k in self.evals.items() if s < len(self.step_times)}
+        generic = [s for s, k in done.items() if k == GENERIC_EVAL]
+        # A no-grad eval-mode forward in most steps is part of training (a frozen teacher or
+        # encoder, EMA targets, RL rollouts), not an evaluation pass.
+        if 2 * len(generic) > len(self.step_times):
+            done = {s: k for s, k in done.items() if k != GENERIC_EVAL}
+        return dict(sorted(done.items()))
+
     # ----- the profiler ------------------------------------------------------------------------
     @property
     def recording(self) -> bool:
@@ -268,7 +317,10 @@ class Stepper:
             start = self.step_start if self.step_start is not None else self.t0
             self.step_times.append(self.pending_t - start)
             self.pending = False
+        evals = self._training_evals()
         return StepSummary(
+            eval_steps=list(evals),
+            eval_kinds=sorted(set(evals.values())),
             source=self.source,
             step_times=self.step_times,
             recorded=self.recorded,

@@ -5,8 +5,10 @@ so nothing runs on the GPU (or, on a CPU run, no training happens) while it does
 workers, or CPU-heavy transforms, the workers cannot keep up and the loop still waits.
 
 Detection: `enumerate(DataLoader)#..._DataLoaderIter.__next__` (and trainprof's `trainprof/fetch`
-probe) clipped to the step windows: the fetch time per step and its share of the step. Whether
-the loader already has workers comes from the run metadata, else from the iterator's class
+probe) clipped to the step windows: the fetch time per step and its share of the step. Steps that
+hold an evaluation pass (Lightning validation between two optimizer steps: its whole validation set
+is fetched there) are not step windows (analysis/context), so their fetches never count. Whether the
+loader already has workers comes from the run metadata, else from the iterator's class
 (`_SingleProcessDataLoaderIter` means `num_workers=0`).
 
 Saving estimate: on a GPU trace, the GPU idle time that falls inside fetches (never more than
@@ -152,6 +154,7 @@ def check(ctx: Context) -> list[Finding]:
             location=loc,
             metrics={
                 "fetch_ms_per_step": round(fetch / 1000, 3),
+                "fetches_per_step": round(fetches / max(ctx.n_steps, 1), 2),
                 "share_pct": round(share, 2),
                 "gpu_idle_ms_per_step": round(saving / 1000, 3) if ctx.gpu_timeline else 0.0,
                 "num_workers": -1 if workers is None else workers,

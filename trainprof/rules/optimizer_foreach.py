@@ -10,12 +10,14 @@ on CPU) remove nearly all of those launches. torch picks foreach by default only
 parameter is on CUDA; `foreach=False` or CPU parameters get the loop.
 
 Detection: inside each `Optimizer.step#<Class>.step` span (outermost, inside the step windows),
-the per-tensor element-wise ops (`aten::add_`, `mul_`, `addcdiv_`, `addcmul_`, `lerp_`, `sqrt`,
-`div_`, ...) against the multi-tensor ones (`aten::_foreach_*`, `aten::_fused_*`, GPU kernels
-named `multi_tensor_apply`). A class whose steps hold at least 8 per-tensor ops and no
-multi-tensor work, or whose Python stack shows `_single_tensor_<name>`, loops per parameter.
-Optimizers named `Fused...` (apex, DeepSpeed) are never reported. The run metadata, when present,
-says whether `foreach=False` was passed and where the optimizer was built.
+leaving out a closure passed to step() (`trainprof/closure`, or forward/backward ranges: LBFGS and
+Lightning run the training step there), the per-tensor element-wise ops (`aten::add_`, `mul_`,
+`addcdiv_`, `addcmul_`, `lerp_`, `sqrt`, `div_`, ...) against the multi-tensor ones
+(`aten::_foreach_*`, `aten::_fused_*`, GPU kernels named `multi_tensor_apply`). A class whose steps
+hold at least 8 per-tensor ops and no multi-tensor work, or whose Python stack shows
+`_single_tensor_<name>`, loops per parameter. Optimizers named `Fused...` (apex, DeepSpeed) are
+never reported. The run metadata, when present, says whether `foreach=False` was passed and where
+the optimizer was built.
 
 Saving estimate. GPU: the idle time between the first and the last GPU op the optimizer launched,
 per step (the launch gaps, which multi-tensor kernels remove); only idle not already attributed
@@ -25,7 +27,8 @@ foreach kernels move the same bytes (fused ones move fewer). CPU: 25 % of the
 single-tensor time (SGD with momentum and Adam, 6 to 40 tensors, one thread, torch 2.14; the
 least gain was SGD on a 1.3 M-parameter MLP). Other classes are not reported on CPU: foreach
 kernels there took 0.86x to 1.34x the loop's time, no reliable gain. Both estimates are bounded
-by the optimizer's own time.
+by the optimizer's own time, the update without the closure (on CPU also by the time in the
+`_single_tensor_<name>` loop, when the trace has Python stacks: what fused=True replaces).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.breakdown import closure_spans, update_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
@@ -74,12 +78,14 @@ class SpanGpu:
     launched: np.ndarray  # GPU event indices
 
 
-def span_gpu(ctx: Context, spans: np.ndarray) -> SpanGpu:
+def span_gpu(ctx: Context, spans: np.ndarray, exclude: iv.Intervals = iv.EMPTY) -> SpanGpu:
     """GPU kernels/copies/memsets launched by runtime calls inside `spans` (by correlation id),
-    and the `other`-attributed GPU idle between the first and the last of them in each span."""
+    and the `other`-attributed GPU idle between the first and the last of them in each span.
+    Runtime calls inside `exclude` (an optimizer's closure) are left out."""
     tr = ctx.trace
     rt = tr.where_kind(Kind.RUNTIME)
     rt = rt[tr.corr[rt] >= 0]
+    rt = rt[~iv.contains(exclude, tr.ts[rt])]
     owner = enclosing(tr, spans, rt)
     rt, owner = rt[owner >= 0], owner[owner >= 0]
     g = ctx.gpu_events
@@ -134,6 +140,16 @@ def _single_frames(ctx: Context, spans: np.ndarray) -> list[str]:
     return sorted({tr.name(i).split(": ")[-1] for i in py[inside]})
 
 
+def _single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
+    """Time in `_single_tensor_<name>` Python frames inside `spans` (None: no Python stacks)."""
+    tr = ctx.trace
+    py = tr.where_name(SINGLE_TENSOR_FRAME, Kind.PYTHON)
+    py = py[enclosing(tr, spans, py) >= 0] if len(py) else py
+    if not len(py):
+        return None
+    return iv.total(iv.merge(tr.ts[py], tr.end[py]))
+
+
 def loops(ctx: Context) -> list[Loop]:
     """Optimizer classes whose steps loop over the parameters, one tensor at a time."""
     tr = ctx.trace
@@ -142,10 +158,14 @@ def loops(ctx: Context) -> list[Loop]:
     spans = outermost(tr, spans[ctx.in_windows(spans)])
     if not len(spans):
         return []
+    # The closure's forward/backward (and gradient clipping) run inside step(): not the update.
+    closure = closure_spans(ctx)
     # Outermost only: some profilers record an op twice, nested (binding and dispatcher).
     ops = outermost(tr, tr.where_name(PER_TENSOR, Kind.CPU_OP))
+    ops = ops[~iv.contains(closure, tr.ts[ops])]
     op_owner = enclosing(tr, spans, ops)
     multi = tr.where_name(MULTI_TENSOR_OP, Kind.CPU_OP)
+    multi = multi[~iv.contains(closure, tr.ts[multi])]
     multi_owner = enclosing(tr, spans, multi)
     kernels = tr.where_name(MULTI_TENSOR_KERNEL, Kind.KERNEL)
     classes: dict[str, list[int]] = {}
@@ -159,7 +179,7 @@ def loops(ctx: Context) -> list[Loop]:
             continue
         if np.isin(multi_owner, sp).any():
             continue
-        if len(kernels) and np.isin(span_gpu(ctx, sp).launched, kernels).any():
+        if len(kernels) and np.isin(span_gpu(ctx, sp, closure).launched, kernels).any():
             continue  # a custom optimizer already on multi-tensor kernels
         n_ops = int(np.isin(op_owner, sp).sum())
         frames = _single_frames(ctx, sp)
@@ -183,8 +203,10 @@ def _fix(cls: str, gpu: bool, meta: OptimizerInfo | None) -> str:
 def _finding(ctx: Context, lp: Loop) -> Finding:
     tr = ctx.trace
     n = len(lp.spans)
-    host_us = iv.total(iv.merge(tr.ts[lp.spans], tr.end[lp.spans]))
-    host = ctx.per_step(host_us)
+    step_us = iv.merge(tr.ts[lp.spans], tr.end[lp.spans])
+    # The update alone: a closure passed to step() (LBFGS, Lightning) is forward + backward.
+    host = ctx.per_step(iv.total(iv.intersect(step_us, update_spans(ctx))))
+    in_closure = ctx.per_step(iv.total(step_us)) - host
     per_span = lp.per_tensor_ops / n
     metrics: dict = {
         "class": lp.cls,
@@ -198,10 +220,14 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
     )
     if lp.single_frames:
         how += f" ({', '.join(lp.single_frames)})"
-    evidence = f"{how}; {ms(host)} per step on the host."
+    evidence = f"{how}; {ms(host)} per step on the host"
+    if in_closure > 0.05 * host:
+        evidence += f" for the update ({ms(in_closure)} of its closure's forward/backward left out)"
+        metrics["closure_ms_per_step"] = round(in_closure / 1000, 3)
+    evidence += "."
     severity = None
     if ctx.gpu_timeline:
-        gpu = span_gpu(ctx, lp.spans)
+        gpu = span_gpu(ctx, lp.spans, closure_spans(ctx))
         claim(ctx, f"optimizer-foreach:{lp.cls}", gpu.idle)
         saving = min(ctx.per_step(iv.total(gpu.idle)), host)
         kern = ctx.per_step(gpu.busy_us)
@@ -217,6 +243,9 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
         )
     elif ctx.device.kind == "cpu" and lp.cls in FUSED_OK:
         saving = CPU_FUSED_FACTOR * host
+        loop = _single_frame_us(ctx, lp.spans)
+        if loop is not None:  # never more than the per-tensor loop itself, which fused replaces
+            saving = min(saving, ctx.per_step(loop))
         evidence += (
             " fused=True took 0.35-0.75x the single-tensor time on CPU (torch 2.14): "
             f"~{ms(saving)} per step ({CPU_FUSED_FACTOR:.0%} of the optimizer time)."

@@ -1,5 +1,9 @@
 """Step windows: `ProfilerStep#N`; without them, optimizer-step or DataLoader cycles; without
-any of those, the whole span as one window (and the output says so)."""
+any of those, the whole span as one window (and the output says so).
+
+Evaluation inside training (Lightning validates between two optimizer steps): `eval_kinds` says
+which windows hold an evaluation pass, from trainprof's `trainprof/eval:<kind>` ranges or, in
+traces of Lightning's own profiler, its `[pl][profile]` validation/test/predict ranges."""
 
 from __future__ import annotations
 
@@ -14,6 +18,13 @@ from trainprof.trace.model import HOST_KINDS, Kind, Trace
 PROFILER_STEP = r"^ProfilerStep#\d+$"
 OPTIMIZER_STEP = r"^Optimizer\.step#"
 DATALOADER_NEXT = r"^enumerate\(DataLoader\)#.*__next__$|^trainprof/fetch$"
+
+EVAL_SPAN = r"^trainprof/eval:"
+GENERIC_EVAL = "model.eval() forward without grad"  # the kind capture gives plain loops
+LIGHTNING_EVAL = (
+    r"^\[pl\]\[profile\](\[Strategy\]\w+\.(validation|test|predict)_step"
+    r"|\[_(Evaluation|Prediction)Loop\]\.\w+_next)$"
+)
 
 SOURCE_TEXT = {
     "ProfilerStep": "ProfilerStep# markers",
@@ -84,6 +95,39 @@ def find_steps(trace: Trace) -> Steps:
             f"{trace.path}: the trace spans no time (all its events start and end at {lo:g} µs)"
         )
     return Steps(np.array([lo]), np.array([hi]), ["whole trace"], "span", thread, zero_length)
+
+
+def _eval_kind(name: str) -> str:
+    if name.startswith("trainprof/eval:"):
+        return name.split(":", 1)[1]
+    what = name.rsplit(".", 1)[-1]  # validation_step, val_next, test_step, predict_next...
+    for word, kind in (("predict", "predict"), ("test", "test"), ("val", "validation")):
+        if what.startswith(word):
+            return f"Lightning {kind}"
+    return "Lightning evaluation"
+
+
+def eval_kinds(trace: Trace, steps: Steps) -> list[str | None]:
+    """For each window, the evaluation pass that runs in it (its kind), or None."""
+    host = (Kind.CPU_OP, Kind.ANNOTATION)
+    idx = np.r_[trace.where_name(EVAL_SPAN, *host), trace.where_name(LIGHTNING_EVAL, *host)]
+    out: list[str | None] = [None] * len(steps)
+    if not len(idx):
+        return out
+    idx = idx[np.argsort(trace.ts[idx], kind="stable")]
+    ts, end = trace.ts[idx], trace.end[idx]
+    for w in range(len(steps)):
+        hit = np.flatnonzero((ts < steps.end[w]) & (end > steps.start[w]))
+        kinds = [_eval_kind(trace.name(int(i))) for i in idx[hit]]
+        # A framework's loop names the pass better than the forwards inside it.
+        out[w] = next((k for k in kinds if k != GENERIC_EVAL), kinds[0] if kinds else None)
+    return out
+
+
+def keep_windows(steps: Steps, keep: np.ndarray) -> Steps:
+    """The windows where `keep` (a bool mask) is true."""
+    labels = [x for x, k in zip(steps.labels, keep, strict=True) if k]
+    return Steps(steps.start[keep], steps.end[keep], labels, steps.source, steps.thread)
 
 
 def step_number(label: str) -> int | None:
