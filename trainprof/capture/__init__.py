@@ -13,6 +13,7 @@ Modules, one job each:
 * probes     trainprof/* record_function ranges: fetch, forward, backward, host reads
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
+* loadprobe  the machine's load over the run: load average, other processes' CPU time
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA

@@ -148,6 +148,7 @@ class Session:
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
+        load = metadata.LoadProbe()  # the machine's load from here to the end of the capture
         try:
             collector.install()
             stepper.install(patches)
@@ -189,7 +190,7 @@ class Session:
             noise.write_log("the script's traceback, untrimmed:\n" + outcome.detail)
         rank, world = metadata.distributed()
         meta = RunMeta(
-            **metadata.environment(),
+            **metadata.environment(load),
             script=self.target.path,
             module=self.target.module,
             argv=self.target.command,
