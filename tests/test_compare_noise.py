@@ -153,6 +153,10 @@ def test_different_cpu_model_and_load_warn(real_run: Path, tmp_path: Path) -> No
     assert len(loads) == 1 and f"{busy:.2f} during B" in loads[0]
     assert all("cannot be trusted" in w for w in c["warnings"])
     r = invoke("compare", str(real_run), str(b))
+    flat = " ".join(r.output.split())  # the headline may wrap
+    assert flat.index("not to be trusted: the runs saw different load or machines") < flat.index(
+        "Warning:"
+    )
     assert "Warning: Different machines: CPU model" in r.output
     assert "Warning: Different load" in r.output
     r = invoke("compare", str(real_run), str(b), "--markdown")

@@ -39,12 +39,12 @@ def machine_cpu_s() -> tuple[float, float] | None:
     try:
         with open(_PROC / "stat") as f:
             fields = f.readline().split()
-    except OSError:
+        if not fields or fields[0] != "cpu" or len(fields) < 8:
+            return None
+        # user nice system idle iowait irq softirq steal [guest guest_nice]: guest is in user.
+        v = [int(x) for x in fields[1:9]] + [0] * (9 - len(fields))
+    except (OSError, ValueError):  # the probe is best effort: never fail the run
         return None
-    if not fields or fields[0] != "cpu" or len(fields) < 8:
-        return None
-    # user nice system idle iowait irq softirq steal [guest guest_nice]: guest is inside user.
-    v = [int(x) for x in fields[1:9]] + [0] * (9 - len(fields))
     busy = v[0] + v[1] + v[2] + v[5] + v[6]
     return busy / _ticks(), v[7] / _ticks()
 
@@ -60,14 +60,12 @@ def _live_descendants_cpu_s(root: int) -> float:
     for e in entries:
         try:
             text = (_PROC / e / "stat").read_text()
-        except OSError:  # gone meanwhile
+            # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+            rest = text[text.rfind(")") + 2 :].split()
+            parent[int(e)] = int(rest[1])
+            cpu[int(e)] = sum(int(x) for x in rest[11:15]) / _ticks()  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or unreadable
             continue
-        # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
-        rest = text[text.rfind(")") + 2 :].split()
-        if len(rest) < 15:
-            continue
-        parent[int(e)] = int(rest[1])
-        cpu[int(e)] = sum(int(x) for x in rest[11:15]) / _ticks()  # utime stime cutime cstime
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)

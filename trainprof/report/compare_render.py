@@ -81,10 +81,13 @@ def gate_line(g: Gate) -> str:
 
 def headline(c: Comparison) -> str:
     """The verdict with the medians: the one line to read."""
-    return (
+    text = (
         f"{c.change.verdict}: median step {c.a.steps.median_ms:.1f} → "
         f"{c.b.steps.median_ms:.1f} ms"
     )
+    if c.change.ci_trusted is False:
+        text += " — not to be trusted: the runs saw different load or machines (warnings below)"
+    return text
 
 
 # ---- JSON ------------------------------------------------------------------------------------
@@ -153,6 +156,8 @@ def _console() -> Console:
 
 
 def _verdict_style(c: Comparison) -> str:
+    if c.change.ci_trusted is False:
+        return "bold yellow"
     if not c.change.significant:
         return "bold"
     return "bold green" if c.change.faster == "B" else "bold red"
