@@ -182,6 +182,12 @@ def compare(
     b: Path = typer.Argument(..., help="The candidate, compared against A."),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema 1)."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Markdown (for a PR comment)."),
+    # A string, parsed by compare: a bad value is then one line, not click's usage box.
+    fail_if_slower: str = typer.Option(
+        None, "--fail-if-slower", metavar="PCT",
+        help="Exit 3 when B's median step is slower than A's by more than PCT % "
+        "(95 % confidence).",
+    ),
 ) -> None:
     """Compare two runs: median step time with a 95 % bootstrap CI, breakdown and findings."""
     from trainprof.compare import compare_command
@@ -190,7 +196,8 @@ def compare(
 
     try:
         code = compare_command(
-            a, b, fmt="json" if as_json else "markdown" if as_markdown else "console"
+            a, b, fmt="json" if as_json else "markdown" if as_markdown else "console",
+            fail_if_slower=fail_if_slower,
         )
     except TrainprofError as err:
         _fail(err)

@@ -31,6 +31,21 @@ Findings
     stripped. A finding whose line moved (the fix added lines above it) still matches when rule,
     file and title (numbers stripped) agree. Unmatched in B: resolved; only in B: new.
 
+Noise between runs
+    The bootstrap resamples steps inside each run: it sees the noise from step to step, not a
+    machine that was busier during one run than during the other. So each run's metadata
+    records the machine (CPU model and count, accelerators, torch version) and its load (load
+    average at start and end, the CPUs other processes kept busy: `capture/loadprobe.py`), and
+    a warning says when the two runs differ: other processes' CPUs by more than
+    max(0.5, 10 % of the CPUs) (the load average, which counts the run's own threads, only when
+    that is not known: by more than max(1, 25 % of the CPUs)), or the machine. The interval
+    then cannot be trusted: `change.ci_trusted` is false (null when a side has no load record).
+
+Gate
+    `--fail-if-slower PCT` exits 3 (like `diagnose --fail-on`) when B's median step is slower
+    than A's by more than PCT % with 95 % confidence: the lower end of the change's interval is
+    above PCT. Too few steps for an interval: not failed, and the gate says so.
+
 Mismatches (different devices, step sources, a failed run) are notes, never errors. A run folder
 with metadata but no trace (the script failed before the profiler recorded) still gives step
 times; its breakdown and findings are then not compared.
@@ -42,15 +57,21 @@ JSON schema 1 (`--json`):
      "change": {"ratio": median(B)/median(A), "ratio_low", "ratio_high",
                 "change_pct": 100 * (ratio - 1), "change_low_pct", "change_high_pct",
                 "significant": bool (null when not tested), "faster": "A" | "B" | null,
-                "verdict": str, "confidence": 0.95, "resamples": 2000, "seed": 0},
+                "verdict": str, "confidence": 0.95, "resamples": 2000, "seed": 0,
+                "ci_trusted": bool | null},   # false: different load or machines (warnings)
      "breakdown": [{"category", "a_ms", "b_ms", "delta_ms"}],   # ms per traced step, null = n/a
      "findings": [{"status": "resolved" | "new" | "still present", "rule", "title", "location",
                    "severity_a", "severity_b", "saving_a_ms", "saving_b_ms"}],  # null = absent
-     "notes": [str]}
+     "notes": [str],
+     "warnings": [str],        # different load or machines: the interval cannot be trusted
+     "gate": null | {"fail_if_slower_pct", "tested": bool, "failed": bool, "reason": str}}
     Side = {"path", "traces": [str], "device": str, "status": str | null (run metadata's),
             "steps": {"source": "metadata" | "trace", "count", "dropped", "median_ms",
                       "median_low_ms", "median_high_ms", "mean_ms"},
-            "gpu_busy_pct": float | null}
+            "gpu_busy_pct": float | null,
+            "machine": null | {"cpu_model", "cpu_count", "cpus_online", "devices": [str],
+                               "torch_version", "loadavg_start", "loadavg_end",
+                               "other_cpus", "steal_cpus"}}   # from run metadata; null = unknown
 """
 
 from __future__ import annotations
@@ -66,6 +87,7 @@ import numpy as np
 
 from trainprof import stats
 from trainprof.analysis.model import Diagnosis, Finding
+from trainprof.diagnose import FAIL_EXIT  # the same exit code as `diagnose --fail-on`
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import META_NAME, RunMeta, read_meta
 
@@ -88,6 +110,20 @@ class StepStats(msgspec.Struct, kw_only=True):
     mean_ms: float
 
 
+class Machine(msgspec.Struct, kw_only=True):
+    """What the run's metadata says of its machine and load (None / "": not recorded)."""
+
+    cpu_model: str
+    cpu_count: int | None
+    cpus_online: int | None
+    devices: list[str]
+    torch_version: str
+    loadavg_start: float | None
+    loadavg_end: float | None
+    other_cpus: float | None  # CPUs other processes kept busy on average during the run
+    steal_cpus: float | None
+
+
 class Side(msgspec.Struct, kw_only=True):
     path: str
     traces: list[str]
@@ -95,6 +131,7 @@ class Side(msgspec.Struct, kw_only=True):
     status: str | None
     steps: StepStats
     gpu_busy_pct: float | None
+    machine: Machine | None = None
 
 
 class Change(msgspec.Struct, kw_only=True):
@@ -110,6 +147,8 @@ class Change(msgspec.Struct, kw_only=True):
     confidence: float = stats.CONFIDENCE
     resamples: int = stats.RESAMPLES
     seed: int = stats.SEED
+    # False: the runs saw different load or machines, which the interval does not account for.
+    ci_trusted: bool | None = None
 
 
 class CategoryDelta(msgspec.Struct, kw_only=True):
@@ -130,6 +169,16 @@ class FindingDelta(msgspec.Struct, kw_only=True):
     saving_b_ms: float | None
 
 
+class Gate(msgspec.Struct, kw_only=True):
+    """`--fail-if-slower PCT`: failed when B is slower than A by more than PCT with 95 %
+    confidence."""
+
+    fail_if_slower_pct: float
+    tested: bool  # False: no interval (too few steps)
+    failed: bool
+    reason: str
+
+
 class Comparison(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     a: Side
@@ -138,6 +187,8 @@ class Comparison(msgspec.Struct, kw_only=True):
     breakdown: list[CategoryDelta] = []
     findings: list[FindingDelta] = []
     notes: list[str] = []
+    warnings: list[str] = []
+    gate: Gate | None = None
 
 
 # ---- inputs ---------------------------------------------------------------------------------
@@ -376,6 +427,130 @@ def _change(a: np.ndarray, b: np.ndarray, seed: int, resamples: int) -> tuple[Ch
     return change, ((shift.a.low, shift.a.high), (shift.b.low, shift.b.high))
 
 
+def _machine(meta: RunMeta | None) -> Machine | None:
+    if meta is None:
+        return None
+    load = meta.load
+    return Machine(
+        cpu_model=meta.cpu_model,
+        cpu_count=meta.cpu_count,
+        cpus_online=meta.cpus_online,
+        devices=list(meta.devices),
+        torch_version=meta.torch_version,
+        loadavg_start=load.loadavg_start if load else None,
+        loadavg_end=load.loadavg_end if load else None,
+        other_cpus=load.other_cpus if load else None,
+        steal_cpus=load.steal_cpus if load else None,
+    )
+
+
+# Different load: other processes' busy CPUs apart by more than max(0.5, 10 % of the CPUs);
+# load averages (which count the run's own threads) by more than max(1, 25 % of the CPUs).
+OTHER_CPUS_DIFF, OTHER_CPUS_SHARE = 0.5, 0.10
+LOADAVG_DIFF, LOADAVG_SHARE = 1.0, 0.25
+
+
+def _loadavg(m: Machine) -> float | None:
+    xs = [x for x in (m.loadavg_start, m.loadavg_end) if x is not None]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _cpus(a: Machine, b: Machine) -> int:
+    return max(a.cpus_online or a.cpu_count or 1, b.cpus_online or b.cpu_count or 1)
+
+
+def _load_warning(a: Machine, b: Machine) -> str | None:
+    """A sentence when the two runs saw the machine differently loaded, else None."""
+    cpus = _cpus(a, b)
+    if a.other_cpus is not None and b.other_cpus is not None:
+        if abs(a.other_cpus - b.other_cpus) <= max(OTHER_CPUS_DIFF, OTHER_CPUS_SHARE * cpus):
+            return None
+        what = (
+            f"other processes kept {a.other_cpus:.2f} CPUs busy during A, "
+            f"{b.other_cpus:.2f} during B (of {cpus})"
+        )
+    else:
+        la, lb = _loadavg(a), _loadavg(b)
+        if la is None or lb is None or abs(la - lb) <= max(LOADAVG_DIFF, LOADAVG_SHARE * cpus):
+            return None
+        what = f"load average {la:.2f} during A, {lb:.2f} during B (of {cpus} CPUs)"
+    return (
+        f"Different load: {what}. The confidence interval only sees the noise between steps "
+        "of each run, not a machine busier in one run: it cannot be trusted. Rerun A and B on "
+        "a quiet machine, or alternate several runs of each."
+    )
+
+
+def _machine_warning(a: Machine, b: Machine) -> str | None:
+    """A sentence when the two runs ran on different machines or torch versions, else None."""
+    diffs = []
+    pairs = (
+        ("CPU model", a.cpu_model or None, b.cpu_model or None),
+        ("CPU count", a.cpu_count, b.cpu_count),
+        ("torch", a.torch_version or None, b.torch_version or None),
+    )
+    for name, x, y in pairs:
+        if x is not None and y is not None and x != y:
+            diffs.append(f"{name} (A: {x}, B: {y})")
+    if a.devices != b.devices:
+        diffs.append(
+            f"GPUs (A: {', '.join(a.devices) or 'none'}, B: {', '.join(b.devices) or 'none'})"
+        )
+    if not diffs:
+        return None
+    return (
+        f"Different machines: {', '.join(diffs)}. The change measures the machine as much as "
+        "the code, and the confidence interval cannot be trusted as the code's effect."
+    )
+
+
+def noise_check(sa: Side, sb: Side) -> tuple[list[str], list[str], bool | None]:
+    """(warnings, notes, ci_trusted): whether the runs saw the same machine and load."""
+    ma, mb = sa.machine, sb.machine
+    if ma is None or mb is None:
+        missing = " and ".join(n for n, m in (("A", ma), ("B", mb)) if m is None)
+        return [], [f"No run metadata in {missing}: its machine and load are unknown, so "
+                    "whether both runs saw the same machine cannot be checked."], None
+    warnings = [w for w in (_machine_warning(ma, mb), _load_warning(ma, mb)) if w]
+    notes = []
+    unknown = [n for n, m in (("A", ma), ("B", mb)) if m.other_cpus is None and _loadavg(m) is None]
+    if unknown and not warnings:
+        notes.append(
+            f"{' and '.join(unknown)}: no load recorded (older trainprof metadata): whether "
+            "both runs saw the same load cannot be checked."
+        )
+    return warnings, notes, (False if warnings else None if unknown else True)
+
+
+def parse_pct(value: str, option: str = "--fail-if-slower") -> float:
+    """A percentage given on the command line: a finite number >= 0."""
+    try:
+        pct = float(value)
+    except ValueError:
+        pct = math.nan
+    if not math.isfinite(pct) or pct < 0:
+        raise TrainprofError(f"{option} takes a percentage (a number >= 0), not {value!r}")
+    return pct
+
+
+def gate(change: Change, pct: float) -> Gate:
+    """`--fail-if-slower PCT`: failed when the interval's lower end is above +PCT %."""
+    low, high = change.change_low_pct, change.change_high_pct
+    if low is None or high is None:
+        return Gate(
+            fail_if_slower_pct=pct, tested=False, failed=False,
+            reason=f"not tested: no confidence interval ({change.verdict})",
+        )
+    ci = f"95 % CI of the change {low:+.1f} to {high:+.1f} %"
+    if low > pct:
+        reason = f"B is slower than A by more than {pct:g} % with 95 % confidence ({ci})"
+    else:
+        reason = f"B is not slower than A by more than {pct:g} % with 95 % confidence ({ci})"
+    if change.ci_trusted is False:
+        reason += "; but the runs saw different load or machines: the interval cannot be trusted"
+    return Gate(fail_if_slower_pct=pct, tested=True, failed=low > pct, reason=reason)
+
+
 def _side(run: RunInput, sample: np.ndarray, source: str, dropped: int, ci) -> Side:
     busy = [d.gpu_busy_pct for d in _main_rank(run.diagnoses) if d.gpu_busy_pct is not None]
     return Side(
@@ -393,6 +568,7 @@ def _side(run: RunInput, sample: np.ndarray, source: str, dropped: int, ci) -> S
             mean_ms=round(float(np.mean(sample)), 3),
         ),
         gpu_busy_pct=round(float(np.mean(busy)), 2) if busy else None,
+        machine=_machine(run.meta),
     )
 
 
@@ -454,11 +630,13 @@ def compare(
     sa = _side(a, xa, src_a, drop_a, ci_a)
     sb = _side(b, xb, src_b, drop_b, ci_b)
     notes = _notes(a, b, sa, sb)
+    warnings, noise_notes, change.ci_trusted = noise_check(sa, sb)
+    notes += noise_notes
     if not a.diagnoses or not b.diagnoses:
         # Without a trace on one side, every finding would look resolved or new.
         missing = " and ".join(n for n, r in (("A", a), ("B", b)) if not r.diagnoses)
         notes.append(f"No trace in {missing}: breakdown and findings are not compared.")
-        return Comparison(a=sa, b=sb, change=change, notes=notes)
+        return Comparison(a=sa, b=sb, change=change, notes=notes, warnings=warnings)
     return Comparison(
         a=sa,
         b=sb,
@@ -466,6 +644,7 @@ def compare(
         breakdown=breakdown_deltas(_main_rank(a.diagnoses), _main_rank(b.diagnoses)),
         findings=finding_deltas(a.diagnoses, b.diagnoses),
         notes=notes,
+        warnings=warnings,
     )
 
 
@@ -476,15 +655,25 @@ def compare_paths(a: Path, b: Path) -> Comparison:
     return compare(load_run(a), load_run(b))
 
 
-def compare_command(a: Path, b: Path, fmt: str = "console") -> int:
-    """Print the comparison of B against A in `fmt` (console | json | markdown)."""
+def compare_command(
+    a: Path, b: Path, fmt: str = "console", fail_if_slower: str | float | None = None
+) -> int:
+    """Print the comparison of B against A in `fmt` (console | json | markdown); return the
+    exit code: 3 when `fail_if_slower` (a percentage) is given and B is slower by more."""
     from trainprof.report import compare_render
 
+    pct = None if fail_if_slower is None else parse_pct(str(fail_if_slower))
     comp = compare_paths(a, b)
+    if pct is not None:
+        comp.gate = gate(comp.change, pct)
     if fmt == "json":
         sys.stdout.write(compare_render.render_json(comp) + "\n")
     elif fmt == "markdown":
         sys.stdout.write(compare_render.render_markdown(comp))
     else:
         compare_render.print_comparison(comp)
-    return 0
+    if comp.gate is None:
+        return 0
+    # On stderr, so that --json output stays one document; a CI log shows why the job failed.
+    sys.stderr.write(f"trainprof: {compare_render.gate_line(comp.gate)}\n")
+    return FAIL_EXIT if comp.gate.failed else 0

@@ -106,14 +106,31 @@ class DynamoInfo(msgspec.Struct, kw_only=True):
     events_dropped: int = 0  # compiles past those 200 (counted above, not listed)
 
 
+class Load(msgspec.Struct, kw_only=True):
+    """How busy the machine was while the script ran (capture/loadprobe.py), so that `compare`
+    can tell when two runs did not see the same machine. None: could not be read here."""
+
+    interval_s: float = 0.0  # from the start of the script to the end of the capture
+    loadavg_start: float | None = None  # 1-minute load average (this run's threads included)
+    loadavg_end: float | None = None
+    # Average number of CPUs kept busy over the interval by other processes: the machine's busy
+    # time (/proc/stat) minus this process tree's CPU time (DataLoader workers included).
+    other_cpus: float | None = None
+    own_cpus: float | None = None  # the same for this process tree
+    steal_cpus: float | None = None  # CPU time the hypervisor gave to other virtual machines
+
+
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trainprof_version: str = ""
     torch_version: str = ""
     cuda_version: str | None = None
     devices: list[str] = []  # accelerator names; empty on CPU
-    cpu_count: int | None = None
+    cpu_count: int | None = None  # the CPUs this process may use (its affinity)
+    cpus_online: int | None = None  # the machine's
+    cpu_model: str = ""  # e.g. "AMD EPYC 7B13"; empty when unknown
     torch_threads: int | None = None
+    load: Load | None = None  # None in metadata written before trainprof recorded it
     script: str = ""
     argv: list[str] = []  # re-runs it with python: [script, *args] or ["-m", module, *args]
     exit_code: int = 0

@@ -18,6 +18,7 @@ Modules, one job each:
 * evaluation trainprof/eval ranges: Lightning/HF evaluation loops, eval-mode no-grad forwards
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * dynamo     torch.compile over the whole run: compiles, recompiles (step, call, guard), breaks
+* loadprobe  the machine's load over the run: load average, other processes' CPU time
 * traces     the profiler and its trace files (tensorboard_trace_handler layout)
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA

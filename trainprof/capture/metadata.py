@@ -21,6 +21,7 @@ import torch
 import trainprof
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.dynamo import DynamoWatch
+from trainprof.capture.loadprobe import LoadProbe, cpu_model
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
@@ -221,9 +222,10 @@ def _read_metric(info: MetricInfo, metric: Any) -> None:
         pass
 
 
-def environment() -> dict[str, Any]:
-    """Versions, devices and CPUs, read at the end of the run (device names initialise CUDA,
-    which must not happen before the script forks its DataLoader workers)."""
+def environment(load: LoadProbe | None = None) -> dict[str, Any]:
+    """Versions, devices, CPUs and, with the probe started with the script, the machine's load
+    over the run; read at the end of the run (device names initialise CUDA, which must not
+    happen before the script forks its DataLoader workers)."""
     devices: list[str] = []
     try:
         if torch.cuda.is_available():
@@ -243,7 +245,10 @@ def environment() -> dict[str, Any]:
         "python_version": platform.python_version(),
         "devices": devices,
         "cpu_count": cpus,
+        "cpus_online": os.cpu_count(),
+        "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
+        "load": None if load is None else load.finish(),
     }
 
 

@@ -155,6 +155,7 @@ class Session:
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
+        load = metadata.LoadProbe()  # the machine's load from here to the end of the capture
         try:
             collector.install()
             stepper.install(patches)
@@ -199,7 +200,7 @@ class Session:
         if rank is None and writer.rank is not None:  # process group already destroyed
             rank, world = writer.rank, writer.world_size
         meta = RunMeta(
-            **metadata.environment(),
+            **metadata.environment(load),
             script=self.target.path,
             module=self.target.module,
             argv=self.target.command,

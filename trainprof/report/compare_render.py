@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Side
+from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Gate, Machine, Side
 from trainprof.report.markdown import cell, md_escape
 
 _STATUS_STYLE = {"resolved": "green", "new": "bold red", "still present": "yellow"}
@@ -59,12 +59,35 @@ def _saving(f: FindingDelta) -> str:
     return f"{_ms(f.saving_a_ms)} → {_ms(f.saving_b_ms)}"
 
 
+def machine_line(m: Machine | None) -> str | None:
+    """The CPU and the machine's load during the run, as the metadata recorded them."""
+    if m is None:
+        return None
+    parts = []
+    if m.cpu_model or m.cpu_count:
+        cpus = f"{m.cpu_count} CPUs" if m.cpu_count else "CPUs"
+        parts.append(f"{cpus} ({m.cpu_model})" if m.cpu_model else cpus)
+    if m.other_cpus is not None:
+        parts.append(f"other processes kept {m.other_cpus:.2f} CPUs busy")
+    if m.loadavg_start is not None and m.loadavg_end is not None:
+        parts.append(f"load average {m.loadavg_start:.2f} → {m.loadavg_end:.2f}")
+    return ", ".join(parts) if parts else None
+
+
+def gate_line(g: Gate) -> str:
+    verdict = "FAILED" if g.failed else "passed"
+    return f"--fail-if-slower {g.fail_if_slower_pct:g}: {verdict}: {g.reason}"
+
+
 def headline(c: Comparison) -> str:
     """The verdict with the medians: the one line to read."""
-    return (
+    text = (
         f"{c.change.verdict}: median step {c.a.steps.median_ms:.1f} → "
         f"{c.b.steps.median_ms:.1f} ms"
     )
+    if c.change.ci_trusted is False:
+        text += " — not to be trusted: the runs saw different load or machines (warnings below)"
+    return text
 
 
 # ---- JSON ------------------------------------------------------------------------------------
@@ -88,7 +111,14 @@ def render_markdown(c: Comparison) -> str:
     ]
     if a.gpu_busy_pct is not None or b.gpu_busy_pct is not None:
         out.append(f"| GPU busy | {_busy(a)} | {_busy(b)} | |")
+    if a.machine is not None or b.machine is not None:
+        out.append(
+            f"| machine | {cell(machine_line(a.machine))} | {cell(machine_line(b.machine))} | |"
+        )
     out.append("")
+    out += [f"> **Warning:** {cell(w)}\n" for w in c.warnings]
+    if c.gate is not None:
+        out += [f"**{cell(gate_line(c.gate))}**", ""]
     rows = _shown(c.breakdown)
     if rows:
         out += [
@@ -126,6 +156,8 @@ def _console() -> Console:
 
 
 def _verdict_style(c: Comparison) -> str:
+    if c.change.ci_trusted is False:
+        return "bold yellow"
     if not c.change.significant:
         return "bold"
     return "bold green" if c.change.faster == "B" else "bold red"
@@ -134,11 +166,15 @@ def _verdict_style(c: Comparison) -> str:
 def print_comparison(c: Comparison, console: Console | None = None) -> None:
     console = console or _console()
     console.print(Text(headline(c), style=_verdict_style(c)))
+    for w in c.warnings:
+        console.print(Text(f"Warning: {w}", style="bold yellow"))
     for name, side in (("A", c.a), ("B", c.b)):
         console.print(Text(f"{name}: {side.path}", style="bold"), soft_wrap=True)
         console.print(f"   median step {_median(side)}, {_steps(side)}")
         busy = "" if side.gpu_busy_pct is None else f", GPU busy {_busy(side)}"
         console.print(f"   {side.device}{busy}")
+        if (machine := machine_line(side.machine)) is not None:
+            console.print(f"   {machine}")
     console.print(f"Change of the median step time: {_change_cell(c)}")
     rows = _shown(c.breakdown)
     if rows:

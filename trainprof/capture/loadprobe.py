@@ -1,0 +1,124 @@
+"""The machine's load over a run: load average and the CPU time other processes used.
+
+Read twice, when the script starts and at the end of the capture; no background thread. The
+"other processes" figure is the machine's busy CPU time (/proc/stat) minus this process tree's
+(this process, its reaped children, and its live descendants such as DataLoader workers), so a
+second job on the machine shows even when the load average, which counts this run's own
+threads, does not. Linux only; elsewhere only the load average (None where absent too).
+No torch here: the probe must not initialise anything in the script's process.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from pathlib import Path
+
+from trainprof.runmeta import Load
+
+_PROC = Path("/proc")
+
+
+def _ticks() -> float:
+    try:
+        return float(os.sysconf("SC_CLK_TCK"))
+    except (AttributeError, ValueError, OSError):
+        return 100.0
+
+
+def loadavg() -> float | None:
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (AttributeError, OSError):
+        return None
+
+
+def machine_cpu_s() -> tuple[float, float] | None:
+    """(busy, steal) CPU seconds of the whole machine since boot, all CPUs summed."""
+    try:
+        with open(_PROC / "stat") as f:
+            fields = f.readline().split()
+        if not fields or fields[0] != "cpu" or len(fields) < 8:
+            return None
+        # user nice system idle iowait irq softirq steal [guest guest_nice]: guest is in user.
+        v = [int(x) for x in fields[1:9]] + [0] * (9 - len(fields))
+    except (OSError, ValueError):  # the probe is best effort: never fail the run
+        return None
+    busy = v[0] + v[1] + v[2] + v[5] + v[6]
+    return busy / _ticks(), v[7] / _ticks()
+
+
+def _live_descendants_cpu_s(root: int) -> float:
+    """CPU seconds of the live descendants of `root` (their own and their reaped children's)."""
+    parent: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    try:
+        entries = [e for e in os.listdir(_PROC) if e.isdigit()]
+    except OSError:
+        return 0.0
+    for e in entries:
+        try:
+            text = (_PROC / e / "stat").read_text()
+            # The command name (field 2) may hold spaces and parentheses: split after its last ')'.
+            rest = text[text.rfind(")") + 2 :].split()
+            parent[int(e)] = int(rest[1])
+            cpu[int(e)] = sum(int(x) for x in rest[11:15]) / _ticks()  # utime stime cutime cstime
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or unreadable
+            continue
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    total, todo = 0.0, list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        total += cpu.get(pid, 0.0)
+        todo += children.get(pid, [])
+    return total
+
+
+def own_cpu_s() -> float:
+    """CPU seconds of this process tree: every thread, reaped children, live descendants."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(
+        os.getpid()
+    )
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else what platform knows; "" if nothing."""
+    try:
+        with open(_PROC / "cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model", "Processor"):
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or ""
+
+
+class LoadProbe:
+    """Started when the script starts; `finish()` gives the run's `Load`."""
+
+    def __init__(self) -> None:
+        self.t0 = time.monotonic()
+        self.loadavg = loadavg()
+        self.machine = machine_cpu_s()
+        self.own = own_cpu_s()
+
+    def finish(self) -> Load:
+        interval = time.monotonic() - self.t0
+        load = Load(
+            interval_s=round(interval, 3), loadavg_start=self.loadavg, loadavg_end=loadavg()
+        )
+        end, own = machine_cpu_s(), own_cpu_s()
+        if interval <= 0:
+            return load
+        load.own_cpus = round((own - self.own) / interval, 3)
+        if self.machine is not None and end is not None:
+            busy = end[0] - self.machine[0]
+            # Clock ticks and rounding can leave a hair below 0 on an idle machine.
+            load.other_cpus = round(max(busy - (own - self.own), 0.0) / interval, 3)
+            load.steal_cpus = round(max(end[1] - self.machine[1], 0.0) / interval, 3)
+        return load
