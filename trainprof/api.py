@@ -20,6 +20,7 @@ from trainprof.errors import TrainprofError
 
 if TYPE_CHECKING:
     from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
+    from trainprof.capture.launch import Outcome
     from trainprof.capture.session import Session
     from trainprof.compare import Comparison
     from trainprof.runmeta import RunMeta
@@ -213,7 +214,7 @@ def compare(
     return comp
 
 
-def _outcome(exc: BaseException | None) -> Any:
+def _outcome(exc: BaseException | None) -> Outcome:
     """How the block ended, as launch.Outcome (the message stays None: the exception itself
     propagates to the caller, who reports it)."""
     from trainprof.capture.launch import MaxStepsReached, Outcome, Terminated, format_exception
