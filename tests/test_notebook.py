@@ -129,6 +129,7 @@ def trainprof_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=240)
 
 
+@pytest.mark.slow
 def test_run_a_notebook_cell_by_cell(tmp_path: Path) -> None:
     code = nbformat.v4.new_code_cell
     nb = nbformat.v4.new_notebook(cells=[
