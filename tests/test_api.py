@@ -110,6 +110,18 @@ def test_profile_refuses_a_folder_in_use(two_runs) -> None:
             pytest.fail("the block must not run")
 
 
+def test_nested_profile_is_refused_and_the_outer_one_completes(tmp_path: Path) -> None:
+    with trainprof.profile(tmp_path / "outer", show=False, **SMALL) as outer:
+        train(3)
+        with pytest.raises(TrainprofError, match="already being profiled"):
+            with trainprof.profile(tmp_path / "inner", **SMALL):
+                pytest.fail("the inner block must not run")
+        train(3)
+    assert not (tmp_path / "inner").exists()
+    assert outer.meta is not None and outer.meta.status == "ok"
+    assert len(outer.meta.step_times_s) == 6 and outer.meta.window.recorded_steps == [2, 3]
+
+
 def test_diagnose_returns_what_the_cli_prints(two_runs) -> None:
     folder = two_runs[0].folder
     d = trainprof.diagnose(folder)

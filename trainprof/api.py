@@ -66,7 +66,13 @@ class Profile:
         from trainprof.capture.progress import Progress
         from trainprof.capture.rundir import RunFiles, prepare_run_dir
         from trainprof.capture.session import Session
+        from trainprof.capture.state import S
 
+        if S.enabled:  # one torch profiler per process: a nested one would fail half-installed
+            raise TrainprofError(
+                "this process is already being profiled (by `trainprof run` or an enclosing "
+                "trainprof.profile()); profile the outer code only"
+            )
         cfg = load_config(self._config, self._overrides)
         path = _caller_file()
         stem = self._name or _stem(path)
