@@ -196,13 +196,15 @@ def test_sys_exit_forms(
 def test_summary_when_the_diagnosis_is_not_available(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import trainprof.diagnose
+    import sys
+
+    import trainprof.diagnose  # noqa: F401 - the module; trainprof.diagnose is the API function
     from trainprof.errors import TrainprofError
 
     def unreadable(*args: object, **kwargs: object) -> int:
         raise TrainprofError("the trace cannot be read")
 
-    monkeypatch.setattr(trainprof.diagnose, "diagnose_items", unreadable)
+    monkeypatch.setattr(sys.modules["trainprof.diagnose"], "diagnose_items", unreadable)
     options = RunOptions(script=str(SCRIPTS / "steps_gan.py"), out=tmp_path / "r", overrides=SMALL)
     assert run_script(options) == 0
     err = capfd.readouterr().err

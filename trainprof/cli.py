@@ -44,7 +44,9 @@ def _fail(err: TrainprofError) -> None:
 )
 def run(
     ctx: typer.Context,
-    script: str = typer.Argument(None, help="The training script (or use -m MODULE)."),
+    script: str = typer.Argument(
+        None, help="The training script, a notebook (.ipynb: its code cells), or -m MODULE."
+    ),
     module: str = typer.Option(None, "-m", help="Run a module, like python -m."),
     out: Path = typer.Option(
         None, "--out", "-o", help="Run folder (default: runs/<script>-<time>)."

@@ -190,6 +190,17 @@ class Comparison(msgspec.Struct, kw_only=True):
     warnings: list[str] = []
     gate: Gate | None = None
 
+    def to_json(self) -> str:
+        """The JSON `trainprof compare --json` prints."""
+        from trainprof.report.jsonout import to_json
+
+        return to_json(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows the comparison inline
+        from trainprof.report.notebook import comparison_fragment
+
+        return comparison_fragment(self)
+
 
 # ---- inputs ---------------------------------------------------------------------------------
 @dataclass

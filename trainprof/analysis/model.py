@@ -45,6 +45,11 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=False):
     # MAX_AT occurrences (for annotated traces and the HTML report).
     at: list[list[float]] = []
 
+    @property
+    def saving(self) -> float:
+        """The estimated saving in ms per step, on the diagnosis' `saving_basis` step."""
+        return self.est_saving_ms_per_step
+
 
 class Device(msgspec.Struct, kw_only=True):
     kind: str  # cpu | cuda | rocm | mtia | unknown
@@ -85,6 +90,17 @@ class Diagnosis(msgspec.Struct, kw_only=True):
     findings: list[Finding] = []
     notes: list[str] = []
     saving_basis: SavingBasis = msgspec.field(default_factory=SavingBasis)
+
+    def to_json(self) -> str:
+        """The JSON `trainprof diagnose --json` prints (docs/json-schema.md)."""
+        from trainprof.report.jsonout import to_json
+
+        return to_json(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows the findings inline
+        from trainprof.report.notebook import diagnosis_fragment
+
+        return diagnosis_fragment(self)
 
 
 # ---- multi-rank (several ranks of one job diagnosed together; see trainprof/ranks) -------------
@@ -142,3 +158,14 @@ class MultiRankDiagnosis(msgspec.Struct, kw_only=True):
     notes: list[str] = []
     diagnoses: list[Diagnosis] = []  # each rank's own diagnosis, unfolded, in rank order
     saving_basis: SavingBasis = msgspec.field(default_factory=SavingBasis)  # of `findings`
+
+    def to_json(self) -> str:
+        """The JSON `trainprof diagnose --json` prints (docs/json-schema.md)."""
+        from trainprof.report.jsonout import to_json
+
+        return to_json(self)
+
+    def _repr_html_(self) -> str:  # Jupyter shows the findings inline
+        from trainprof.report.notebook import diagnosis_fragment
+
+        return diagnosis_fragment(self)

@@ -8,8 +8,10 @@ Modules, one job each:
 * children   ranks the script's framework starts itself: the start-up hook's environment, waiting
 * child      run at start-up in those processes (startup/sitecustomize.py): profiles the ranks
 * rankfiles  the ranks' metadata files in a run folder: which saved, which failed first
-* session    one capture: installs everything, runs the script, saves, builds RunMeta
+* session    one capture: installs everything, runs the script, saves, builds RunMeta (its
+             start/stop halves are also trainprof.profile()'s with-block, see trainprof/api.py)
 * launch     runs the script / -m module like python; exit codes; trimmed tracebacks
+* notebook   `trainprof run nb.ipynb`: the code cells in order, IPython-only lines left out
 * config     schedule and options: default.toml, --config, flags
 * rundir     the run folder: default name, never overwritten without --force
 * stepper    finds training steps (optimizer > backward > dataloader) and steps the profiler

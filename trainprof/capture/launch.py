@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
 
+from trainprof.capture.notebook import is_notebook, read_cells, run_notebook
 from trainprof.errors import TrainprofError
 
 _TRAINPROF_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -125,6 +126,8 @@ def resolve_target(script: str | None, module: str | None, args: list[str]) -> T
         raise TrainprofError(f"{script} is a folder without __main__.py")
     if not path.exists():
         raise TrainprofError(f"no such script: {script}")
+    if is_notebook(path):  # refused now, in one line, when it cannot be read
+        read_cells(path)
     real = os.path.realpath(path)
     # Python puts the script's folder (symlinks resolved) first on sys.path; a folder runs itself.
     path0 = real if path.is_dir() else os.path.dirname(real)
@@ -185,6 +188,8 @@ def run_target(target: Target) -> Outcome:
         if target.module:
             target.path = _module_file(target.module) or target.path
             runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+        elif is_notebook(target.path):
+            run_notebook(target.path)
         else:
             runpy.run_path(target.path, run_name="__main__")
         return Outcome(0, "ok")

@@ -19,7 +19,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,14 +107,43 @@ class Session:
         self.progress = progress
 
     def run(self) -> SessionResult:
-        noise = StderrFilter(self.folder / self.files.log)
-        noise.start()
+        self.start()
         try:
-            return self._run(noise)
-        finally:
-            noise.stop()
+            outcome = run_target(self.target)
+        except BaseException as exc:  # Terminated: an outcome; anything else: saved, re-raised
+            return self.stop(exc=exc)
+        return self.stop(outcome)
 
-    def _run(self, noise: StderrFilter) -> SessionResult:
+    def start(self) -> None:
+        """Install the probes and start the profiler; the code to profile runs after this
+        returns (run() runs the script; trainprof.profile() is a with-block), then stop()."""
+        self._noise = StderrFilter(self.folder / self.files.log)
+        self._noise.start()
+        self._capture = self._session(self._noise)
+        try:
+            next(self._capture)
+        except BaseException:
+            self._noise.stop()
+            raise
+
+    def stop(
+        self, outcome: Outcome | None = None, exc: BaseException | None = None
+    ) -> SessionResult:
+        """Stop the profiler, save, undo every patch and build the metadata, given how the
+        profiled code ended: `outcome`, or `exc` (Terminated becomes an outcome; anything else
+        is re-raised once everything is saved)."""
+        try:
+            if exc is not None:
+                self._capture.throw(exc)
+            else:
+                self._capture.send(outcome)
+        except StopIteration as done:
+            return done.value
+        finally:
+            self._noise.stop()
+        raise RuntimeError("trainprof: the capture did not end")  # pragma: no cover
+
+    def _session(self, noise: StderrFilter) -> Generator[None, Outcome, SessionResult]:
         # torch is imported only now: argument errors above stay instant.
         from trainprof.capture import cpumath, metadata
         from trainprof.capture.cudaflags import CudaFlags
@@ -173,7 +202,7 @@ class Session:
             started_at = _now()
             t0 = time.perf_counter()
             try:
-                outcome = run_target(self.target)
+                outcome = yield  # the script or the with-block runs here
             except Terminated as exc:  # SIGTERM just as the script returned
                 outcome = Outcome(143, "interrupted", f"{type(exc).__name__}: {exc}\n")
             wall = time.perf_counter() - t0
