@@ -2,6 +2,10 @@
 
 msgspec decodes straight into small typed Structs holding only the fields trainprof uses (the rest
 of each event is skipped without being materialised), then each field becomes one numpy column.
+The JSON is streamed (`stream.py`): inflated and decoded a few MB at a time, so memory holds the
+columns and one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
+invalid JSON, a damaged file) are read whole by the original path, which says what is wrong.
+A loaded trace is kept in a columnar cache (`cache.py`) so that the next command reads it back.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 import re
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -26,7 +30,11 @@ except ImportError:  # pragma: no cover
     _inflate = zlib
 
 from trainprof.errors import TrainprofError
+from trainprof.trace import cache
 from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Trace, TraceMeta
+from trainprof.trace.progress import is_large, progress_for
+from trainprof.trace.source import file_info, is_url, read_all
+from trainprof.trace.stream import CHUNK_BYTES, NotStreamable, open_batches
 
 _NO = -1  # missing integer in a column
 _MISSING = float("nan")  # an absent ts or dur: the event is dropped (and the output says so)
@@ -82,6 +90,8 @@ class _RawFile(_File):
 _DECODER = msgspec.json.Decoder(_File)
 _RAW_DECODER = msgspec.json.Decoder(_RawFile)
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
+_RAWS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 
 # Events are decoded in chunks: the typed events of the whole file never exist at once, so peak
 # memory stays near the JSON size plus the columns, whatever the trace's size.
@@ -91,15 +101,13 @@ CHUNK_EVENTS = 10_000  # ~15 MB of decoded events at a time
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path | str) -> bytes:
     """The trace's JSON bytes, gunzipped when needed; one-line errors for bad files."""
-    path = Path(path)
-    if not path.exists():
-        raise TrainprofError(f"no such file or folder: {path}")
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise TrainprofError(f"cannot read {path}: {err.strerror}") from None
+    if not is_url(path):
+        path = Path(path)
+        if not path.exists():
+            raise TrainprofError(f"no such file or folder: {path}")
+    raw = read_all(path)
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = _gunzip(raw)
@@ -194,15 +202,27 @@ def _loose(data: bytes, path: Path) -> Any:
         return _lenient(data, path)
 
 
-def _chunks(f: _RawFile, path: Path, drops: Counter) -> Iterator[list[_Event]]:
+def _chunks(f: _RawFile, path: Path | str, drops: Counter) -> Iterator[list[_Event]]:
     raws = f.traceEvents or []
     for i in range(0, len(raws), CHUNK_EVENTS):
-        chunk = b"[" + b",".join(raws[i : i + CHUNK_EVENTS]) + b"]"
+        part = raws[i : i + CHUNK_EVENTS]
         try:
-            yield _LIST_DECODER.decode(chunk)
+            yield _LIST_DECODER.decode(b"[" + b",".join(part) + b"]")
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             # e.g. ROCm writes some ids as strings; invalid UTF-8 in a name
-            yield _coerce_events(_loose(chunk, path), drops)
+            yield _per_event(part, path, drops)
+
+
+def _per_event(raws: list[msgspec.Raw], path: Path | str, drops: Counter) -> list[_Event]:
+    """Events one by one: each is read as the fast path would read it when it can be, else
+    leniently (so a batch's result does not depend on which other events share it)."""
+    out: list[_Event] = []
+    for r in raws:
+        try:
+            out.append(_EVENT_DECODER.decode(r))
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            out.extend(_coerce_events([_loose(bytes(r), path)], drops))
+    return out
 
 
 def _coerce_events(events: list[Any], drops: Counter) -> list[_Event]:
@@ -249,13 +269,45 @@ def _decode(data: bytes, path: Path, drops: Counter) -> _File | _RawFile:
         return _coerce(_lenient(data, path), path, drops)
 
 
-def load_trace(path: Path | str) -> Trace:
-    """Load one trace file (.json or .json.gz) into a `Trace`. Events that cannot be used (not
-    objects, no ts or dur, negative or non-finite times) are dropped and `meta.dropped` says so;
-    a trace with no usable event at all is a TrainprofError."""
-    path = Path(path)
-    if path.is_dir():
-        raise TrainprofError(f"{path} is a folder; expected a trace file")
+def load_trace(
+    path: Path | str,
+    *,
+    use_cache: bool | None = None,
+    chunk_bytes: int | None = None,
+    progress: bool = False,
+) -> Trace:
+    """Load one trace file (.json or .json.gz; a local path or an fsspec URL) into a `Trace`.
+    Events that cannot be used (not objects, no ts or dur, negative or non-finite times) are
+    dropped and `meta.dropped` says so; a trace with no usable event at all is a TrainprofError.
+
+    `use_cache` (default: unless $TRAINPROF_NO_CACHE is set) reads and writes the columnar cache;
+    `chunk_bytes` is how much inflated JSON is decoded at a time (0: the whole file in one go);
+    `progress` shows a bar on a terminal for a large file."""
+    if not is_url(path):
+        path = Path(path)
+    info = file_info(path)
+    if use_cache is None:
+        use_cache = cache.enabled()
+    if use_cache and (hit := cache.read(info)) is not None:
+        hit.path = str(path)
+        return hit
+    if chunk_bytes == 0:
+        tr = load_whole(path)
+    else:
+        shown = progress and is_large(info.size, str(path))
+        with progress_for(info.size if shown else 0, f"reading {path}") as on_read:
+            try:
+                tr = load_streaming(path, chunk_bytes or CHUNK_BYTES, on_read)
+            except NotStreamable:
+                tr = load_whole(path)
+    if use_cache:
+        cache.write(info, tr)
+    return tr
+
+
+def load_whole(path: Path | str) -> Trace:
+    """The original reader: the whole file inflated and decoded at once (lenient with Kineto's
+    invalid JSON, precise about damaged files)."""
     drops: Counter = Counter()
     f = decode(read_bytes(path), path, drops)
     if f.traceEvents is None:
@@ -270,6 +322,90 @@ def load_trace(path: Path | str) -> Trace:
     else:
         builder.add(f.traceEvents)
     return builder.finish(f, path, total)
+
+
+def _at_end(err: Exception, data: bytes) -> bool:
+    """Whether a decode error is at the very end of `data`: the cut was not an event boundary
+    (the text before it parsed), rather than bad JSON inside the batch."""
+    msg = str(err)
+    if "truncated" in msg:
+        return True
+    m = re.search(r"\(byte (\d+)\)", msg)
+    return m is not None and int(m.group(1)) >= len(data) - 1
+
+
+def _batch_decoder(path: Path | str, drops: Counter, counted: list[int]):
+    """decode(body) -> the events of `[body]`, or None when `body` does not end on an event
+    boundary. Batches with odd types take the slow, per-event path; Kineto's invalid JSON (or
+    anything else) raises NotStreamable, so the file is read whole."""
+
+    def decode_batch(body: bytes) -> list[_Event] | None:
+        try:
+            return _decode_batch(b"[" + body + b"]")
+        except RecursionError:
+            raise NotStreamable("nested too deeply") from None
+
+    def _decode_batch(data: bytes) -> list[_Event] | None:
+        try:
+            evs = _LIST_DECODER.decode(data)
+            counted[0] += len(evs)
+            return evs
+        except msgspec.ValidationError:
+            pass
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
+            if _at_end(err, data):
+                return None
+            raise NotStreamable(str(err)) from None
+        try:
+            raws = _RAWS_DECODER.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
+            if _at_end(err, data):
+                return None
+            raise NotStreamable(str(err)) from None
+        before = drops.total()
+        evs = _per_event(raws, path, drops)
+        counted[0] += len(evs) + drops.total() - before
+        return evs
+
+    return decode_batch
+
+
+def load_streaming(
+    path: Path | str, chunk_bytes: int = CHUNK_BYTES, on_read: Callable[[int], None] | None = None
+) -> Trace:
+    """The streaming reader (`chunk_bytes` of JSON at a time); NotStreamable when the file is not
+    what it expects (the caller then reads it whole)."""
+    drops: Counter = Counter()
+    counted = [0]  # events seen (usable or not), for the "N of M dropped" note
+    batches, close = open_batches(
+        str(path), _batch_decoder(path, drops, counted), chunk_bytes, on_read
+    )
+    builder = _Builder(drops)
+    try:
+        for evs in batches:
+            builder.add(evs, own_buffers=True)
+    finally:
+        close()
+    f = _tail(batches, path)
+    if f.traceEvents is None:
+        raise NotStreamable("no traceEvents")
+    total = counted[0] + len(f.traceEvents)
+    for chunk in _chunks(f, path, drops):
+        builder.add(chunk, own_buffers=True)
+    if not total:
+        raise NotStreamable("no events")  # the whole-file reader says so in its own words
+    return builder.finish(f, path, total)
+
+
+def _tail(batches, path: Path | str) -> _RawFile:
+    """The header keys and the last events, from the text the batches left."""
+    try:
+        if batches.is_object:
+            return _RAW_DECODER.decode(batches.tail)
+        return _RawFile(traceEvents=_RAWS_DECODER.decode(batches.tail))
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError,
+            RecursionError) as err:
+        raise NotStreamable(str(err)) from None
 
 
 def _drop_text(drops: Counter) -> str:
