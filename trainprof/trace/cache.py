@@ -24,7 +24,7 @@ import msgspec
 import numpy as np
 
 from trainprof import __version__
-from trainprof.trace.model import Memory, Trace, TraceMeta
+from trainprof.trace.model import Memory, Sparse, Trace, TraceMeta
 from trainprof.trace.source import FileInfo, is_url, open_binary
 
 FORMAT = 1  # bump when the layout of the cache file (or of Trace) changes
@@ -133,16 +133,24 @@ def _encode(tr: Trace, k: str) -> dict[str, np.ndarray]:
     out["mem_ts"] = tr.memory.ts
     out["mem_total"] = tr.memory.total_allocated
     out["mem_device"] = tr.memory.device
-    out["stack_idx"] = np.array(list(tr.call_stacks), np.int64)
+    stacks, shapes = _sparse(tr.call_stacks), _sparse(tr.shapes)
+    out["stack_idx"], out["stack_id"] = stacks.index, stacks.value_id
     out["stack_blob"], out["stack_off"] = _strings(
-        [s.encode("utf-8", "surrogatepass") for s in tr.call_stacks.values()]
+        [s.encode("utf-8", "surrogatepass") for s in stacks.values]
     )
-    out["shape_idx"] = np.array(list(tr.shapes), np.int64)
-    out["shape_blob"], out["shape_off"] = _strings(
-        [bytes(x) for pair in tr.shapes.values() for x in pair]
-    )
+    out["shape_idx"], out["shape_id"] = shapes.index, shapes.value_id
+    out["shape_blob"], out["shape_off"] = _strings([bytes(x) for p in shapes.values for x in p])
     out["head"] = np.frombuffer(msgspec.json.encode(head), np.uint8)
     return out
+
+
+def _sparse(m: Any) -> Sparse:
+    if isinstance(m, Sparse):
+        return m
+    values = list(dict.fromkeys(m.values()))
+    ids = {v: i for i, v in enumerate(values)}
+    return Sparse(np.array(list(m), np.int64), np.array([ids[v] for v in m.values()], np.int32),
+                  values)
 
 
 class _Head(msgspec.Struct):
@@ -166,22 +174,28 @@ def _read_file(loc: Path, k: str) -> Trace | None:
         stacks = _unstrings(a["stack_blob"], a["stack_off"])
         shapes = _unstrings(a["shape_blob"], a["shape_off"])
         n = len(a["ts"])
-        if any(len(a[x]) != n for x in _ARRAYS) or len(shapes) != 2 * len(a["shape_idx"]):
+        if any(len(a[x]) != n for x in _ARRAYS) or len(shapes) % 2:
             return None
+        for which, values in (("stack", stacks), ("shape", shapes[::2])):
+            ids, idx = a[f"{which}_id"], a[f"{which}_idx"]
+            if len(ids) != len(idx) or (len(ids) and not 0 <= ids.min() <= ids.max() < len(values)):
+                return None
         return Trace(
             path=str(loc),
             names=head.names,
             thread_keys=[tuple(t) for t in head.thread_keys],
             **{x: a[x] for x in _ARRAYS},
             memory=Memory(ts=a["mem_ts"], total_allocated=a["mem_total"], device=a["mem_device"]),
-            call_stacks={
-                i: s.decode("utf-8", "surrogatepass")
-                for i, s in zip(a["stack_idx"].tolist(), stacks, strict=True)
-            },
-            shapes={
-                i: (msgspec.Raw(shapes[2 * j]), msgspec.Raw(shapes[2 * j + 1]))
-                for j, i in enumerate(a["shape_idx"].tolist())
-            },
+            call_stacks=Sparse(
+                a["stack_idx"], a["stack_id"], [s.decode("utf-8", "surrogatepass") for s in stacks]
+            ),
+            shapes=Sparse(
+                a["shape_idx"], a["shape_id"],
+                [
+                    (msgspec.Raw(x), msgspec.Raw(y))
+                    for x, y in zip(shapes[::2], shapes[1::2], strict=True)
+                ],
+            ),
             meta=head.meta,
         )
     except (KeyError, ValueError, UnicodeDecodeError):

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover
 
 from trainprof.errors import TrainprofError
 from trainprof.trace import cache
-from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Trace, TraceMeta
+from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Sparse, Trace, TraceMeta
 from trainprof.trace.progress import is_large, progress_for
 from trainprof.trace.source import file_info, is_url, read_all
 from trainprof.trace.stream import CHUNK_BYTES, NotStreamable, open_batches
@@ -460,9 +460,14 @@ class _Builder:
         self.cats: set[str] = set()
         self.pids: set[Any] = set()
         self.flows = 0
-        self.call_stacks: dict[int, str] = {}
-        self.shapes: dict[int, tuple[Any, Any]] = {}
+        # Few events have a call stack or shapes, and their values repeat: event indices and
+        # interned values (a dict entry per event would cost hundreds of bytes each).
+        self.sparse: dict[str, tuple[list[np.ndarray], list[np.ndarray], dict[Any, int]]] = {
+            "stack": ([], [], {}), "shape": ([], [], {})
+        }
         self.n = 0
+        self.keep: np.ndarray | None = None  # events kept by _usable, when some are dropped
+        self.new_index = np.zeros(0, np.int64)
 
     def add(self, evs: list[_Event], own_buffers: bool = False) -> None:
         phs = list(map(_PH, evs))
@@ -490,18 +495,35 @@ class _Builder:
         self.flows += phs.count("s") + phs.count("f")
         if no_ph := phs.count(""):
             self.drops["events without 'ph'"] += no_ph
-        base = self.n
         stacks = list(map(_STACK, xs))
-        for i in np.flatnonzero(np.fromiter(map(bool, stacks), bool, n)).tolist():
-            self.call_stacks[base + i] = stacks[i]
+        sel = np.flatnonzero(np.fromiter(map(bool, stacks), bool, n))
+        self._sparse("stack", sel, [stacks[i] for i in sel.tolist()])
         types = list(map(_TYPES, xs))
-        for i in np.flatnonzero(np.fromiter(map(len, types), np.int64, n)).tolist():
-            dims = xs[i].args.input_dims
-            # A Raw keeps its whole source buffer alive: copy it out of a chunk's buffer.
-            self.shapes[base + i] = (dims.copy(), types[i].copy()) if own_buffers else (
-                dims, types[i]
-            )
+        sel = np.flatnonzero(np.fromiter(map(len, types), np.int64, n))
+        # bytes(): a Raw would keep its whole source buffer (a batch of JSON) alive.
+        self._sparse("shape", sel, [
+            (bytes(xs[i].args.input_dims), bytes(types[i])) for i in sel.tolist()
+        ])
         self.n += n
+
+    def _sparse(self, which: str, sel: np.ndarray, values: list) -> None:
+        index, ids, table = self.sparse[which]
+        for v in dict.fromkeys(values):
+            table.setdefault(v, len(table))
+        index.append(sel.astype(np.int64) + self.n)
+        ids.append(np.fromiter(map(table.__getitem__, values), np.int32, len(values)))
+
+    def _sparse_map(self, which: str, keep: np.ndarray | None, new_index: np.ndarray) -> Sparse:
+        index, ids, table = self.sparse[which]
+        idx = np.concatenate(index) if index else np.zeros(0, np.int64)
+        vid = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        if keep is not None:
+            m = keep[idx]
+            idx, vid = new_index[idx[m]], vid[m]
+        values = list(table)
+        if which == "shape":
+            values = [(msgspec.Raw(a), msgspec.Raw(b)) for a, b in values]
+        return Sparse(idx, vid, values)
 
     def _thread_ids(self, xs: list[_Event], n: int) -> np.ndarray:
         pid = _intern(self.pid_ids, list(map(_PID, xs)), n).astype(np.int64)
@@ -530,19 +552,19 @@ class _Builder:
                 if n := int(mask.sum()):
                     self.drops[why] += n
             keep = ~bad
-            new_index = np.cumsum(keep) - 1
+            self.keep, self.new_index = keep, np.cumsum(keep) - 1
             for k in c:
                 c[k] = c[k][keep]
-            self.call_stacks = {
-                int(new_index[i]): v for i, v in self.call_stacks.items() if keep[i]
-            }
-            self.shapes = {int(new_index[i]): v for i, v in self.shapes.items() if keep[i]}
         if not len(c["ts"]):
             why = _drop_text(self.drops) if self.drops else "none is a complete ('ph': 'X') event"
             raise TrainprofError(f"{path}: no usable event among {total}: {why}")
 
     def finish(self, f: _File | _RawFile, path: Path, total: int = 0) -> Trace:
-        c = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.cols.items()}
+        c: dict[str, np.ndarray] = {}
+        for k in list(self.cols):  # one column at a time: the chunks go as each is joined
+            v = self.cols.pop(k)
+            c[k] = np.concatenate(v) if v else np.zeros(0)
+            del v
         self._usable(c, path, total)
         ext = c["ext_id"] if (c["ext_id"] != _NO).any() else c["ext_id_old"]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
@@ -582,7 +604,7 @@ class _Builder:
                 total_allocated=np.concatenate(self.mem["total"]),
                 device=np.concatenate(self.mem["device"]),
             ),
-            call_stacks=self.call_stacks,
-            shapes=self.shapes,
+            call_stacks=self._sparse_map("stack", self.keep, self.new_index),
+            shapes=self._sparse_map("shape", self.keep, self.new_index),
             meta=meta,
         )
