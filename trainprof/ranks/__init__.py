@@ -52,6 +52,7 @@ def diagnose_traces(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     workers: int | None = None,
+    dask: str | None = None,
 ) -> list[Diagnosis | MultiRankDiagnosis]:
     """Every trace diagnosed in parallel; the ranks of one job merged into one view. The items
     keep the order of the files (a job where its first trace was)."""
@@ -59,7 +60,9 @@ def diagnose_traces(
     from trainprof.ranks.load import diagnose_files
 
     own_select, own_ignore = _split_rules(select, ignore)
-    results, skipped = diagnose_files(files, metas, own_select, own_ignore, workers=workers)
+    results, skipped = diagnose_files(
+        files, metas, own_select, own_ignore, workers=workers, dask=dask
+    )
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(results):
         groups.setdefault((str(Path(r.file).parent), r.world_size), []).append(i)
