@@ -231,7 +231,7 @@ def _on_dask(address: str, args: tuple, n: int, tick) -> list[RankResult | str]:
             "--dask needs dask.distributed: pip install 'trainprof[dask]'"
         ) from None
     try:
-        client = Client(address, timeout="20s")
+        client = Client(address, timeout="10s")
     except (OSError, TimeoutError, ValueError) as err:
         raise TrainprofError(f"cannot reach the Dask scheduler at {address}: {err}") from None
     with client:
