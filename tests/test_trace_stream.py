@@ -151,3 +151,44 @@ def test_truncated_gzip_keeps_its_message(tmp_path: Path) -> None:
     p.write_bytes(gzip.compress(json.dumps({"traceEvents": _events()}).encode())[:-200])
     with pytest.raises(TrainprofError, match="corrupt or truncated gzip"):
         load_trace(p, chunk_bytes=128, use_cache=False)
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, and keeps what is written."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.parts = tty, []
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> int:
+        self.parts.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch, tty: bool) -> None:
+    import sys
+
+    from trainprof.trace import progress
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": _events()}))
+    monkeypatch.setattr(progress, "LARGE_BYTES", 100)  # this small trace counts as large
+    err = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    reads: list[int] = []
+    with progress.progress_for(p.stat().st_size, "reading t.json") as tick:
+        assert (tick is not None) == tty
+        assert_same(load_whole(p), load_streaming(p, 512, tick and (lambda n: (reads.append(n),
+                                                                            tick(n)))))
+    assert load_trace(p, progress=True, use_cache=False) is not None
+    out = "".join(err.parts)
+    if tty:
+        assert "reading t.json" in out and reads and reads[-1] == p.stat().st_size
+    else:
+        assert out == ""
