@@ -80,6 +80,24 @@ def display_location(loc: str) -> str:
     return loc
 
 
+class IdIndex:
+    """`get(id)` -> the event index of a Python id (the last one, by time, when an id repeats),
+    like a dict built from the pairs, in two arrays: a dict of a python_function-heavy trace's
+    millions of ids would hold hundreds of MB."""
+
+    __slots__ = ("ids", "index")
+
+    def __init__(self, ids: np.ndarray, index: np.ndarray) -> None:
+        order = np.argsort(ids, kind="stable")  # equal ids keep their time order
+        self.ids, self.index = ids[order], index[order]
+
+    def get(self, py_id: int, default: int | None = None) -> int | None:
+        k = int(np.searchsorted(self.ids, py_id, side="right")) - 1
+        if k >= 0 and self.ids[k] == py_id:
+            return int(self.index[k])
+        return default
+
+
 class PyStacks:
     """Fast lookup of the Python stack active on a thread at a point in time."""
 
@@ -89,8 +107,7 @@ class PyStacks:
         self.by_thread: dict[int, np.ndarray] = {}
         for t in np.unique(trace.thread[idx]):
             self.by_thread[int(t)] = idx[trace.thread[idx] == t]
-        ids = trace.py_id[idx]
-        self.index_of_id = dict(zip(ids.tolist(), idx.tolist(), strict=True))
+        self.index_of_id = IdIndex(trace.py_id[idx], idx)
 
     def __bool__(self) -> bool:
         return bool(self.by_thread)

@@ -439,6 +439,36 @@ def _intern(table: dict, values: list, n: int) -> np.ndarray:
     return np.fromiter(map(table.__getitem__, values), np.int32, n)
 
 
+class _Grow:
+    """A column that grows in place by a quarter when full (amortised copies), then shrinks to
+    its length: about 1.25x the column at most, where a list of chunks joined at the end needs
+    twice the columns (and glibc keeps the freed chunks, fragmented, in the process)."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self) -> None:
+        self.a: np.ndarray | None = None
+        self.n = 0
+
+    def extend(self, x: np.ndarray) -> None:
+        m = self.n + len(x)
+        if self.a is None:
+            self.a = np.empty(max(m, 1 << 16), x.dtype)
+        elif m > len(self.a):
+            bigger = np.empty(max(m, len(self.a) + len(self.a) // 4), self.a.dtype)
+            bigger[: self.n] = self.a[: self.n]
+            self.a = bigger
+        self.a[self.n : m] = x
+        self.n = m
+
+    def final(self) -> np.ndarray:
+        if self.a is None:
+            return np.zeros(0)
+        a, self.a = self.a, None
+        a.resize(self.n, refcheck=False)  # in place (realloc): no second copy
+        return a
+
+
 class _Builder:
     """Turns decoded events into columns, chunk by chunk; names and threads interned across
     chunks."""
@@ -453,8 +483,8 @@ class _Builder:
         self.pid_ids: dict[Any, int] = {}
         self.tid_ids: dict[Any, int] = {}
         self.threads: dict[tuple[int, int], int] = {}  # (pid id, tid id) -> thread id
-        self.cols: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
+        self.cols: dict[str, _Grow] = {
+            k: _Grow() for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
         }
         self.mem: dict[str, list[np.ndarray]] = {"ts": [], "total": [], "device": []}
         self.cats: set[str] = set()
@@ -474,14 +504,20 @@ class _Builder:
         xs = list(compress(evs, map("X".__eq__, phs)))
         n = len(xs)
         c = self.cols
-        c["name_id"].append(_intern(self.names, list(map(_NAME, xs)), n))
-        c["kind"].append(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
-        c["thread"].append(self._thread_ids(xs, n))
-        c["ts"].append(np.fromiter(map(_TS, xs), np.float64, n))
-        c["dur"].append(np.fromiter(map(_DUR, xs), np.float64, n))
+        c["name_id"].extend(_intern(self.names, list(map(_NAME, xs)), n))
+        c["kind"].extend(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
+        c["thread"].extend(self._thread_ids(xs, n))
+        c["ts"].extend(np.fromiter(map(_TS, xs), np.float64, n))
+        c["dur"].extend(np.fromiter(map(_DUR, xs), np.float64, n))
         args = list(map(_ARGS, xs))
+        new_ext = False
         for attr in self._OPT:
-            c[attr].append(_int_column(args, attrgetter(attr), n))
+            if attr in c:
+                col = _int_column(args, attrgetter(attr), n)
+                c[attr].extend(col)
+                new_ext = new_ext or (attr == "ext_id" and bool((col != _NO).any()))
+        if new_ext and "ext_id_old" in c:
+            del c["ext_id_old"]  # the current schema's "External id" wins: the old one is unused
         self.cats.update(map(_CAT, xs))
         mem = [e for e in compress(evs, map("i".__eq__, phs)) if e.name == "[memory]"]
         k = len(mem)
@@ -560,13 +596,12 @@ class _Builder:
             raise TrainprofError(f"{path}: no usable event among {total}: {why}")
 
     def finish(self, f: _File | _RawFile, path: Path, total: int = 0) -> Trace:
-        c: dict[str, np.ndarray] = {}
-        for k in list(self.cols):  # one column at a time: the chunks go as each is joined
-            v = self.cols.pop(k)
-            c[k] = np.concatenate(v) if v else np.zeros(0)
-            del v
+        c = {k: col.final() for k, col in self.cols.items()}
+        self.cols = {}
         self._usable(c, path, total)
-        ext = c["ext_id"] if (c["ext_id"] != _NO).any() else c["ext_id_old"]
+        ext = c["ext_id"] if "ext_id_old" not in c or (c["ext_id"] != _NO).any() else c[
+            "ext_id_old"
+        ]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
         pids, tids = list(self.pid_ids), list(self.tid_ids)
         meta = TraceMeta(
