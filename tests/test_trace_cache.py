@@ -116,8 +116,10 @@ def test_unwritable_cache_dir_falls_back_beside_the_trace(
     assert cache.read(file_info(p)) is not None
 
 
-def test_no_cache_flag(tmp_path: Path, cache_dir: Path) -> None:
+def test_no_cache_flag(tmp_path: Path, cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from typer.testing import CliRunner
+
+    monkeypatch.setenv("TRAINPROF_NO_CACHE", "0")  # on; and unset again after the test
 
     p = tmp_path / "run" / "t.pt.trace.json.gz"
     p.parent.mkdir()
@@ -125,7 +127,8 @@ def test_no_cache_flag(tmp_path: Path, cache_dir: Path) -> None:
     r = CliRunner().invoke(app, ["diagnose", "--json", "--no-cache", str(p)])
     assert r.exit_code == 0, r.output
     assert not cache_dir.exists()
-    os.environ.pop("TRAINPROF_NO_CACHE", None)  # the flag sets it for this process
+    assert os.environ["TRAINPROF_NO_CACHE"] == "1"  # what the flag does (workers inherit it)
+    monkeypatch.setenv("TRAINPROF_NO_CACHE", "0")
     r2 = CliRunner().invoke(app, ["diagnose", "--json", str(p)])
     assert r2.exit_code == 0 and len(list(cache_dir.glob("*.npz"))) == 1
     assert json.loads(r.stdout) == json.loads(r2.stdout)
