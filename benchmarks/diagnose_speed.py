@@ -51,6 +51,16 @@ with contextlib.redirect_stdout(io.StringIO()):
 print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
+# Only the read: the trace into columns (JSON, or the cache), no analysis.
+LOAD = """
+import resource, sys, time
+t = time.perf_counter()
+from trainprof.trace.load import load_trace
+load_trace(sys.argv[1])
+print(f"{time.perf_counter() - t:.3f}", file=sys.stderr)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+"""
+
 TRAINPROF_DASK = """
 import contextlib, io, resource, sys, time
 from distributed import LocalCluster
@@ -123,6 +133,13 @@ def trainprof(path: Path, cache: Path | None) -> tuple[float, float]:
     (read if there, else written), without, the cache is off."""
     env = {"TRAINPROF_CACHE_DIR": str(cache)} if cache else {"TRAINPROF_NO_CACHE": "1"}
     return timed([sys.executable, "-c", TRAINPROF, str(path)], env)
+
+
+def load_only(path: Path, cache: Path | None) -> tuple[float, float]:
+    """Reading the trace into columns only (a fresh process), from the JSON (cache off, or
+    written) or from the cache when `cache` holds it."""
+    env = {"TRAINPROF_CACHE_DIR": str(cache)} if cache else {"TRAINPROF_NO_CACHE": "1"}
+    return timed([sys.executable, "-c", LOAD, str(path)], env)
 
 
 def hta(path: Path, tmp: Path) -> tuple[float, float] | None:
@@ -251,10 +268,14 @@ def big(tmp: Path, label: str, source: Path, gb: float, with_hta: bool) -> None:
     cache = tmp / f"cache-{label}"
     print(f"\n{label}: {mb / 1000:.2f} GB JSON ({path.stat().st_size / 1e6:.0f} MB gz, "
           f"{source.name}'s steps repeated; made in {made:.0f} s)")
+    read = load_only(path, None)
+    row("read only: JSON into columns", read, mb)
     first = trainprof(path, cache)
-    row("trainprof (first read, writes cache)", first, mb)
+    row("diagnose (first read, writes cache)", first, mb)
+    reread = load_only(path, cache)
+    row("read only: from the cache", reread, mb, f"= {reread[0] / read[0]:.3f}x the JSON read")
     again = trainprof(path, cache)
-    row("trainprof (from its cache)", again, mb, f"= {again[0] / first[0]:.3f}x the first read")
+    row("diagnose (from the cache)", again, mb, f"= {again[0] / first[0]:.3f}x the first")
     row("HTA", hta(path, tmp) if with_hta else None, mb,
         "" if with_hta and HTA_PY.exists() else "--no-hta-big or HTA not installed")
     path.unlink()
