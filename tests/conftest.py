@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
+import tempfile
 from functools import cache
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# The trace cache of this test session (and of the trainprof processes it starts) lives in a
+# temporary folder, never in the user's ~/.cache.
+_CACHE = tempfile.mkdtemp(prefix="trainprof-test-cache-")
+os.environ["TRAINPROF_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 
 def _find_traces() -> Path:

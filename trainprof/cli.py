@@ -29,6 +29,18 @@ def _tolerant_output() -> None:
             stream.reconfigure(errors="replace")
 
 
+def _no_cache(value: bool) -> None:
+    """--no-cache: neither read nor write the trace cache (an environment variable, so that the
+    worker processes see it too)."""
+    if value:
+        import os
+
+        os.environ["TRAINPROF_NO_CACHE"] = "1"
+
+
+_NO_CACHE_HELP = "Parse the traces again: do not read or write trainprof's trace cache."
+
+
 def _fail(err: TrainprofError) -> None:
     typer.echo(f"trainprof: error: {err}", err=True)
     raise typer.Exit(err.exit_code)
@@ -141,8 +153,9 @@ def _list_rules(value: bool) -> None:
 
 @app.command()
 def diagnose(
-    path: Path = typer.Argument(
-        ..., help="A trace file or a folder of traces (run folder, logdir)."
+    path: str = typer.Argument(
+        ..., help="A trace file or a folder of traces (run folder, logdir), or an fsspec URL "
+        "(s3://, gs://, az://, memory://, file://).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output (schema 1)."),
     as_markdown: bool = typer.Option(False, "--markdown", help="Markdown output."),
@@ -158,20 +171,28 @@ def diagnose(
         None, "--annotate", metavar="FILE",
         help="Also write the trace with each finding marked on its timeline (for Perfetto).",
     ),
+    no_cache: bool = typer.Option(False, "--no-cache", help=_NO_CACHE_HELP),
+    dask: str = typer.Option(
+        None, "--dask", metavar="SCHEDULER_ADDRESS",
+        help="Load and diagnose the traces on this Dask distributed cluster (tcp://host:8786).",
+    ),
 ) -> None:
     """Diagnose a PyTorch profiler (Kineto) trace: ranked findings with evidence and fixes."""
     from trainprof.diagnose import diagnose_command
+    from trainprof.trace.source import is_url
 
     _tolerant_output()
+    _no_cache(no_cache)
 
     try:
         code = diagnose_command(
-            path,
+            path if is_url(path) else Path(path),
             fmt="json" if as_json else "markdown" if as_markdown else "console",
             fail_on=fail_on,
             select=select or None,
             ignore=ignore or None,
             annotate=annotate,
+            dask=dask,
         )
     except TrainprofError as err:
         _fail(err)
@@ -190,11 +211,13 @@ def compare(
         help="Exit 3 when B's median step is slower than A's by more than PCT % "
         "(95 % confidence).",
     ),
+    no_cache: bool = typer.Option(False, "--no-cache", help=_NO_CACHE_HELP),
 ) -> None:
     """Compare two runs: median step time with a 95 % bootstrap CI, breakdown and findings."""
     from trainprof.compare import compare_command
 
     _tolerant_output()
+    _no_cache(no_cache)
 
     try:
         code = compare_command(
@@ -211,11 +234,13 @@ def report(
     path: Path = typer.Argument(..., help="A run folder, a trace, or a folder of traces."),
     html: Path = typer.Option(None, "--html", metavar="FILE", help="Write the HTML report here."),
     force: bool = typer.Option(False, "--force", help="Overwrite FILE if it exists."),
+    no_cache: bool = typer.Option(False, "--no-cache", help=_NO_CACHE_HELP),
 ) -> None:
     """Write a self-contained HTML report (charts, findings, run metadata; works offline)."""
     from trainprof.report.run_reports import report_command
 
     _tolerant_output()
+    _no_cache(no_cache)
 
     try:
         code = report_command(path, html, force=force)

@@ -17,9 +17,17 @@ _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
 FAIL_EXIT = 3
 
 
-def find_traces(path: Path) -> list[Path]:
+def find_traces(path: Path | str) -> list[Path]:
     """The trace files at `path`: the file itself, or every trace below a folder (folders that
-    cannot be read are skipped, and named when nothing else is found)."""
+    cannot be read are skipped, and named when nothing else is found). An fsspec URL gives
+    URLs (str) instead of Paths."""
+    from trainprof.trace.source import find_urls, is_url
+
+    if is_url(path):
+        urls = find_urls(str(path), _PT_TRACE) or find_urls(str(path), _TRACE)
+        if not urls:
+            raise TrainprofError(f"no trace files (*.pt.trace.json[.gz], *.json[.gz]) in {path}")
+        return urls  # type: ignore[return-value]
     path = Path(path)
     try:
         if not path.exists():
@@ -63,6 +71,8 @@ def _walk(top: Path, unreadable: list[str]) -> Iterator[Path]:
 
 def _meta_for(trace_file: Path):
     """Run metadata next to a trace: trainprof.rank<R>.json for rank files, else trainprof.json."""
+    if isinstance(trace_file, str):  # a URL: run metadata is only read from local folders
+        return None
     m = re.match(r"rank(\d+)\.", trace_file.name)
     if m:
         meta = read_meta(trace_file.parent / f"trainprof.rank{m.group(1)}.json")
@@ -90,20 +100,27 @@ def diagnose_path(
         if skipped:
             report_skipped(skipped, diags[0])
         return diags
-    return [analyze(load_trace(f), _meta_for(f), select=select, ignore=ignore) for f in files]
+    return [
+        analyze(load_trace(f, progress=True), _meta_for(f), select=select, ignore=ignore)
+        for f in files
+    ]
 
 
 def diagnose_items(
-    path: Path, select: list[str] | None = None, ignore: list[str] | None = None
+    path: Path | str,
+    select: list[str] | None = None,
+    ignore: list[str] | None = None,
+    dask: str | None = None,
 ) -> list[Diagnosis | MultiRankDiagnosis]:
     """Like diagnose_path, but the traces of one multi-rank job (several distinct ranks in one
-    folder) become one MultiRankDiagnosis (see trainprof/ranks)."""
+    folder) become one MultiRankDiagnosis (see trainprof/ranks). With `dask` (a scheduler's
+    address), every trace is loaded and diagnosed on that Dask cluster."""
     files = find_traces(path)
-    if len(files) == 1:
+    if len(files) == 1 and dask is None:
         return list(diagnose_path(path, select=select, ignore=ignore))
     from trainprof.ranks import diagnose_traces
 
-    return diagnose_traces(files, [_meta_for(f) for f in files], select, ignore)
+    return diagnose_traces(files, [_meta_for(f) for f in files], select, ignore, dask=dask)
 
 
 def diagnose_command(
@@ -113,9 +130,11 @@ def diagnose_command(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     annotate: Path | None = None,
+    dask: str | None = None,
 ) -> int:
     """Print the diagnosis of `path` in `fmt` (console | json | markdown); return the exit code.
-    With `annotate`, also write the trace with the findings marked on its timeline there."""
+    With `annotate`, also write the trace with the findings marked on its timeline there; with
+    `dask`, load and diagnose the traces on the Dask cluster whose scheduler is at that address."""
     if fail_on is not None and fail_on not in ("high", "medium", "low", "info"):
         raise TrainprofError(f"--fail-on takes high, medium, low or info, not {fail_on!r}")
     if annotate is not None:
@@ -124,7 +143,7 @@ def diagnose_command(
         check_output(annotate)
         if len(traces := find_traces(path)) != 1:
             raise TrainprofError(f"--annotate takes one trace; {path} holds {len(traces)}")
-    items = diagnose_items(path, select=select, ignore=ignore)
+    items = diagnose_items(path, select=select, ignore=ignore, dask=dask)
     code = render_items(items, fmt, fail_on)
     if annotate is not None:
         from trainprof.report.annotate import annotate_trace

@@ -52,6 +52,7 @@ def diagnose_traces(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     workers: int | None = None,
+    dask: str | None = None,
 ) -> list[Diagnosis | MultiRankDiagnosis]:
     """Every trace diagnosed in parallel; the ranks of one job merged into one view. The items
     keep the order of the files (a job where its first trace was)."""
@@ -59,10 +60,12 @@ def diagnose_traces(
     from trainprof.ranks.load import diagnose_files
 
     own_select, own_ignore = _split_rules(select, ignore)
-    results, skipped = diagnose_files(files, metas, own_select, own_ignore, workers=workers)
+    results, skipped = diagnose_files(
+        files, metas, own_select, own_ignore, workers=workers, dask=dask
+    )
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(results):
-        groups.setdefault((str(Path(r.file).parent), r.world_size), []).append(i)
+        groups.setdefault((_folder(r.file), r.world_size), []).append(i)
     first_of: dict[int, list[int]] = {}  # position of a job's first file -> its members
     in_job: set[int] = set()
     for members in groups.values():
@@ -83,13 +86,20 @@ def diagnose_traces(
     for i, r in enumerate(results):
         if i in first_of:
             members = first_of[i]
-            folder = str(Path(results[members[0]].file).parent)
+            folder = _folder(results[members[0]].file)
             out.append(build_job([results[j] for j in members], folder, select, ignore))
         elif i not in in_job:
             out.append(r.diagnosis)
     if skipped:
         report_skipped(skipped, out[0])
     return out
+
+
+def _folder(file: str) -> str:
+    """The folder of a trace path or URL (Path would fold a URL's `//`)."""
+    if "://" in file:
+        return file.rsplit("/", 1)[0]
+    return str(Path(file).parent)
 
 
 def report_skipped(skipped: list[str], first: Diagnosis | MultiRankDiagnosis) -> None:

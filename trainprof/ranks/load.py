@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from itertools import repeat
 from pathlib import Path
 
 import numpy as np
@@ -142,15 +141,17 @@ def diagnose_rank(
     meta: RunMeta | None,
     select: list[str] | None = None,
     ignore: list[str] | None = None,
+    use_cache: bool | None = None,
 ) -> RankResult | str:
-    """Load one trace, diagnose it, and keep only the compact result (runs in a worker); a
-    trace that cannot be used gives the one-line reason instead, so the others still count."""
+    """Load one trace, diagnose it, and keep only the compact result (runs in a worker, or on a
+    Dask worker); a trace that cannot be used gives the one-line reason instead, so the others
+    still count."""
     from trainprof.analysis.context import Context
     from trainprof.analysis.engine import analyze
     from trainprof.trace.load import load_trace
 
     try:
-        tr = load_trace(path)
+        tr = load_trace(path, use_cache=use_cache)
         diag = analyze(tr, meta, select=select, ignore=ignore)
     except TrainprofError as err:
         return str(err)
@@ -175,27 +176,67 @@ def _preload() -> None:
 
 
 def diagnose_files(
-    files: list[Path],
+    files: list[Path] | list[str],
     metas: list[RunMeta | None],
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     workers: int | None = None,
+    dask: str | None = None,
 ) -> tuple[list[RankResult], list[str]]:
-    """diagnose_rank over every file, in parallel (one process per core), in file order: the
-    results of the usable traces, and why each other one could not be used. TrainprofError
-    when none can."""
+    """diagnose_rank over every file, in parallel (one process per core, or on the Dask cluster
+    whose scheduler is at `dask`), in file order: the results of the usable traces, and why each
+    other one could not be used. TrainprofError when none can. A bar on a terminal counts the
+    traces done."""
+    from trainprof.trace.cache import enabled
+    from trainprof.trace.progress import progress_for
+
     n = len(files)
     workers = min(workers or os.cpu_count() or 1, n)
-    args = ([str(f) for f in files], metas, repeat(select), repeat(ignore))
-    if workers <= 1:
-        results = list(map(diagnose_rank, *args))
-    else:
-        _preload()
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            results = list(pool.map(diagnose_rank, *args))
+    args = ([str(f) for f in files], list(metas), [select] * n, [ignore] * n, [enabled()] * n)
+    label = "diagnosing" if dask is None else f"diagnosing on {dask}"
+    with progress_for(n if n > 1 else 0, label, unit="traces") as tick:
+        if dask is not None:
+            results = _on_dask(dask, args, n, tick)
+        elif workers <= 1:
+            results = []
+            for r in map(diagnose_rank, *args):
+                results.append(r)
+                if tick:
+                    tick(len(results))
+        else:
+            _preload()
+            with ProcessPoolExecutor(max_workers=workers) as pool:
+                futures = [pool.submit(diagnose_rank, *a) for a in zip(*args, strict=True)]
+                for done, _ in enumerate(as_completed(futures), 1):
+                    if tick:
+                        tick(done)
+                results = [f.result() for f in futures]
     good = [r for r in results if isinstance(r, RankResult)]
     bad = [r for r in results if isinstance(r, str)]
     if not good:
         more = f" (and {len(bad) - 1} more unusable traces)" if len(bad) > 1 else ""
         raise TrainprofError(bad[0] + more)
     return good, bad
+
+
+def _on_dask(address: str, args: tuple, n: int, tick) -> list[RankResult | str]:
+    """diagnose_rank of every trace as a task on a Dask distributed cluster: each worker loads
+    one trace (from a path it can read: a shared file system or an fsspec URL) and sends back
+    only the compact RankResult."""
+    try:
+        from distributed import Client
+        from distributed import as_completed as dask_completed
+    except ImportError:
+        raise TrainprofError(
+            "--dask needs dask.distributed: pip install 'trainprof[dask]'"
+        ) from None
+    try:
+        client = Client(address, timeout="10s")
+    except (OSError, TimeoutError, ValueError) as err:
+        raise TrainprofError(f"cannot reach the Dask scheduler at {address}: {err}") from None
+    with client:
+        futures = client.map(diagnose_rank, *args, pure=False)
+        for done, _ in enumerate(dask_completed(futures), 1):
+            if tick:
+                tick(done)
+        return client.gather(futures)

@@ -136,6 +136,23 @@ def display_location(loc: str) -> str:
             return f"{rel}:{line}"
     return loc
 
+class IdIndex:
+    """`get(id)` -> the event index of a Python id (the last one, by time, when an id repeats),
+    like a dict built from the pairs, in two arrays: a dict of a python_function-heavy trace's
+    millions of ids would hold hundreds of MB."""
+
+    __slots__ = ("ids", "index")
+
+    def __init__(self, ids: np.ndarray, index: np.ndarray) -> None:
+        order = np.argsort(ids, kind="stable")  # equal ids keep their time order
+        self.ids, self.index = ids[order], index[order]
+
+    def get(self, py_id: int, default: int | None = None) -> int | None:
+        k = int(np.searchsorted(self.ids, py_id, side="right")) - 1
+        if k >= 0 and self.ids[k] == py_id:
+            return int(self.index[k])
+        return default
+
 
 # Kineto emits the frames already on the stack one after another, a microsecond or two apart.
 _STALE_GAP_US = 20.0
@@ -155,8 +172,7 @@ class PyStacks:
         self.by_thread: dict[int, np.ndarray] = {}
         for t in np.unique(trace.thread[idx]):
             self.by_thread[int(t)] = idx[trace.thread[idx] == t]
-        ids = trace.py_id[idx]
-        self.index_of_id = dict(zip(ids.tolist(), idx.tolist(), strict=True))
+        self.index_of_id = IdIndex(trace.py_id[idx], idx)
         self.stale: set[int] = set()
         for cand in self.by_thread.values():
             self.stale.update(self._initial_chain(cand))

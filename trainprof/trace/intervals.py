@@ -18,17 +18,22 @@ def merge(starts: np.ndarray, ends: np.ndarray) -> Intervals:
     starts = np.asarray(starts, np.float64)
     ends = np.asarray(ends, np.float64)
     keep = ends > starts
-    starts, ends = starts[keep], ends[keep]
+    if not keep.all():
+        starts, ends = starts[keep], ends[keep]
+    del keep  # temporaries freed as soon as done with: millions of events in a large trace
     if not len(starts):
         return EMPTY
     order = np.argsort(starts, kind="stable")
-    s, e = starts[order], ends[order]
-    run_end = np.maximum.accumulate(e)
+    s = starts[order]
+    run_end = ends[order]  # a fresh copy: accumulated in place
+    del order, starts, ends
+    np.maximum.accumulate(run_end, out=run_end)
     # A new interval begins where the start is past every end seen so far.
     new = np.empty(len(s), bool)
     new[0] = True
-    new[1:] = s[1:] > run_end[:-1]
+    np.greater(s[1:], run_end[:-1], out=new[1:])
     first = np.flatnonzero(new)
+    del new
     last = np.r_[first[1:] - 1, len(s) - 1]
     return s[first], run_end[last]
 

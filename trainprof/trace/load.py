@@ -2,6 +2,10 @@
 
 msgspec decodes straight into small typed Structs holding only the fields trainprof uses (the rest
 of each event is skipped without being materialised), then each field becomes one numpy column.
+The JSON is streamed (`stream.py`): inflated and decoded a few MB at a time, so memory holds the
+columns and one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
+invalid JSON, a damaged file) are read whole by the original path, which says what is wrong.
+A loaded trace is kept in a columnar cache (`cache.py`) so that the next command reads it back.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import json
 import re
 import zlib
 from collections import Counter, defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import compress
 from operator import attrgetter
 from pathlib import Path
@@ -26,7 +30,11 @@ except ImportError:  # pragma: no cover
     _inflate = zlib
 
 from trainprof.errors import TrainprofError
-from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Trace, TraceMeta
+from trainprof.trace import cache
+from trainprof.trace.model import KIND_BY_CAT, Kind, Memory, Sparse, Trace, TraceMeta
+from trainprof.trace.progress import is_large, progress_for
+from trainprof.trace.source import file_info, is_url, read_all
+from trainprof.trace.stream import CHUNK_BYTES, NotStreamable, open_batches
 
 _NO = -1  # missing integer in a column
 _MISSING = float("nan")  # an absent ts or dur: the event is dropped (and the output says so)
@@ -82,6 +90,8 @@ class _RawFile(_File):
 _DECODER = msgspec.json.Decoder(_File)
 _RAW_DECODER = msgspec.json.Decoder(_RawFile)
 _LIST_DECODER = msgspec.json.Decoder(list[_Event])
+_EVENT_DECODER = msgspec.json.Decoder(_Event)
+_RAWS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 
 # Events are decoded in chunks: the typed events of the whole file never exist at once, so peak
 # memory stays near the JSON size plus the columns, whatever the trace's size.
@@ -91,15 +101,13 @@ CHUNK_EVENTS = 10_000  # ~15 MB of decoded events at a time
 TRACE_SUFFIXES = (".json", ".json.gz")
 
 
-def read_bytes(path: Path) -> bytes:
+def read_bytes(path: Path | str) -> bytes:
     """The trace's JSON bytes, gunzipped when needed; one-line errors for bad files."""
-    path = Path(path)
-    if not path.exists():
-        raise TrainprofError(f"no such file or folder: {path}")
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise TrainprofError(f"cannot read {path}: {err.strerror}") from None
+    if not is_url(path):
+        path = Path(path)
+        if not path.exists():
+            raise TrainprofError(f"no such file or folder: {path}")
+    raw = read_all(path)
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = _gunzip(raw)
@@ -194,15 +202,27 @@ def _loose(data: bytes, path: Path) -> Any:
         return _lenient(data, path)
 
 
-def _chunks(f: _RawFile, path: Path, drops: Counter) -> Iterator[list[_Event]]:
+def _chunks(f: _RawFile, path: Path | str, drops: Counter) -> Iterator[list[_Event]]:
     raws = f.traceEvents or []
     for i in range(0, len(raws), CHUNK_EVENTS):
-        chunk = b"[" + b",".join(raws[i : i + CHUNK_EVENTS]) + b"]"
+        part = raws[i : i + CHUNK_EVENTS]
         try:
-            yield _LIST_DECODER.decode(chunk)
+            yield _LIST_DECODER.decode(b"[" + b",".join(part) + b"]")
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             # e.g. ROCm writes some ids as strings; invalid UTF-8 in a name
-            yield _coerce_events(_loose(chunk, path), drops)
+            yield _per_event(part, path, drops)
+
+
+def _per_event(raws: list[msgspec.Raw], path: Path | str, drops: Counter) -> list[_Event]:
+    """Events one by one: each is read as the fast path would read it when it can be, else
+    leniently (so a batch's result does not depend on which other events share it)."""
+    out: list[_Event] = []
+    for r in raws:
+        try:
+            out.append(_EVENT_DECODER.decode(r))
+        except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
+            out.extend(_coerce_events([_loose(bytes(r), path)], drops))
+    return out
 
 
 def _coerce_events(events: list[Any], drops: Counter) -> list[_Event]:
@@ -249,13 +269,45 @@ def _decode(data: bytes, path: Path, drops: Counter) -> _File | _RawFile:
         return _coerce(_lenient(data, path), path, drops)
 
 
-def load_trace(path: Path | str) -> Trace:
-    """Load one trace file (.json or .json.gz) into a `Trace`. Events that cannot be used (not
-    objects, no ts or dur, negative or non-finite times) are dropped and `meta.dropped` says so;
-    a trace with no usable event at all is a TrainprofError."""
-    path = Path(path)
-    if path.is_dir():
-        raise TrainprofError(f"{path} is a folder; expected a trace file")
+def load_trace(
+    path: Path | str,
+    *,
+    use_cache: bool | None = None,
+    chunk_bytes: int | None = None,
+    progress: bool = False,
+) -> Trace:
+    """Load one trace file (.json or .json.gz; a local path or an fsspec URL) into a `Trace`.
+    Events that cannot be used (not objects, no ts or dur, negative or non-finite times) are
+    dropped and `meta.dropped` says so; a trace with no usable event at all is a TrainprofError.
+
+    `use_cache` (default: unless $TRAINPROF_NO_CACHE is set) reads and writes the columnar cache;
+    `chunk_bytes` is how much inflated JSON is decoded at a time (0: the whole file in one go);
+    `progress` shows a bar on a terminal for a large file."""
+    if not is_url(path):
+        path = Path(path)
+    info = file_info(path)
+    if use_cache is None:
+        use_cache = cache.enabled()
+    if use_cache and (hit := cache.read(info)) is not None:
+        hit.path = str(path)
+        return hit
+    if chunk_bytes == 0:
+        tr = load_whole(path)
+    else:
+        shown = progress and is_large(info.size, str(path))
+        with progress_for(info.size if shown else 0, f"reading {path}") as on_read:
+            try:
+                tr = load_streaming(path, chunk_bytes or CHUNK_BYTES, on_read)
+            except NotStreamable:
+                tr = load_whole(path)
+    if use_cache:
+        cache.write(info, tr)
+    return tr
+
+
+def load_whole(path: Path | str) -> Trace:
+    """The original reader: the whole file inflated and decoded at once (lenient with Kineto's
+    invalid JSON, precise about damaged files)."""
     drops: Counter = Counter()
     f = decode(read_bytes(path), path, drops)
     if f.traceEvents is None:
@@ -270,6 +322,90 @@ def load_trace(path: Path | str) -> Trace:
     else:
         builder.add(f.traceEvents)
     return builder.finish(f, path, total)
+
+
+def _at_end(err: Exception, data: bytes) -> bool:
+    """Whether a decode error is at the very end of `data`: the cut was not an event boundary
+    (the text before it parsed), rather than bad JSON inside the batch."""
+    msg = str(err)
+    if "truncated" in msg:
+        return True
+    m = re.search(r"\(byte (\d+)\)", msg)
+    return m is not None and int(m.group(1)) >= len(data) - 1
+
+
+def _batch_decoder(path: Path | str, drops: Counter, counted: list[int]):
+    """decode(body) -> the events of `[body]`, or None when `body` does not end on an event
+    boundary. Batches with odd types take the slow, per-event path; Kineto's invalid JSON (or
+    anything else) raises NotStreamable, so the file is read whole."""
+
+    def decode_batch(body: bytes) -> list[_Event] | None:
+        try:
+            return _decode_batch(b"[" + body + b"]")
+        except RecursionError:
+            raise NotStreamable("nested too deeply") from None
+
+    def _decode_batch(data: bytes) -> list[_Event] | None:
+        try:
+            evs = _LIST_DECODER.decode(data)
+            counted[0] += len(evs)
+            return evs
+        except msgspec.ValidationError:
+            pass
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
+            if _at_end(err, data):
+                return None
+            raise NotStreamable(str(err)) from None
+        try:
+            raws = _RAWS_DECODER.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError) as err:
+            if _at_end(err, data):
+                return None
+            raise NotStreamable(str(err)) from None
+        before = drops.total()
+        evs = _per_event(raws, path, drops)
+        counted[0] += len(evs) + drops.total() - before
+        return evs
+
+    return decode_batch
+
+
+def load_streaming(
+    path: Path | str, chunk_bytes: int = CHUNK_BYTES, on_read: Callable[[int], None] | None = None
+) -> Trace:
+    """The streaming reader (`chunk_bytes` of JSON at a time); NotStreamable when the file is not
+    what it expects (the caller then reads it whole)."""
+    drops: Counter = Counter()
+    counted = [0]  # events seen (usable or not), for the "N of M dropped" note
+    batches, close = open_batches(
+        str(path), _batch_decoder(path, drops, counted), chunk_bytes, on_read
+    )
+    builder = _Builder(drops)
+    try:
+        for evs in batches:
+            builder.add(evs, own_buffers=True)
+    finally:
+        close()
+    f = _tail(batches, path)
+    if f.traceEvents is None:
+        raise NotStreamable("no traceEvents")
+    total = counted[0] + len(f.traceEvents)
+    for chunk in _chunks(f, path, drops):
+        builder.add(chunk, own_buffers=True)
+    if not total:
+        raise NotStreamable("no events")  # the whole-file reader says so in its own words
+    return builder.finish(f, path, total)
+
+
+def _tail(batches, path: Path | str) -> _RawFile:
+    """The header keys and the last events, from the text the batches left."""
+    try:
+        if batches.is_object:
+            return _RAW_DECODER.decode(batches.tail)
+        return _RawFile(traceEvents=_RAWS_DECODER.decode(batches.tail))
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError,
+            RecursionError) as err:
+        raise NotStreamable(str(err)) from None
 
 
 def _drop_text(drops: Counter) -> str:
@@ -303,6 +439,36 @@ def _intern(table: dict, values: list, n: int) -> np.ndarray:
     return np.fromiter(map(table.__getitem__, values), np.int32, n)
 
 
+class _Grow:
+    """A column that grows in place by a quarter when full (amortised copies), then shrinks to
+    its length: about 1.25x the column at most, where a list of chunks joined at the end needs
+    twice the columns (and glibc keeps the freed chunks, fragmented, in the process)."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self) -> None:
+        self.a: np.ndarray | None = None
+        self.n = 0
+
+    def extend(self, x: np.ndarray) -> None:
+        m = self.n + len(x)
+        if self.a is None:
+            self.a = np.empty(max(m, 1 << 16), x.dtype)
+        elif m > len(self.a):
+            bigger = np.empty(max(m, len(self.a) + len(self.a) // 4), self.a.dtype)
+            bigger[: self.n] = self.a[: self.n]
+            self.a = bigger
+        self.a[self.n : m] = x
+        self.n = m
+
+    def final(self) -> np.ndarray:
+        if self.a is None:
+            return np.zeros(0)
+        a, self.a = self.a, None
+        a.resize(self.n, refcheck=False)  # in place (realloc): no second copy
+        return a
+
+
 class _Builder:
     """Turns decoded events into columns, chunk by chunk; names and threads interned across
     chunks."""
@@ -317,30 +483,41 @@ class _Builder:
         self.pid_ids: dict[Any, int] = {}
         self.tid_ids: dict[Any, int] = {}
         self.threads: dict[tuple[int, int], int] = {}  # (pid id, tid id) -> thread id
-        self.cols: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
+        self.cols: dict[str, _Grow] = {
+            k: _Grow() for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
         }
         self.mem: dict[str, list[np.ndarray]] = {"ts": [], "total": [], "device": []}
         self.cats: set[str] = set()
         self.pids: set[Any] = set()
         self.flows = 0
-        self.call_stacks: dict[int, str] = {}
-        self.shapes: dict[int, tuple[Any, Any]] = {}
+        # Few events have a call stack or shapes, and their values repeat: event indices and
+        # interned values (a dict entry per event would cost hundreds of bytes each).
+        self.sparse: dict[str, tuple[list[np.ndarray], list[np.ndarray], dict[Any, int]]] = {
+            "stack": ([], [], {}), "shape": ([], [], {})
+        }
         self.n = 0
+        self.keep: np.ndarray | None = None  # events kept by _usable, when some are dropped
+        self.new_index = np.zeros(0, np.int64)
 
     def add(self, evs: list[_Event], own_buffers: bool = False) -> None:
         phs = list(map(_PH, evs))
         xs = list(compress(evs, map("X".__eq__, phs)))
         n = len(xs)
         c = self.cols
-        c["name_id"].append(_intern(self.names, list(map(_NAME, xs)), n))
-        c["kind"].append(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
-        c["thread"].append(self._thread_ids(xs, n))
-        c["ts"].append(np.fromiter(map(_TS, xs), np.float64, n))
-        c["dur"].append(np.fromiter(map(_DUR, xs), np.float64, n))
+        c["name_id"].extend(_intern(self.names, list(map(_NAME, xs)), n))
+        c["kind"].extend(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
+        c["thread"].extend(self._thread_ids(xs, n))
+        c["ts"].extend(np.fromiter(map(_TS, xs), np.float64, n))
+        c["dur"].extend(np.fromiter(map(_DUR, xs), np.float64, n))
         args = list(map(_ARGS, xs))
+        new_ext = False
         for attr in self._OPT:
-            c[attr].append(_int_column(args, attrgetter(attr), n))
+            if attr in c:
+                col = _int_column(args, attrgetter(attr), n)
+                c[attr].extend(col)
+                new_ext = new_ext or (attr == "ext_id" and bool((col != _NO).any()))
+        if new_ext and "ext_id_old" in c:
+            del c["ext_id_old"]  # the current schema's "External id" wins: the old one is unused
         self.cats.update(map(_CAT, xs))
         mem = [e for e in compress(evs, map("i".__eq__, phs)) if e.name == "[memory]"]
         k = len(mem)
@@ -354,18 +531,35 @@ class _Builder:
         self.flows += phs.count("s") + phs.count("f")
         if no_ph := phs.count(""):
             self.drops["events without 'ph'"] += no_ph
-        base = self.n
         stacks = list(map(_STACK, xs))
-        for i in np.flatnonzero(np.fromiter(map(bool, stacks), bool, n)).tolist():
-            self.call_stacks[base + i] = stacks[i]
+        sel = np.flatnonzero(np.fromiter(map(bool, stacks), bool, n))
+        self._sparse("stack", sel, [stacks[i] for i in sel.tolist()])
         types = list(map(_TYPES, xs))
-        for i in np.flatnonzero(np.fromiter(map(len, types), np.int64, n)).tolist():
-            dims = xs[i].args.input_dims
-            # A Raw keeps its whole source buffer alive: copy it out of a chunk's buffer.
-            self.shapes[base + i] = (dims.copy(), types[i].copy()) if own_buffers else (
-                dims, types[i]
-            )
+        sel = np.flatnonzero(np.fromiter(map(len, types), np.int64, n))
+        # bytes(): a Raw would keep its whole source buffer (a batch of JSON) alive.
+        self._sparse("shape", sel, [
+            (bytes(xs[i].args.input_dims), bytes(types[i])) for i in sel.tolist()
+        ])
         self.n += n
+
+    def _sparse(self, which: str, sel: np.ndarray, values: list) -> None:
+        index, ids, table = self.sparse[which]
+        for v in dict.fromkeys(values):
+            table.setdefault(v, len(table))
+        index.append(sel.astype(np.int64) + self.n)
+        ids.append(np.fromiter(map(table.__getitem__, values), np.int32, len(values)))
+
+    def _sparse_map(self, which: str, keep: np.ndarray | None, new_index: np.ndarray) -> Sparse:
+        index, ids, table = self.sparse[which]
+        idx = np.concatenate(index) if index else np.zeros(0, np.int64)
+        vid = np.concatenate(ids) if ids else np.zeros(0, np.int32)
+        if keep is not None:
+            m = keep[idx]
+            idx, vid = new_index[idx[m]], vid[m]
+        values = list(table)
+        if which == "shape":
+            values = [(msgspec.Raw(a), msgspec.Raw(b)) for a, b in values]
+        return Sparse(idx, vid, values)
 
     def _thread_ids(self, xs: list[_Event], n: int) -> np.ndarray:
         pid = _intern(self.pid_ids, list(map(_PID, xs)), n).astype(np.int64)
@@ -394,21 +588,20 @@ class _Builder:
                 if n := int(mask.sum()):
                     self.drops[why] += n
             keep = ~bad
-            new_index = np.cumsum(keep) - 1
+            self.keep, self.new_index = keep, np.cumsum(keep) - 1
             for k in c:
                 c[k] = c[k][keep]
-            self.call_stacks = {
-                int(new_index[i]): v for i, v in self.call_stacks.items() if keep[i]
-            }
-            self.shapes = {int(new_index[i]): v for i, v in self.shapes.items() if keep[i]}
         if not len(c["ts"]):
             why = _drop_text(self.drops) if self.drops else "none is a complete ('ph': 'X') event"
             raise TrainprofError(f"{path}: no usable event among {total}: {why}")
 
     def finish(self, f: _File | _RawFile, path: Path, total: int = 0) -> Trace:
-        c = {k: np.concatenate(v) if v else np.zeros(0) for k, v in self.cols.items()}
+        c = {k: col.final() for k, col in self.cols.items()}
+        self.cols = {}
         self._usable(c, path, total)
-        ext = c["ext_id"] if (c["ext_id"] != _NO).any() else c["ext_id_old"]
+        ext = c["ext_id"] if "ext_id_old" not in c or (c["ext_id"] != _NO).any() else c[
+            "ext_id_old"
+        ]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
         pids, tids = list(self.pid_ids), list(self.tid_ids)
         meta = TraceMeta(
@@ -446,7 +639,7 @@ class _Builder:
                 total_allocated=np.concatenate(self.mem["total"]),
                 device=np.concatenate(self.mem["device"]),
             ),
-            call_stacks=self.call_stacks,
-            shapes=self.shapes,
+            call_stacks=self._sparse_map("stack", self.keep, self.new_index),
+            shapes=self._sparse_map("shape", self.keep, self.new_index),
             meta=meta,
         )

@@ -7,6 +7,7 @@ Timestamps and durations are microseconds, as Kineto writes them whatever `displ
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import IntEnum
 from functools import cached_property
@@ -57,6 +58,44 @@ HOST_KINDS = (Kind.CPU_OP, Kind.ANNOTATION, Kind.PYTHON, Kind.RUNTIME, Kind.DRIV
 GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
 
 
+class Sparse(Mapping[int, Any]):
+    """A read-only map from event index to a value that few events have and that repeats
+    (shapes, call stacks): two arrays and the distinct values, ~12 bytes per event instead of a
+    dict entry and its objects (hundreds of bytes) per event."""
+
+    __slots__ = ("index", "value_id", "values")
+
+    def __init__(self, index: np.ndarray, value_id: np.ndarray, values: list[Any]) -> None:
+        self.index = index  # int64 event indices, ascending
+        self.value_id = value_id  # int32 index into values
+        self.values = values
+
+    def get(self, i: int, default: Any = None) -> Any:  # the hot path: no exception
+        k = int(np.searchsorted(self.index, i))
+        if k < len(self.index) and self.index[k] == i:
+            return self.values[self.value_id[k]]
+        return default
+
+    def __getitem__(self, i: int) -> Any:
+        v = self.get(i, _ABSENT)
+        if v is _ABSENT:
+            raise KeyError(i)
+        return v
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.index.tolist())
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    @classmethod
+    def empty(cls) -> Sparse:
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int32), [])
+
+
+_ABSENT = object()
+
+
 @dataclass
 class Memory:
     """`[memory]` instant events (profile_memory=True)."""
@@ -105,8 +144,8 @@ class Trace:
     nbytes: np.ndarray
     stream: np.ndarray
     memory: Memory
-    call_stacks: dict[int, str]  # event index -> "Call stack" (2021 schema with_stack)
-    shapes: dict[int, tuple[Any, Any]]  # event index -> raw (Input Dims, Input type)
+    call_stacks: Mapping[int, str]  # event index -> "Call stack" (2021 schema with_stack)
+    shapes: Mapping[int, tuple[Any, Any]]  # event index -> raw (Input Dims, Input type)
     meta: TraceMeta
     _name_cache: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 

@@ -1,0 +1,194 @@
+"""The streaming loader (trainprof/trace/stream.py) gives the same Trace as the one-shot reader:
+on every shared trace, with small chunks, and on made-up traces whose chunk boundaries fall
+inside strings, escapes, nested objects and events."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import all_trace_files, trace_path
+
+from trainprof.errors import TrainprofError
+from trainprof.trace.load import load_streaming, load_trace, load_whole
+from trainprof.trace.stream import NotStreamable
+
+
+def assert_same(a, b) -> None:
+    """Every field of two Traces equal (arrays bit for bit, shapes byte for byte)."""
+    for f in dataclasses.fields(a):
+        if f.name in ("_name_cache", "path"):
+            continue
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype, f.name
+            assert np.array_equal(x, y, equal_nan=True), f.name
+        elif f.name == "memory":
+            for g in ("ts", "total_allocated", "device"):
+                assert np.array_equal(getattr(x, g), getattr(y, g)), g
+        elif f.name == "shapes":
+            assert list(x) == list(y)
+            assert all(bytes(x[k][0]) == bytes(y[k][0]) for k in x)
+            assert all(bytes(x[k][1]) == bytes(y[k][1]) for k in x)
+        elif f.name == "call_stacks":
+            assert dict(x.items()) == dict(y.items())
+        else:
+            assert x == y, f.name
+
+
+def _json_size(p: Path) -> int:
+    raw = p.read_bytes()
+    return len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
+
+
+@pytest.mark.parametrize("rel", all_trace_files())
+def test_streaming_equals_one_shot_on_shared_traces(rel: str) -> None:
+    p = trace_path(rel)
+    whole = load_whole(p)
+    size = _json_size(p)
+    # Small traces with tiny chunks (hundreds of cuts), large ones with 256 KiB (still ~100s).
+    chunk = 700 if size < 2_000_000 else 1 << 18
+    assert_same(whole, load_streaming(p, chunk))  # NotStreamable would fail the test
+
+
+def _events() -> list[dict]:
+    tricky = ['a "quoted" }, {"ph": "X"', "back\\slash\\", "}, ", "\u00e9\u4e2d\U0001f600",
+              "{[", "\\\""]
+    evs: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
+                        "args": {"name": "python"}}]
+    for i in range(60):
+        evs.append({
+            "ph": "X", "cat": "cpu_op" if i % 3 else "python_function",
+            "name": tricky[i % len(tricky)] + f"#{i}", "pid": 1, "tid": 1 + i % 2,
+            "ts": 1000.0 + 10 * i, "dur": 5.5,
+            "args": {"External id": i, "nested": {"x": [{"y": "}, {"}, 1], "z": {"w": {}}},
+                     "Input Dims": [[2, 3], []], "Input type": ["float", ""],
+                     "Python id": i, "Python parent id": i - 1},
+        })
+        if i % 7 == 0:
+            evs.append({"ph": "i", "name": "[memory]", "pid": 1, "tid": 1, "ts": 1000.0 + i,
+                        "args": {"Total Allocated": 100 * i, "Device Id": -1}})
+        if i % 5 == 0:
+            evs.append({"ph": "s", "id": i, "pid": 1, "tid": 1, "ts": 1000.0 + i})
+    evs.append({"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1", "pid": 1,
+                "tid": 1, "ts": 990.0, "dur": 700.0})
+    return evs
+
+
+@pytest.mark.parametrize("layout", ["indented", "compact", "array", "keys-after"])
+def test_chunk_boundaries_anywhere(tmp_path: Path, layout: str) -> None:
+    """Every chunk size from 1 to 97 bytes: cuts inside strings, escapes, nested objects."""
+    evs = _events()
+    if layout == "array":
+        text = json.dumps(evs)
+    elif layout == "indented":
+        text = json.dumps({"schemaVersion": 1, "deviceProperties": [{"name": "x"}],
+                           "traceEvents": evs}, indent=2)
+    elif layout == "compact":
+        text = json.dumps({"traceEvents": evs, "displayTimeUnit": "ns"}, separators=(",", ":"))
+    else:
+        text = json.dumps({"distributedInfo": {"rank": 3}, "traceEvents": evs,
+                           "traceName": "x", "deviceProperties": []}, indent=1)
+    p = tmp_path / "t.json.gz"
+    p.write_bytes(gzip.compress(text.encode()))
+    whole = load_whole(p)
+    assert len(whole) == 61
+    for chunk in (*range(1, 98), 1000):
+        assert_same(whole, load_streaming(p, chunk))
+
+
+def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:
+    """A ROCm-style string id in one event: the batch takes the slow path, and the result does
+    not depend on which events share its batch."""
+    evs = _events()
+    evs[10]["args"]["External id"] = "12"  # a string where an int is expected
+    evs[20]["args"]["bytes"] = "N/A"
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": evs}, indent=1))
+    whole = load_whole(p)
+    for chunk in (50, 333, 4096, 1 << 20):
+        assert_same(whole, load_streaming(p, chunk))
+
+
+def test_dropped_events_are_counted_the_same(tmp_path: Path) -> None:
+    evs = _events()
+    evs[5:5] = [42, "text", {"ph": "X", "name": "no-ts", "dur": 1}, {"name": "no-ph", "ts": 1}]
+    evs[30]["dur"] = -1
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    whole = load_whole(p)
+    assert "dropped as unusable" in whole.meta.dropped
+    for chunk in (64, 1000):
+        s = load_streaming(p, chunk)
+        assert s.meta.dropped == whole.meta.dropped
+        assert_same(whole, s)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Kineto's invalid JSON: a bare N/A, a control character in a string, invalid UTF-8.
+        lambda t: t.replace(b'"dur": 5.5', b'"dur": N/A', 1),
+        lambda t: t.replace(b"#20", b"#2\x010", 1),
+        lambda t: t.replace(b"#30", b"#3\xff0", 1),
+    ],
+)
+def test_invalid_json_falls_back_to_the_whole_file_reader(tmp_path: Path, body) -> None:
+    p = tmp_path / "t.json"
+    p.write_bytes(body(json.dumps({"traceEvents": _events()}, indent=1).encode()))
+    whole = load_whole(p)
+    with pytest.raises(NotStreamable):
+        load_streaming(p, 256)
+    assert_same(whole, load_trace(p, chunk_bytes=256, use_cache=False))
+
+
+def test_truncated_gzip_keeps_its_message(tmp_path: Path) -> None:
+    p = tmp_path / "cut.json.gz"
+    p.write_bytes(gzip.compress(json.dumps({"traceEvents": _events()}).encode())[:-200])
+    with pytest.raises(TrainprofError, match="corrupt or truncated gzip"):
+        load_trace(p, chunk_bytes=128, use_cache=False)
+
+
+class _Terminal:
+    """A stderr that says it is a terminal, and keeps what is written."""
+
+    def __init__(self, tty: bool) -> None:
+        self.tty, self.parts = tty, []
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    def write(self, s: str) -> int:
+        self.parts.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch, tty: bool) -> None:
+    import sys
+
+    from trainprof.trace import progress
+
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": _events()}))
+    monkeypatch.setattr(progress, "LARGE_BYTES", 100)  # this small trace counts as large
+    err = _Terminal(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    reads: list[int] = []
+    with progress.progress_for(p.stat().st_size, "reading t.json") as tick:
+        assert (tick is not None) == tty
+        assert_same(load_whole(p), load_streaming(p, 512, tick and (lambda n: (reads.append(n),
+                                                                            tick(n)))))
+    assert load_trace(p, progress=True, use_cache=False) is not None
+    out = "".join(err.parts)
+    if tty:
+        assert "reading t.json" in out and reads and reads[-1] == p.stat().st_size
+    else:
+        assert out == ""
