@@ -67,6 +67,9 @@ def run(
     cuda_sync_events: bool = typer.Option(False, "--cuda-sync-events", help="CUDA only."),
     sync_debug: bool = typer.Option(False, "--sync-debug", help="CUDA only: warn on syncs."),
     diagnose_after: bool = typer.Option(True, "--diagnose/--no-diagnose"),
+    brief: bool = typer.Option(
+        False, "--brief", help="The diagnosis as its ranked summary alone (no evidence/fix blocks)."
+    ),
     nproc_per_node: str = typer.Option(
         None, "--nproc-per-node", rich_help_panel=_TORCHRUN,
         help="Run every rank under torchrun: processes per node (N, auto, cpu, gpu).",
@@ -111,6 +114,7 @@ def run(
         cuda_sync_events=cuda_sync_events,
         sync_debug=sync_debug,
         diagnose=diagnose_after,
+        brief=brief,
     )
     launcher = Launcher(
         nproc_per_node=nproc_per_node,
@@ -156,6 +160,9 @@ def diagnose(
         None, "--annotate", metavar="FILE",
         help="Also write the trace with each finding marked on its timeline (for Perfetto).",
     ),
+    brief: bool = typer.Option(
+        False, "--brief", help="The ranked summary alone, one line per finding (console output)."
+    ),
 ) -> None:
     """Diagnose a PyTorch profiler (Kineto) trace: ranked findings with evidence and fixes."""
     from trainprof.diagnose import diagnose_command
@@ -170,6 +177,7 @@ def diagnose(
             select=select or None,
             ignore=ignore or None,
             annotate=annotate,
+            brief=brief,
         )
     except TrainprofError as err:
         _fail(err)
