@@ -107,39 +107,56 @@ def summary_lines(
     wheres = [where(f) for f in findings]
     fixed = n_w + 2 + SEV_WIDTH + 2 + 2 + s_w  # "#  sev     title  [where  ]saving"
     room = max(width - fixed, 1)
-    t_want = max([cell_len("finding"), *(cell_len(f.title) for f in findings)])
-    w_want = max([cell_len(where_title), *map(cell_len, wheres)])
-    if t_want + 2 + w_want <= room:
-        t_w, w_w = t_want, w_want
-    elif room - t_want - 2 >= MIN_WHERE:  # the where column gives way first
-        t_w, w_w = t_want, room - t_want - 2
-    else:  # no room for it: the titles take the line, and are shortened only past it
-        t_w, w_w = min(t_want, room), 0
+    titles = [cell_len(f.title) for f in findings]
+    t_want = max([cell_len("finding"), *titles])
+    # No finding has a location (a trace without Python stacks): no where column.
+    w_want = max([cell_len(where_title), *map(cell_len, wheres)]) \
+        if any(w != "-" for w in wheres) else 0
+    if not w_want or t_want + 2 + w_want <= room:
+        t_w = min(t_want, room)
+    else:
+        # The where column gives way first: the title column is as wide as the longest title
+        # that still leaves MIN_WHERE for it; a longer title runs on into the where column of
+        # its own row, which keeps what is left of it (or nothing).
+        fit = [t for t in titles if t + 2 + MIN_WHERE <= room]
+        if 2 * len(fit) < len(titles):  # most titles need the room: no where column
+            t_w, w_want = min(t_want, room), 0
+        else:
+            t_w = max([cell_len("finding"), *fit, room - 2 - w_want])
+    w_w = max(room - t_w - 2, 0) if w_want else 0
 
-    def row(num: Text, sev: Text, title: Text, wh: str, saving: str) -> Text:
+    def row(num: Text, sev: Text, title: str, wh: str, saving: str, style: str = "") -> Text:
+        title = short_title(title, room)
         line = Text()
         line.append_text(num)
         line.append("  ")
         line.append_text(sev)
         line.append(" " * (SEV_WIDTH - cell_len(sev.plain) + 2))
-        line.append_text(title)
-        line.append(" " * (t_w - cell_len(title.plain) + 2))
+        line.append(title, style=style)
+        used = cell_len(title)  # of the title and where columns: t_w + 2 + w_w, or t_w
         if w_w:
-            line.append(wh + " " * (w_w - cell_len(wh) + 2))
-        line.append(" " * (s_w - cell_len(saving)) + saving)
+            # aligned in the where column, or right after a title that runs into it
+            gap = max(t_w + 2 - used, 2)
+            wh = short_where(wh, t_w + 2 + w_w - used - gap) if wh else ""
+            if wh and t_w + 2 + w_w - used - gap >= min(MIN_WHERE, w_w):
+                line.append(" " * gap + wh)
+                used += gap + cell_len(wh)
+        end = t_w + (2 + w_w if w_w else 0)
+        line.append(" " * (end - used + 2 + s_w - cell_len(saving)) + saving)
         return line
 
-    head = row(Text("#".rjust(n_w)), Text("sev"), Text("finding"),
-               short_where(where_title, w_w) if w_w else "", "est. saving".rjust(s_w))
+    head = row(Text("#".rjust(n_w)), Text("sev"), "finding", where_title if w_w else "",
+               "est. saving".rjust(s_w))
     head.stylize("dim")
     out = [head]
     for i, (f, wh, saving) in enumerate(zip(findings, wheres, savings, strict=True), 1):
         out.append(row(
             Text(str(i).rjust(n_w)),
             Text(f.severity, style=_SEV_STYLE.get(f.severity, "")),
-            Text(short_title(f.title, t_w), style="bold"),
-            short_where(wh, w_w) if w_w else "",
+            f.title,
+            wh,
             saving,
+            style="bold",
         ))
     return out
 
@@ -166,7 +183,7 @@ def finding_block(
     head.append(f" [{f.rule}] ", style="dim")
     head.append(f.title, style="bold")
     lines = []
-    for k, piece in enumerate(head.wrap(console, width, overflow="fold")):
+    for k, piece in enumerate(head.wrap(console, max(width - len(INDENT), 8), overflow="fold")):
         piece.rstrip()
         lines.append(Text(INDENT) + piece if k else piece)
     if ranks:
