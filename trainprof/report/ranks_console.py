@@ -135,10 +135,8 @@ def print_job(
     console = console or make_console()
     for i, line in enumerate(header_lines(job)):
         console.print(Text(line, style="bold" if i == 0 else ""))
-    rows = shown_ranks(job)
-    if brief:
-        rows = []
-    elif len(rows) < len(job.ranks):
+    rows = [] if brief else shown_ranks(job)  # brief: the header lines say the gist
+    if rows and len(rows) < len(job.ranks):
         console.print(Text(
             f"Showing {len(rows)} of {len(job.ranks)} ranks (the {SHOW_SLOWEST} slowest and "
             f"the {SHOW_FASTEST} fastest); --json has them all.", style="dim"))
