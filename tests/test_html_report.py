@@ -13,10 +13,15 @@ from test_tensorboard import DLRM, NW0, NW0_STEPS, make_run
 from typer.testing import CliRunner
 
 from trainprof.analysis.model import Device, Diagnosis, Finding, Steps
+from trainprof.capture.runner import RunOptions, run_script
 from trainprof.cli import app
 from trainprof.diagnose import diagnose_path
-from trainprof.report.html import COLORS, ReportItem, render_html
+from trainprof.report.html import COLORS, EVAL_COLOR, OUTLIER_COLOR, ReportItem, render_html
 from trainprof.report.svg import nice_ticks
+from trainprof.rules import all_rules
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "tests" / "scripts"
 
 runner = CliRunner()
 
@@ -35,9 +40,11 @@ def nw0_report(tmp_path_factory) -> tuple[Path, str, Diagnosis]:
 
 
 def _no_network(page: str) -> None:
-    """Nothing that a browser would fetch or run: no script, link, src, url() or @import."""
+    """Nothing that a browser would fetch or run: no script, link, src, url() or @import; the
+    only links are to places in the page itself (href="#...")."""
     assert "<script" not in page.lower()
-    assert not re.search(r"<link\b|<[^>]*\b(src|href)\s*=|url\(|@import", page, re.I)
+    assert not re.search(r"""<link\b|<[^>]*\b(src|href)\s*=\s*(?!["']?#)|url\(|@import""",
+                         page, re.I)
     # The only URL is the SVG namespace, an identifier that is never fetched.
     assert set(re.findall(r"https?://[^\s\"'<>]+", page)) <= {"http://www.w3.org/2000/svg"}
 
@@ -129,3 +136,55 @@ def test_report_renders_in_chromium(nw0_report, tmp_path: Path):
     for f in d.findings:
         assert escape(f.title) in dom
     assert "Where each traced step's time goes" in dom
+
+
+def test_findings_link_to_their_rule_described_in_the_report(nw0_report):
+    """Each finding links to its rule's description inside the report (registry text, usable
+    without the repository), which names the rule's page in the repository."""
+    _, page, d = nw0_report
+    registry = {r.id: r for r in all_rules()}
+    rules = {f.rule for f in d.findings}
+    assert rules and rules <= set(registry)
+    for rule in rules:
+        assert page.count(f'href="#rule-{rule}"') == sum(f.rule == rule for f in d.findings)
+        assert page.count(f'id="rule-{rule}"') == 1
+        section = page.split(f'id="rule-{rule}"', 1)[1].split("</div>", 1)[0]
+        assert escape(registry[rule].detects) in section and escape(registry[rule].fix) in section
+        assert f"docs/rules/{rule}.md" in section
+        assert (ROOT / "docs" / "rules" / f"{rule}.md").is_file()  # the path named is real
+    assert page.count('class="rule"') == len(rules)  # only the rules of the findings
+    assert "so the report stands alone" in page
+
+
+def _bar_fill(page: str, step: int) -> str:
+    m = re.search(rf'<rect [^>]*fill="(#[0-9a-f]{{6}})"><title>#{step}: ', page)
+    assert m, step
+    return m[1]
+
+
+def test_step_chart_marks_outlier_and_evaluation_steps(tmp_path: Path, capsys):
+    """A real run: step 18 sleeps 1.5 s outside the profiler window (an outlier), step 12 holds
+    an evaluation pass (`eval_steps`); the step chart colours and labels both, the legend and a
+    note name them. The run is printed with --brief: the summary without the blocks."""
+    folder = tmp_path / "run"
+    code = run_script(RunOptions(
+        script=str(SCRIPTS / "steps_outlier.py"), out=folder, brief=True,
+        overrides={"wait": 2, "warmup": 1, "active": 3},
+    ))
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "ranked by est. saving per step" in out and "\n   fix:\n" not in out
+    page = (folder / "report.html").read_text(encoding="utf-8")
+    _no_network(page)
+    steps = page.split('id="steps"', 1)[1].split("</section>", 1)[0]
+    assert _bar_fill(steps, 18) == OUTLIER_COLOR
+    assert _bar_fill(steps, 12) == EVAL_COLOR
+    assert _bar_fill(steps, 4) == "#f58518"  # traced
+    assert re.search(rf'fill="{OUTLIER_COLOR}">\d+×</text>', steps)
+    assert f'fill="{EVAL_COLOR}">eval</text>' in steps
+    legend = steps.split('class="legend"', 1)[1].split("</div>", 1)[0]
+    assert "evaluation pass: #12" in legend and re.search(r"outlier \(.*\): [^<]*#18", legend)
+    assert "Step #12 holds an evaluation pass (model.eval() forward without grad)" in steps
+    assert re.search(r"Outlier steps?, at least 5× the median training step \([\d.]+ ms\): "
+                     r"[^<]*#18 \d{4,}\.\d ms \(\d+×\)", steps)
+    assert "The axis ends at" in steps  # the 1.5 s bar does not flatten the others

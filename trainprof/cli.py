@@ -81,6 +81,9 @@ def run(
     cuda_sync_events: bool = typer.Option(False, "--cuda-sync-events", help="CUDA only."),
     sync_debug: bool = typer.Option(False, "--sync-debug", help="CUDA only: warn on syncs."),
     diagnose_after: bool = typer.Option(True, "--diagnose/--no-diagnose"),
+    brief: bool = typer.Option(
+        False, "--brief", help="The diagnosis as its ranked summary alone (no evidence/fix blocks)."
+    ),
     nproc_per_node: str = typer.Option(
         None, "--nproc-per-node", rich_help_panel=_TORCHRUN,
         help="Run every rank under torchrun: processes per node (N, auto, cpu, gpu).",
@@ -125,6 +128,7 @@ def run(
         cuda_sync_events=cuda_sync_events,
         sync_debug=sync_debug,
         diagnose=diagnose_after,
+        brief=brief,
     )
     launcher = Launcher(
         nproc_per_node=nproc_per_node,
@@ -176,6 +180,9 @@ def diagnose(
         None, "--dask", metavar="SCHEDULER_ADDRESS",
         help="Load and diagnose the traces on this Dask distributed cluster (tcp://host:8786).",
     ),
+    brief: bool = typer.Option(
+        False, "--brief", help="The ranked summary alone, one line per finding (console output)."
+    ),
 ) -> None:
     """Diagnose a PyTorch profiler (Kineto) trace: ranked findings with evidence and fixes."""
     from trainprof.diagnose import diagnose_command
@@ -193,6 +200,7 @@ def diagnose(
             ignore=ignore or None,
             annotate=annotate,
             dask=dask,
+            brief=brief,
         )
     except TrainprofError as err:
         _fail(err)

@@ -131,10 +131,12 @@ def diagnose_command(
     ignore: list[str] | None = None,
     annotate: Path | None = None,
     dask: str | None = None,
+    brief: bool = False,
 ) -> int:
     """Print the diagnosis of `path` in `fmt` (console | json | markdown); return the exit code.
     With `annotate`, also write the trace with the findings marked on its timeline there; with
-    `dask`, load and diagnose the traces on the Dask cluster whose scheduler is at that address."""
+    `dask`, load and diagnose the traces on the Dask cluster whose scheduler is at that address;
+    `brief`: the console's ranked summary without the block of each finding."""
     if fail_on is not None and fail_on not in ("high", "medium", "low", "info"):
         raise TrainprofError(f"--fail-on takes high, medium, low or info, not {fail_on!r}")
     if annotate is not None:
@@ -144,7 +146,7 @@ def diagnose_command(
         if len(traces := find_traces(path)) != 1:
             raise TrainprofError(f"--annotate takes one trace; {path} holds {len(traces)}")
     items = diagnose_items(path, select=select, ignore=ignore, dask=dask)
-    code = render_items(items, fmt, fail_on)
+    code = render_items(items, fmt, fail_on, brief)
     if annotate is not None:
         from trainprof.report.annotate import annotate_trace
 
@@ -162,9 +164,12 @@ def flat_diagnoses(items: list[Diagnosis | MultiRankDiagnosis]) -> list[Diagnosi
     return out
 
 
-def render_items(items: list, fmt: str = "console", fail_on: str | None = None) -> int:
+def render_items(
+    items: list, fmt: str = "console", fail_on: str | None = None, brief: bool = False
+) -> int:
     """Print diagnoses in `fmt`; return the exit code `--fail-on` asks for. A folder holding a
-    multi-rank job (maybe with single traces beside it) gets the merged view."""
+    multi-rank job (maybe with single traces beside it) gets the merged view. `brief` (console
+    only): the ranked summary without the block of each finding."""
     diags = [d for d in items if isinstance(d, Diagnosis)]
     job = len(diags) < len(items)
     if fmt == "json":
@@ -179,11 +184,11 @@ def render_items(items: list, fmt: str = "console", fail_on: str | None = None) 
     elif job:
         from trainprof.report.ranks_console import print_items
 
-        print_items(items)
+        print_items(items, brief=brief)
     else:
         from trainprof.report.console import print_diagnoses
 
-        print_diagnoses(diags)
+        print_diagnoses(diags, brief=brief)
     if fail_on is not None:
         limit = severity_rank(fail_on)
         if any(severity_rank(f.severity) <= limit for x in items for f in x.findings):

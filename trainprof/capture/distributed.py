@@ -177,7 +177,8 @@ def launch(opts: RunOptions, launcher: Launcher) -> int:
         )
     elif opts.diagnose and metas:
         first = metas[min(metas, key=lambda r: -1 if r is None else r)]
-        diagnose_run(folder, first, summaries, any(m.traces for m in metas.values()))
+        diagnose_run(folder, first, summaries, any(m.traces for m in metas.values()),
+                     brief=opts.brief)
     else:
         for line in summaries:
             say(line)

@@ -43,6 +43,7 @@ class RunOptions:
     cuda_sync_events: bool = False
     sync_debug: bool = False
     diagnose: bool = True
+    brief: bool = False  # the diagnosis as its ranked summary alone
     rank: int | None = None  # expected rank where the environment does not tell (child.py)
 
 
@@ -139,7 +140,8 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
             say(line)
         summaries = [f"rank {r}: {step_summary(m)}" for r, m in sorted(job.items())]
         if opts.diagnose:
-            diagnose_run(where, job[min(job)], summaries, any(m.traces for m in job.values()))
+            diagnose_run(where, job[min(job)], summaries, any(m.traces for m in job.values()),
+                         brief=opts.brief)
         else:
             for line in summaries:
                 say(line)
@@ -149,7 +151,8 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
         w = meta.window
         given_up = meta.user_traces and (not w.recorded_steps or w.partial_step is not None)
         theirs = Path(meta.user_traces[-1]) if given_up else None
-        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs)
+        diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs,
+                     brief=opts.brief)
     else:
         say(step_summary(meta))
     say_where(folder)
@@ -206,6 +209,7 @@ def diagnose_run(
     summaries: list[str],
     has_traces: bool,
     trace: Path | None = None,
+    brief: bool = False,
 ) -> None:
     """The full diagnosis of the run folder (all its ranks together), or of `trace`, with its
     reports written into the run folder, or the step-time summaries when it cannot be made."""
@@ -219,7 +223,7 @@ def diagnose_run(
 
         sys.stdout.flush()
         items = diagnose_items(trace or folder)
-        render_items(items)
+        render_items(items, brief=brief)
         write_run_reports(folder, flat_diagnoses(items), meta)
     except TrainprofError as err:
         say(f"diagnosis not available: {err}")

@@ -1,6 +1,8 @@
 """The HTML report: one self-contained file (inline CSS and SVG, no script, nothing fetched) with
-the per-step breakdown, the ranked findings with evidence and fixes, the run metadata and, for
-several ranks, the step time of each rank. Every piece of text is escaped.
+the step time of every step (traced, evaluation and outlier steps marked), the per-step
+breakdown, the ranked findings with evidence and fixes (each linked to a description of its rule
+inside the report), the run metadata and, for several ranks, the step time of each rank. Every
+piece of text is escaped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ from trainprof.analysis.breakdown import CPU_CATEGORIES, GPU_CATEGORIES
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.report import svg
 from trainprof.report.per_step import PerStep
+from trainprof.report.step_marks import OUTLIER_X, step_marks
 from trainprof.report.text import device_line, saving_header, saving_text, step_line, title_of
+from trainprof.rules import Rule, all_rules
 from trainprof.runmeta import RunMeta
 
 COLORS = {
@@ -31,6 +35,9 @@ COLORS = {
     "Forward": "#4c9a5a",
     "Other": "#b0b5bd",
 }
+RULE_DOCS = "docs/rules"  # the rule pages, relative to the trainprof repository's root
+EVAL_COLOR = "#9467bd"  # a step holding an evaluation pass
+OUTLIER_COLOR = "#c62828"  # a step far slower than the median
 SEV_COLORS = {"high": "#c62828", "medium": "#e08a00", "low": "#2f7bbf", "info": "#7a828e"}
 
 CSS = """
@@ -134,23 +141,62 @@ def breakdown_chart(item: ReportItem) -> str:
     )
 
 
+def _step_list(steps: Sequence[int], most: int = 8) -> str:
+    shown = ", ".join(f"#{i}" for i in steps[:most])
+    return shown + (f" and {len(steps) - most} more" if len(steps) > most else "")
+
+
 def step_time_chart(meta: RunMeta) -> str:
-    """Wall time of every step of the run, the traced ones highlighted."""
-    times = [1000.0 * t for t in meta.step_times_s]
+    """Wall time of every step of the run: the traced ones, those holding an evaluation pass
+    and the outliers marked, named in the legend and a note under the chart."""
+    m = step_marks(meta)
+    times = m.times_ms
     if not times:
         return ""
-    traced = set(meta.window.recorded_steps)
+    n = len(times)
+    colors = [EVAL_COLOR if i in m.evals else OUTLIER_COLOR if i in m.outliers else None
+              for i in range(n)]
+    marks = ["eval" if i in m.evals else f"{m.outliers[i]:.0f}×" if i in m.outliers else ""
+             for i in range(n)]
+    plain = [t for i, t in enumerate(times) if colors[i] is None]
+    # An outlier 20x the median would flatten every other bar: the axis ends above the others.
+    cap = 1.25 * max(plain) if plain and max(times) > 1.25 * max(plain) else None
     chart = svg.bars(
-        [f"#{i}" for i in range(len(times))],
+        [f"#{i}" for i in range(n)],
         times,
-        highlight=[i in traced for i in range(len(times))],
+        highlight=[i in m.traced for i in range(n)],
         label="wall time of every step",
+        colors=colors,
+        marks=marks,
+        cap=cap,
     )
-    legend = (
-        '<div class="legend"><span><i style="background:#4c78a8"></i>step wall time</span>'
-        '<span><i style="background:#f58518"></i>traced step</span></div>'
-    )
-    return f"<h3>Step wall time, all {len(times)} steps of the run</h3>{chart}{legend}"
+    legend = ['<span><i style="background:#4c78a8"></i>step wall time</span>',
+              '<span><i style="background:#f58518"></i>traced step</span>']
+    notes = []
+    if m.evals:
+        kinds = ", ".join(meta.eval_kinds) or "evaluation"
+        evals = sorted(m.evals)
+        legend.append(f'<span><i style="background:{EVAL_COLOR}"></i>evaluation pass: '
+                      f"{_e(_step_list(evals))}</span>")
+        notes.append(f"Step{'s' if len(evals) > 1 else ''} {_step_list(evals)} "
+                     f"{'hold' if len(evals) > 1 else 'holds'} an evaluation pass ({kinds}): "
+                     "left out of the step statistics and findings.")
+    if m.outliers:
+        out = sorted(m.outliers)
+        legend.append(f'<span><i style="background:{OUTLIER_COLOR}"></i>outlier '
+                      f"(≥ {OUTLIER_X:g}× the median): {_e(_step_list(out))}</span>")
+        worst = ", ".join(f"#{i} {_ms(times[i])} ({m.outliers[i]:.0f}×)" for i in out[:8])
+        notes.append(f"Outlier step{'s' if len(out) > 1 else ''}, at least {OUTLIER_X:g}× the "
+                     f"median training step ({_ms(m.median_ms)}): {worst}"
+                     f"{' …' if len(out) > 8 else ''}. A first step that compiles or warms up, "
+                     "a checkpoint, an evaluation the probes did not see, or a machine busy with "
+                     "other work; savings are shares of the median step, which they do not move.")
+    if cap is not None:
+        notes.append(f"The axis ends at {_ms(cap)}: taller bars are cut (hover for their time).")
+    note = ('<ul class="notes">' + "".join(f"<li>{_e(x)}</li>" for x in notes) + "</ul>"
+            if notes else "")
+    return (f"<h3>Step wall time, all {n} steps of the run</h3>{chart}"
+            f'<div class="legend">{"".join(legend)}</div>{note}')
 
 
 def rank_chart(items: Sequence[ReportItem]) -> str:
@@ -174,9 +220,22 @@ def rank_chart(items: Sequence[ReportItem]) -> str:
     )
 
 
+def _rules_by_id() -> dict[str, Rule]:
+    return {r.id: r for r in all_rules()}
+
+
+def rule_doc_path(rule_id: str) -> str:
+    """The rule's page in the trainprof repository (generated from the rule's code)."""
+    return f"{RULE_DOCS}/{rule_id}.md"
+
+
 def finding_html(i: int, f: Finding) -> str:
     color = SEV_COLORS.get(f.severity, "#7a828e")
-    bits = [f"<code>{_e(f.rule)}</code>"]
+    # The link stays inside the report (its Rules section): a report read offline, or sent to
+    # someone without the repository, has no docs folder beside it to link to.
+    rule = (f'<a href="#rule-{_e(f.rule)}"><code>{_e(f.rule)}</code></a>'
+            if f.rule in _rules_by_id() else f"<code>{_e(f.rule)}</code>")
+    bits = [rule]
     if f.location:
         bits.append("at " + " → ".join(f"<code>{_e(x)}</code>" for x in [f.location, *f.via]))
     saving = saving_text(f)
@@ -210,6 +269,33 @@ def diagnosis_html(item: ReportItem) -> str:
     if d.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in d.notes)
                      + "</ul>")
+    return "".join(parts)
+
+
+def rules_html(items: Sequence[ReportItem]) -> str:
+    """What each rule found in the report detects and its usual fix, from the rule registry
+    (`trainprof rules`), with the path of its full page in the trainprof repository."""
+    registry = _rules_by_id()
+    used = sorted({f.rule for it in items for f in it.diagnosis.findings if f.rule in registry})
+    if not used:
+        return ""
+    parts = [
+        '<section id="rules"><h2>Rules</h2>',
+        '<p class="meta">Each rule of the findings above, described here so the report stands '
+        "alone (from trainprof's rule registry, as <code>trainprof rules</code> prints it). Its "
+        "full page (why it costs, detection, how the saving is estimated) is "
+        f"<code>{RULE_DOCS}/&lt;rule&gt;.md</code> in the trainprof repository, a path relative "
+        "to the repository's root.</p>",
+    ]
+    for rid in used:
+        r = registry[rid]
+        parts.append(
+            f'<div class="rule" id="rule-{_e(rid)}"><h3><code>{_e(rid)}</code></h3>'
+            f"<p><b>Detects:</b> {_e(r.detects)}<br><b>Usual fix:</b> {_e(r.fix)}<br>"
+            f"<b>Rule page:</b> <code>{_e(rule_doc_path(rid))}</code> (trainprof repository)"
+            "</p></div>"
+        )
+    parts.append("</section>")
     return "".join(parts)
 
 
@@ -359,6 +445,7 @@ def render_html(items: Sequence[ReportItem], title: str, meta: RunMeta | None = 
                         f"<summary>{_e(_short(it.diagnosis))} · {n} finding"
                         f'{"s" if n != 1 else ""}</summary><p class="sub">{name}</p>'
                         f"{diagnosis_html(it)}</details></section>")
+    body.append(rules_html(items))
     if meta is not None:
         body.append(meta_html(meta))
     body.append("<footer>Generated by trainprof. Self-contained: no scripts, nothing fetched."

@@ -1,5 +1,6 @@
 """The terminal view of a multi-rank job: ranks side by side (steps, breakdown, communication),
-then the folded and cross-rank findings, each with the ranks it concerns. Fits 100 columns."""
+then the folded and cross-rank findings (summary and blocks, as for one trace), each with the
+ranks it concerns. Fits the width; `brief` leaves out the rank tables and the blocks."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from rich.text import Text
 
 from trainprof.analysis.model import Diagnosis, Finding, MultiRankDiagnosis, RankSummary
 from trainprof.ranks.fold import rank_list
-from trainprof.report.console import _console, findings_table, print_diagnosis
-from trainprof.report.text import device_line, saving_header, where_text
+from trainprof.report.console import make_console, print_diagnosis, print_findings
+from trainprof.report.text import device_line, saving_header
 
 MAX_ROWS = 32  # more ranks than this: show the slowest and the fastest
 SHOW_SLOWEST, SHOW_FASTEST = 16, 4
@@ -122,44 +123,47 @@ def comm_table(rows: list[RankSummary]) -> Table:
     return t
 
 
-def job_findings_table(job: MultiRankDiagnosis) -> Table:
-    def where(f: Finding) -> str:
-        text = ranks_text(f.ranks)
-        return text + "\n" + where_text(f, "\n→ ") if f.location else text
-
-    return findings_table(job.findings, "ranks, where", where,
-                          basis=saving_header(job).capitalize())
+def job_where(f: Finding) -> str:
+    """The summary's where cell: the ranks, then the location ("ranks 0–7 · train.py:40")."""
+    text = ranks_text(f.ranks)
+    return f"{text} · {f.location}" if f.location else text
 
 
-def print_job(job: MultiRankDiagnosis, console: Console | None = None) -> None:
-    console = console or _console()
+def print_job(
+    job: MultiRankDiagnosis, console: Console | None = None, brief: bool = False
+) -> None:
+    console = console or make_console()
     for i, line in enumerate(header_lines(job)):
         console.print(Text(line, style="bold" if i == 0 else ""))
-    rows = shown_ranks(job)
-    if len(rows) < len(job.ranks):
+    rows = [] if brief else shown_ranks(job)  # brief: the header lines say the gist
+    if rows and len(rows) < len(job.ranks):
         console.print(Text(
             f"Showing {len(rows)} of {len(job.ranks)} ranks (the {SHOW_SLOWEST} slowest and "
             f"the {SHOW_FASTEST} fastest); --json has them all.", style="dim"))
-    console.print(steps_table(job, rows))
-    console.print(breakdown_table(rows))
+    if rows:
+        console.print(steps_table(job, rows))
+        console.print(breakdown_table(rows))
     if any(r.comm_backend for r in rows):
         console.print(comm_table(rows))
     for note in job.notes:
         console.print(Text(f"Note: {note}", style="dim"))
     if job.findings:
-        console.print(job_findings_table(job))
+        print_findings(job.findings, saving_header(job), console, brief, job_where,
+                       "ranks, where", lambda f: ranks_text(f.ranks))
     else:
         console.print("No problems found.")
 
 
 def print_items(
-    items: list[Diagnosis | MultiRankDiagnosis], console: Console | None = None
+    items: list[Diagnosis | MultiRankDiagnosis],
+    console: Console | None = None,
+    brief: bool = False,
 ) -> None:
-    console = console or _console()
+    console = console or make_console()
     for i, x in enumerate(items):
         if i:
             console.print()
         if isinstance(x, MultiRankDiagnosis):
-            print_job(x, console)
+            print_job(x, console, brief)
         else:
-            print_diagnosis(x, console)
+            print_diagnosis(x, console, brief)

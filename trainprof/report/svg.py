@@ -119,28 +119,37 @@ def bars(
     unit: str = "ms",
     height: int = 200,
     label: str = "bar chart",
+    colors: Sequence[str | None] | None = None,
+    marks: Sequence[str] | None = None,
+    cap: float | None = None,
 ) -> str:
-    """Vertical bars; past 150 values a line is clearer than bars a pixel wide."""
+    """Vertical bars; past 150 values a line is clearer than bars a pixel wide.
+
+    `colors` overrides a bar's colour (None keeps it), `marks` writes a short text above a bar,
+    and `cap` ends the y axis there: a bar above it (an outlier that would flatten the others)
+    is drawn to the top, cut, and its mark says by how much."""
     n = len(values)
-    ticks = nice_ticks(max(values, default=0.0))
+    ticks = nice_ticks(cap if cap is not None else max(values, default=0.0))
     top = ticks[-1] or 1.0
     plot_w, plot_h = W - PAD_L - PAD_R, height - PAD_T - PAD_B
     slot = plot_w / max(n, 1)
 
     def y(v: float) -> float:
-        return PAD_T + plot_h * (1 - v / top)
+        return PAD_T + plot_h * (1 - min(v, top) / top)
 
     body = _y_axis(ticks, y, unit, PAD_L, W - PAD_R)
     hl = list(highlight) if highlight is not None else [False] * n
+    own = list(colors) if colors is not None else [None] * n
+    fills = [own[i] or (highlight_color if hl[i] else color) for i in range(n)]
     if n > 150:
         pts = " ".join(f"{PAD_L + (i + 0.5) * slot:.1f},{y(v):.1f}" for i, v in enumerate(values))
         body.append(f'<polyline points="{pts}" fill="none" stroke="{color}" stroke-width="1.5"/>')
         for i, v in enumerate(values):
-            if hl[i]:
+            if hl[i] or own[i]:
                 body.append(
-                    f'<circle cx="{PAD_L + (i + 0.5) * slot:.1f}" cy="{y(v):.1f}" r="2.5" '
-                    f'fill="{highlight_color}"><title>{escape(labels[i])}: {fmt(v)} {unit}'
-                    "</title></circle>"
+                    f'<circle cx="{PAD_L + (i + 0.5) * slot:.1f}" cy="{y(v):.1f}" '
+                    f'r="{3.5 if own[i] else 2.5}" fill="{fills[i]}"><title>{escape(labels[i])}: '
+                    f"{escape(fmt(v))} {unit}</title></circle>"
                 )
     else:
         bar = min(slot * 0.8, 60.0)
@@ -148,9 +157,19 @@ def bars(
             x = PAD_L + i * slot + (slot - bar) / 2
             body.append(
                 f'<rect x="{x:.2f}" y="{y(v):.2f}" width="{bar:.2f}" '
-                f'height="{max(y(0) - y(v), 0.0):.2f}" '
-                f'fill="{highlight_color if hl[i] else color}">'
+                f'height="{max(y(0) - y(v), 0.0):.2f}" fill="{fills[i]}">'
                 f"<title>{escape(labels[i])}: {escape(fmt(v))} {unit}</title></rect>"
+            )
+            if v > top:  # cut: a white gap across the bar's top says it goes on
+                body.append(
+                    f'<rect x="{x:.2f}" y="{PAD_T + 6}" width="{bar:.2f}" height="3" '
+                    'fill="#fff"/>'
+                )
+    for i, m in enumerate(marks or []):
+        if m:
+            body.append(
+                f'<text x="{PAD_L + (i + 0.5) * slot:.1f}" y="{max(y(values[i]) - 3, 9):.1f}" '
+                f'text-anchor="middle" font-size="10" fill="{fills[i]}">{escape(m)}</text>'
             )
     every = _label_every(n, plot_w)
     for i in range(0, n, every):
