@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from trainprof.capture.config import load_config
-from trainprof.capture.launch import resolve_target, sigterm_guard
+from trainprof.capture.launch import exit_like_python, resolve_target, sigterm_guard
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
 from trainprof.capture.session import Session, say
@@ -78,6 +78,10 @@ def run_script(opts: RunOptions) -> int:
             target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
         ).run()
         meta, outcome = result.meta, result.outcome
+        if meta is None:  # a child the script forked returned from it: end as under python
+            if outcome.message:
+                sys.stderr.write(outcome.message)
+            exit_like_python(outcome.exit_code)
         try:
             write_meta(meta, where, files.meta)
         except OSError as err:  # disk full: say so; the script's exit code stands

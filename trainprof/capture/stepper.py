@@ -90,6 +90,8 @@ class Stepper:
         self.on_window_done: Callable[[], None] | None = None  # every window recorded
         self.aside = False  # the script runs its own profiler: trainprof's stopped for good
         self.cut_step: int | None = None  # the ProfilerStep cut short by stepping aside
+        self.other_threads: dict[str, int] = {}  # optimizer.step() calls in other threads, by name
+        self.on_step: Callable[[], None] | None = None  # after each boundary, outside step times
 
     # ----- installation -----------------------------------------------------------------------
     def install(self, patches: Patches) -> None:
@@ -160,7 +162,11 @@ class Stepper:
 
     # ----- events (called by the probes and hooks) ---------------------------------------------
     def _on_optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
+        if is_compiling() or not S.enabled:
+            return
+        if threading.get_ident() != S.main_thread:  # not a step; counted, to say where they ran
+            name = threading.current_thread().name
+            self.other_threads[name] = self.other_threads.get(name, 0) + 1
             return
         self.optimizer_steps += 1
         primary = self.primary() if self.primary is not None else None
@@ -242,6 +248,8 @@ class Stepper:
             S.recording = self.recording
         elif self.aside:  # the probes go into the script's own trace while its profiler runs
             S.recording = torch.autograd._profiler_enabled()
+        if self.on_step is not None:
+            self.on_step()
         self.step_start = time.perf_counter()  # a trace export inside step() is not the script's
         if self.max_steps and len(self.step_times) >= self.max_steps:
             raise MaxStepsReached(len(self.step_times))

@@ -1,10 +1,11 @@
 """The torch profiler for a run, and writing its traces into the run folder.
 
 Files use the `tensorboard_trace_handler` layout (gzipped, directly in the run folder) so that
-`tensorboard --logdir runs` finds them. Writing a trace takes long (JSON + gzip, seconds for a
-big window), so when a window closes while the script runs, its results are kept in memory
-and written after the script ends: the script's own timing is not stalled mid-loop. With
-`repeat = 0` (unbounded windows) each trace is written at once instead, to bound memory.
+`tensorboard --logdir runs` finds them. Each window is written as soon as it closes, so that a
+script ending abruptly afterwards (`os._exit()`, SIGKILL, the OOM killer) keeps it, and memory
+holds one window at most. Writing takes time (JSON + gzip: 1.6 s for the 3-step window of
+examples/quickstart.py on a 2-core CPU), spent inside prof.step() at the step boundary, which
+the step times leave out (see stepper.py); no recorded step contains it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +35,7 @@ def worker_name(stem: str, rank: int | None) -> str:
 
 
 class _Cycle:
-    """One finished window, exported later; quacks like the profiler for the trace handler."""
+    """One finished window; quacks like the profiler for the trace handler, exporting atomically."""
 
     def __init__(self, prof: Any) -> None:
         self.profiler = prof.profiler  # the autograd profile holding this window's results
@@ -62,22 +64,21 @@ class _Cycle:
 
 
 class TraceWriter:
-    """`on_trace_ready` for the profiler; `flush()` writes deferred windows; `files` lists them."""
+    """`on_trace_ready` for the profiler: writes each window at once; `files` lists them.
+    `on_saved` is called after each window is written (the session then updates the metadata)."""
 
-    def __init__(self, folder: Path, worker: str, defer: bool) -> None:
+    def __init__(self, folder: Path, worker: str) -> None:
         self.folder = folder
-        self.defer = defer
         self.worker = worker
         self.handler = tensorboard_trace_handler(str(folder), worker_name=worker, use_gzip=True)
-        self.pending: list[_Cycle] = []
         self.files: list[str] = []
         self.errors: list[str] = []
+        self.on_saved: Callable[[], None] | None = None
 
     def __call__(self, prof: Any) -> None:
-        if self.defer and not getattr(prof, "_use_cupti_monitor", False):  # cupti: export now
-            self.pending.append(_Cycle(prof))
-        else:
-            self._write(prof)
+        self._write(prof if getattr(prof, "_use_cupti_monitor", False) else _Cycle(prof))
+        if self.on_saved is not None:
+            self.on_saved()
 
     def _write(self, prof: Any) -> None:
         before = set(os.listdir(self.folder))
@@ -92,10 +93,6 @@ class TraceWriter:
         # Only this worker's files: the other ranks of a distributed run write into this folder.
         new = set(os.listdir(self.folder)) - before
         self.files += sorted(n for n in new if n.startswith(self.worker + "."))
-
-    def flush(self) -> None:
-        while self.pending:
-            self._write(self.pending.pop(0))
 
 
 def make_profiler(
