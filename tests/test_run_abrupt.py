@@ -127,3 +127,25 @@ t.join()
         "'trainer'" in n for n in notes
     ), notes
     assert "optimizer.step() ran 5 times in thread 'trainer'" in done.stderr
+
+
+def test_a_window_too_large_for_memory_is_lowered_with_a_warning(tmp_path: Path) -> None:
+    script = tmp_path / "fast.py"
+    script.write_text(LOOP + "print('script starts', flush=True)\nfor _ in range(8):\n    step()\n")
+    folder = tmp_path / "run"
+    done = trainprof(folder, script, "--wait", "0", "--warmup", "1", "--active", "100000")
+    assert done.returncode == 0, done.stderr
+    warning = next(line for line in done.stderr.splitlines() if "warning:" in line)
+    assert "--active 100000 lowered to 1000 steps" in warning
+    assert "~83 GB for 100000 steps" in warning
+    assert meta(folder)["window"]["active"] == 1000
+    # A cap set in a config file: the window it allows is recorded and saved whole.
+    config = tmp_path / "c.toml"
+    config.write_text("[run]\nmax_active = 3\n")
+    folder = tmp_path / "capped"
+    done = trainprof(folder, script, "--config", str(config), "--wait", "0", "--warmup", "1",
+                     "--active", "50")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    m = meta(folder)
+    assert m["window"]["recorded_steps"] == [1, 2, 3] and len(m["traces"]) == 1
+    assert m["notes"][0].startswith("--active 50 lowered to 3 steps"), m["notes"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainprof.capture.config import load_config
+from trainprof.capture.config import cap_active, load_config
 from trainprof.capture.launch import exit_like_python, resolve_target, sigterm_guard
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
@@ -57,6 +57,11 @@ def run_script(opts: RunOptions) -> int:
     rank = env_rank()
     files = RunFiles(rank)
     shared = shared_run_dir(opts.out)  # prepared by a launching trainprof, which reports
+    capped = None
+    if shared is None:  # a launching trainprof capped the window it passes to its ranks
+        cfg, capped = cap_active(cfg)
+    if capped and rank in (None, 0):  # before the script: the window would not fit in memory
+        say(f"warning: {capped}")
     if shared is not None:
         folder = shared
     else:
@@ -78,6 +83,8 @@ def run_script(opts: RunOptions) -> int:
             target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
         ).run()
         meta, outcome = result.meta, result.outcome
+        if meta is not None and capped:
+            meta.notes.insert(0, capped)
         if meta is None:  # a child the script forked returned from it: end as under python
             if outcome.message:
                 sys.stderr.write(outcome.message)
