@@ -13,7 +13,8 @@ Modules, one job each:
 * probes     trainprof/* record_function ranges: fetch, forward, backward, host reads
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
-* traces     the profiler and its trace files (tensorboard_trace_handler layout)
+* traces     the profiler and its trace files (tensorboard_trace_handler layout), each
+             written when its window closes
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script

@@ -38,7 +38,7 @@ from trainprof.capture.noise import StderrFilter
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles
 from trainprof.capture.summary import step_ranges
-from trainprof.runmeta import RunMeta, Window, write_meta
+from trainprof.runmeta import UNFINISHED, RunMeta, Window, write_meta
 
 CHECKPOINT_S = 10.0  # trainprof.json is rewritten at most this often while the script runs
 
@@ -220,7 +220,7 @@ class Session:
                                  list(stepper.recorded), 0, False, None)  # fmt: skip
             n = len(so_far.step_times)
             note = (
-                f"the run had not ended when this was written, after {n} steps: if trainprof's "
+                f"{UNFINISHED}, after {n} steps: if trainprof's "
                 "process is gone, the script ended abruptly (os._exit(), a kill, out of memory)"
             )
             try:
