@@ -55,17 +55,17 @@ def say(text: str) -> None:
 
 
 @contextlib.contextmanager
-def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
-    """While saving, a first Ctrl-C only warns; a second one abandons the save."""
+def sigint_shield(tell: Callable[[str], None]) -> Iterator[list[int]]:
+    """While saving, a first Ctrl-C only warns; a second one abandons the save. Yields the
+    number of Ctrl-C presses so far, as a one-item list."""
+    hits = [0]
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield hits
         return
-    hits = 0
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 1:
+        hits[0] += 1
+        if hits[0] == 1:
             tell("still saving the trace; press Ctrl-C again to abandon it")
         else:
             raise KeyboardInterrupt
@@ -73,9 +73,24 @@ def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, handler)
     try:
-        yield
+        yield hits
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+class StopAfterSave:
+    """Around a window saved while the script runs: a first Ctrl-C waits until it is saved,
+    then stops the script as Ctrl-C does (a class: its frame is trimmed from the traceback)."""
+
+    def __enter__(self) -> None:
+        self._shield = sigint_shield(say)
+        self._hits = self._shield.__enter__()
+
+    def __exit__(self, *exc: object) -> bool:
+        self._shield.__exit__(*exc)  # type: ignore[arg-type]
+        if exc[0] is None and self._hits[0]:
+            raise KeyboardInterrupt
+        return False
 
 
 def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
@@ -231,6 +246,7 @@ class Session:
                 noise.write_log(f"could not update {self.files.meta}: {err}")
 
         writer.on_saved = lambda: checkpoint(force=True)
+        stepper.guard = StopAfterSave
         stepper.on_step = checkpoint
         try:
             collector.install()

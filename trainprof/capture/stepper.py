@@ -33,6 +33,7 @@ when the window opens).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -92,6 +93,9 @@ class Stepper:
         self.cut_step: int | None = None  # the ProfilerStep cut short by stepping aside
         self.other_threads: dict[str, int] = {}  # optimizer.step() calls in other threads, by name
         self.on_step: Callable[[], None] | None = None  # after each boundary, outside step times
+        # Around the prof.step() that closes a window (stops the collection, writes the trace):
+        # the session's makes a Ctrl-C there wait for the trace to be saved.
+        self.guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     # ----- installation -----------------------------------------------------------------------
     def install(self, patches: Patches) -> None:
@@ -234,7 +238,9 @@ class Stepper:
             if self.prof.current_action in RECORDING:
                 self.recorded.append(self.prof.step_num)
             try:
-                self.prof.step()
+                closing = self.prof.current_action == ProfilerAction.RECORD_AND_SAVE
+                with self.guard() if closing else contextlib.nullcontext():
+                    self.prof.step()
                 if self.last_step is not None and self.prof.step_num > self.last_step:
                     # Every window is saved: stop, so that later steps cost no prof.step()
                     # (tens of microseconds each, for the rest of the training run).
