@@ -44,7 +44,7 @@ for _ in range(8):
     step()
 if os.fork() == 0:  # the child returns from the script after the parent has finished
     atexit.register(lambda: open({str(marker)!r}, "w").write("atexit ran"))
-    time.sleep(2)
+    time.sleep(1)
     print("child done", file=sys.stderr)
     sys.exit(3)
 """)
