@@ -331,3 +331,19 @@ def test_failures_first_by_end_time_and_missing_ranks() -> None:
     assert code == 7
     assert failures({1: metas[1]}, 2, 0) == ([], 0)
     assert failures({}, None, 1) == (["torchrun exited with code 1"], 1)
+
+
+def test_a_rank_killed_after_a_window_is_named_with_its_steps() -> None:
+    from trainprof.runmeta import UNFINISHED
+
+    metas = {
+        0: _meta(0, 0, "ok", "2026-01-01T10:00:00.000+00:00", 2.0),
+        1: RunMeta(rank=1, world_size=2, status="incomplete", step_times_s=[0.1] * 12,
+                   notes=[f"{UNFINISHED}, after 12 steps: ..."]),  # fmt: skip
+    }
+    lines, code = failures(metas, 2, 137)
+    assert lines == [
+        "rank 1 was killed before saving (see torchrun's summary above); its "
+        "trainprof.rank1.json holds its first 12 steps"
+    ]
+    assert code == 137

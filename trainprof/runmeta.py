@@ -161,6 +161,16 @@ class RunMeta(msgspec.Struct, kw_only=True):
     dynamo: DynamoInfo | None = None  # only when the script called torch.compile
 
 
+# The first note of a trainprof.json written while the script still ran (capture/session.py):
+# one left like that means trainprof's process ended without saving (os._exit, SIGKILL, OOM).
+UNFINISHED = "the run had not ended when this was written"
+
+
+def unfinished(meta: RunMeta) -> bool:
+    """The metadata was written while the run went on, and never replaced by the final one."""
+    return bool(meta.notes) and meta.notes[0].startswith(UNFINISHED)
+
+
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:
     """Write the metadata whole or not at all (OSError when it cannot be written)."""
     return write_atomic(

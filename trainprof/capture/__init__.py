@@ -21,7 +21,8 @@ Modules, one job each:
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * dynamo     torch.compile over the whole run: compiles, recompiles (step, call, guard), breaks
 * loadprobe  the machine's load over the run: load average, other processes' CPU time
-* traces     the profiler and its trace files (tensorboard_trace_handler layout)
+* traces     the profiler and its trace files (tensorboard_trace_handler layout), each
+             written when its window closes
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script

@@ -35,7 +35,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainprof.capture.config import ProfileConfig, load_config
+from trainprof.capture.config import ProfileConfig, cap_active, load_config
 from trainprof.capture.launch import Target, resolve_target
 from trainprof.capture.progress import Progress
 from trainprof.capture.rankfiles import failures, rank_metas
@@ -144,7 +144,9 @@ def launch(opts: RunOptions, launcher: Launcher) -> int:
         )
     launcher.check()
     target = resolve_target(opts.script, opts.module, list(opts.script_args))
-    cfg = load_config(opts.config, opts.overrides)
+    cfg, capped = cap_active(load_config(opts.config, opts.overrides))
+    if capped:
+        say(f"warning: {capped}")
     if launcher.multi_node and opts.out is None:
         raise TrainprofError(
             "several nodes write into one run folder: pass the same --out on every node "

@@ -4,6 +4,7 @@ and turning how it ended into an exit code, a status and what Python would have 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import os
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
+from typing import NoReturn
 
 from trainprof.capture.notebook import is_notebook, read_cells, run_notebook
 from trainprof.errors import TrainprofError
@@ -268,6 +270,21 @@ def _run_call(target: Target) -> Outcome:
         return Outcome(1, "error", None, format_exception(exc, False))
     finally:
         _sigterm["armed"] = False
+
+
+def exit_like_python(code: int) -> NoReturn:
+    """End a child the script forked (os.fork()) that returned from the script, as python ends:
+    its non-daemon threads joined, its atexit functions run, its output flushed. Then os._exit:
+    C++ destructors at a normal exit would join the profiler's threads, which only the parent
+    has (the child would hang or abort)."""
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def _module_file(name: str) -> str | None:

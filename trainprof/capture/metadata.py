@@ -222,13 +222,16 @@ def _read_metric(info: MetricInfo, metric: Any) -> None:
         pass
 
 
-def environment(load: LoadProbe | None = None) -> dict[str, Any]:
+def environment(load: LoadProbe | None = None, init_cuda: bool = True) -> dict[str, Any]:
     """Versions, devices, CPUs and, with the probe started with the script, the machine's load
     over the run; read at the end of the run (device names initialise CUDA, which must not
-    happen before the script forks its DataLoader workers)."""
+    happen before the script forks its DataLoader workers). `init_cuda=False` (metadata written
+    while the script runs): GPU names only if the script initialised CUDA."""
     devices: list[str] = []
     try:
-        if torch.cuda.is_available():
+        if not init_cuda and not torch.cuda.is_initialized():
+            pass
+        elif torch.cuda.is_available():
             devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
             devices = ["mps"]

@@ -70,10 +70,12 @@ class StderrFilter:
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._drained = threading.Event()
+        self._pid = -1
 
     # ----- lifecycle ---------------------------------------------------------------------------
     def start(self) -> None:
         self.log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - the pump closes it
+        self._pid = os.getpid()
         if sys.stderr is not None:
             sys.stderr.flush()
         # Never closed: the script may hold it (faulthandler, a logging handler on sys.stderr).
@@ -102,6 +104,9 @@ class StderrFilter:
             pass
         os.dup2(self.real_fd, 2)
         os.close(self._write_fd)
+        if os.getpid() != self._pid:  # a child the script forked: the pump is the parent's
+            self._thread = None
+            return
         self._stopping.set()
         try:
             os.write(self._wake_w, b"x")

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from trainprof.ranks.fold import rank_list
-from trainprof.runmeta import META_NAME, RunMeta, read_meta
+from trainprof.runmeta import META_NAME, RunMeta, read_meta, unfinished
 
 _META = re.compile(r"trainprof\.rank(\d+)\.json")
 
@@ -43,6 +43,9 @@ def failures(
     """One line per failed or missing rank (first failure first) and the exit code to return."""
     if world is None:
         world = next((m.world_size for m in metas.values() if m.world_size), None)
+    # Metadata a rank wrote while its script ran, never replaced: killed before saving.
+    killed = {r: len(m.step_times_s) for r, m in metas.items() if unfinished(m)}
+    metas = {r: m for r, m in metas.items() if r not in killed}
     failed = sorted(
         ((r, m) for r, m in metas.items() if m.exit_code != 0),
         key=lambda rm: (_ended(rm[1]), -1 if rm[0] is None else rm[0]),
@@ -56,7 +59,12 @@ def failures(
             why.append("the first to fail")
         lines.append(f"{who} exited with code {m.exit_code}" + (f" ({'; '.join(why)})" * bool(why)))
     if world and world > 1 and torchrun_code != 0:
-        missing = [r for r in range(world) if r not in metas]
+        missing = [r for r in range(world) if r not in metas and r not in killed]
+        for r, n in sorted((r, n) for r, n in killed.items() if r is not None):
+            lines.append(
+                f"rank {r} was killed before saving (see torchrun's summary above); its "
+                f"trainprof.rank{r}.json holds its first {n} steps"
+            )
         if missing:
             lines.append(
                 f"rank{'s' if len(missing) > 1 else ''} {rank_list(missing)} left no metadata: "

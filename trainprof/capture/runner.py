@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from trainprof.capture.children import ChildHook, unprofiled_note
-from trainprof.capture.config import load_config
-from trainprof.capture.launch import Target, resolve_target, sigterm_guard
+from trainprof.capture.config import cap_active, load_config
+from trainprof.capture.launch import Target, exit_like_python, resolve_target, sigterm_guard
 from trainprof.capture.progress import Progress
 from trainprof.capture.rankfiles import failures, rank_metas
 from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
@@ -72,6 +72,11 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
     files = RunFiles(rank)
     shared = shared_run_dir(opts.out)  # prepared by a launching trainprof, which reports
     top = rank is None and shared is None
+    capped = None
+    if shared is None:  # a launching trainprof capped the window it passes to its ranks
+        cfg, capped = cap_active(cfg)
+    if capped and rank in (None, 0):  # before the script: the window would not fit in memory
+        say(f"warning: {capped}")
     if shared is not None:
         folder = shared
     else:
@@ -98,6 +103,12 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
                 target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
             ).run()
         meta, outcome = result.meta, result.outcome
+        if meta is not None and capped:
+            meta.notes.insert(0, capped)
+        if meta is None:  # a child the script forked returned from it: end as under python
+            if outcome.message:
+                sys.stderr.write(outcome.message)
+            exit_like_python(outcome.exit_code)
         files = _own_rank_files(where, files, meta)
         try:
             write_meta(meta, where, files.meta)

@@ -9,12 +9,20 @@ or the script ended before the window), neither by trainprof nor by the script's
 (see userprof.py). `--max-steps` ends the script with launch.MaxStepsReached: status `ok`,
 exit 0. A window cut short by the end of the script keeps its status and gets a note
 ("window incomplete: 2 of 3 active steps recorded ...").
+
+Only the process that started the run finishes it: a child the script forked with os.fork()
+that returns from the script ends as under python (its message, its exit code) and saves
+nothing, so it cannot overwrite the run's trainprof.json. While the script runs, trainprof.json
+is rewritten (status `incomplete`, the steps so far, the traces written) whenever a window is
+saved and every CHECKPOINT_S seconds outside the windows: a script that ends abruptly
+(os._exit(), SIGKILL, out of memory) keeps its traces and all but its last steps.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 import signal
 import sys
 import threading
@@ -22,6 +30,7 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from trainprof.capture.config import TIMED_AFTER, ProfileConfig
 from trainprof.capture.launch import Outcome, Target, Terminated, run_target
@@ -29,12 +38,14 @@ from trainprof.capture.noise import StderrFilter
 from trainprof.capture.progress import Progress
 from trainprof.capture.rundir import RunFiles
 from trainprof.capture.summary import step_ranges
-from trainprof.runmeta import RunMeta, Window
+from trainprof.runmeta import UNFINISHED, RunMeta, Window, write_meta
+
+CHECKPOINT_S = 10.0  # trainprof.json is rewritten at most this often while the script runs
 
 
 @dataclass
 class SessionResult:
-    meta: RunMeta
+    meta: RunMeta | None  # None in a child the script forked: the run is its parent's
     outcome: Outcome
 
 
@@ -44,17 +55,17 @@ def say(text: str) -> None:
 
 
 @contextlib.contextmanager
-def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
-    """While saving, a first Ctrl-C only warns; a second one abandons the save."""
+def sigint_shield(tell: Callable[[str], None]) -> Iterator[list[int]]:
+    """While saving, a first Ctrl-C only warns; a second one abandons the save. Yields the
+    number of Ctrl-C presses so far, as a one-item list."""
+    hits = [0]
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield hits
         return
-    hits = 0
 
     def handler(signum: int, frame: object) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 1:
+        hits[0] += 1
+        if hits[0] == 1:
             tell("still saving the trace; press Ctrl-C again to abandon it")
         else:
             raise KeyboardInterrupt
@@ -62,9 +73,24 @@ def sigint_shield(tell: Callable[[str], None]) -> Iterator[None]:
     previous = signal.getsignal(signal.SIGINT)
     signal.signal(signal.SIGINT, handler)
     try:
-        yield
+        yield hits
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
+
+
+class StopAfterSave:
+    """Around a window saved while the script runs: a first Ctrl-C waits until it is saved,
+    then stops the script as Ctrl-C does (a class: its frame is trimmed from the traceback)."""
+
+    def __enter__(self) -> None:
+        self._shield = sigint_shield(say)
+        self._hits = self._shield.__enter__()
+
+    def __exit__(self, *exc: object) -> bool:
+        self._shield.__exit__(*exc)  # type: ignore[arg-type]
+        if exc[0] is None and self._hits[0]:
+            raise KeyboardInterrupt
+        return False
 
 
 def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
@@ -78,6 +104,24 @@ def window_done_line(recorded: list[int], repeat: int, max_steps: int) -> str:
     return (
         f"{what} recorded (steps {step_ranges(recorded)}); {then} — Ctrl-C now stops it and keeps "
         "everything"
+    )
+
+
+def no_step_note(other_threads: dict[str, int]) -> str:
+    """Why nothing was recorded when no step was found: where trainprof looked, and where the
+    optimizer did step if it did (threads other than the script's main one)."""
+    if not other_threads:
+        return (
+            "no training step found on the script's main thread (no optimizer.step(), backward() "
+            "or DataLoader batch there; steps in other threads or in child processes are not "
+            "counted): nothing was recorded"
+        )
+    where = ", ".join(
+        f"{n} time{'s' if n != 1 else ''} in thread {name!r}" for name, n in other_threads.items()
+    )
+    return (
+        f"no training step found on the main thread; optimizer.step() ran {where} — trainprof "
+        "counts steps on the script's main thread: nothing was recorded"
     )
 
 
@@ -105,6 +149,7 @@ class Session:
         self.cuda_sync_events = cuda_sync_events
         self.sync_debug = sync_debug
         self.progress = progress
+        self.pid = os.getpid()  # the process that finishes the run (not a child it forks)
 
     def run(self) -> SessionResult:
         self.start()
@@ -153,7 +198,7 @@ class Session:
         from trainprof.capture.patching import Patches
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
-        from trainprof.capture.stepper import Stepper
+        from trainprof.capture.stepper import Stepper, StepSummary
         from trainprof.capture.traces import TraceWriter, make_profiler, worker_name
         from trainprof.capture.userframe import UserCode
         from trainprof.capture.userprof import ScriptProfiler
@@ -162,12 +207,8 @@ class Session:
         user = UserCode(self.target.user_roots)
         cuda = CudaFlags(self.cuda_sync_events, self.sync_debug, user)
         noise.add_warning_tap(cuda.tap)
-        # Unbounded windows (repeat = 0) are written as they close, the others after the script.
         writer = TraceWriter(
-            self.folder,
-            worker_name(self.target.stem, self.rank),
-            cfg.repeat > 0,
-            metadata.live_rank,
+            self.folder, worker_name(self.target.stem, self.rank), metadata.live_rank
         )
         prof = make_profiler(cfg, writer, cuda.activities(), cuda.experimental_config())
         patches = Patches()
@@ -185,6 +226,69 @@ class Session:
         wall = 0.0
         started_at = _now()
         load = metadata.LoadProbe()  # the machine's load from here to the end of the capture
+        t0 = time.perf_counter()
+
+        def make_meta(steps: StepSummary, status: str, exit_code: int, **extra: Any) -> RunMeta:
+            rank, world = metadata.distributed()
+            if rank is None and writer.rank is not None:  # process group already destroyed
+                rank, world = writer.rank, writer.world_size
+            w = Window(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat,
+                       recorded_steps=list(steps.recorded))  # fmt: skip
+            return RunMeta(
+                script=self.target.path,
+                module=self.target.module,
+                argv=self.target.command,
+                exit_code=exit_code,
+                status=status,
+                started_at=started_at,
+                step_source=steps.source,
+                step_times_s=[round(t, 6) for t in steps.step_times],
+                eval_steps=steps.eval_steps,
+                eval_kinds=steps.eval_kinds,
+                window=w,
+                dataloaders=collector.dataloaders,
+                optimizers=collector.optimizers,
+                metrics=collector.metrics,
+                flags=collector.flags(),
+                traces=list(writer.files),
+                rank=rank if rank is not None else self.rank,
+                world_size=world,
+                sync_warnings=cuda.sync_warnings(),
+                user_traces=theirs.existing_traces(),
+                dynamo=collector.dynamo_info(),
+                **extra,
+            )
+
+        last_checkpoint = [time.perf_counter()]
+
+        def checkpoint(force: bool = False) -> None:
+            """Rewrite trainprof.json with what is known so far (a window was just saved, or
+            CHECKPOINT_S passed): an abrupt end of the script loses only the steps since."""
+            now = time.perf_counter()
+            if not force and (now - last_checkpoint[0] < CHECKPOINT_S or S.recording):
+                return
+            last_checkpoint[0] = now
+            if not S.enabled or os.getpid() != self.pid:
+                return
+            evals = dict(stepper.evals)
+            so_far = StepSummary(stepper.source, list(stepper.step_times),
+                                 list(stepper.recorded), 0, False, None,
+                                 sorted(evals), sorted(set(evals.values())))  # fmt: skip
+            n = len(so_far.step_times)
+            note = (
+                f"{UNFINISHED}, after {n} steps: if trainprof's "
+                "process is gone, the script ended abruptly (os._exit(), a kill, out of memory)"
+            )
+            try:
+                meta = make_meta(so_far, "incomplete", 0, **metadata.environment(init_cuda=False),
+                                 wall_time_s=round(now - t0, 6), notes=[note])  # fmt: skip
+                write_meta(meta, self.folder, self.files.meta)
+            except Exception as err:  # disk full, ...: said once more at the end if it lasts
+                noise.write_log(f"could not update {self.files.meta}: {err}")
+
+        writer.on_saved = lambda: checkpoint(force=True)
+        stepper.guard = StopAfterSave
+        stepper.on_step = checkpoint
         try:
             collector.install()
             stepper.install(patches)
@@ -211,58 +315,35 @@ class Session:
             S.recording = False
             steps = stepper.finish()
             save_error = None
-            try:
-                saving = f"saving the trace ({len(steps.step_times)} steps seen)"
-                with sigint_shield(say), self.progress.status(saving):
-                    try:
-                        if not stepper.aside:  # stepping aside stopped it (again would stop theirs)
-                            prof.stop()  # a partly filled window is saved here
-                    except Exception as err:
-                        save_error = f"{type(err).__name__}: {err}"
-                    writer.flush()
-            finally:  # even when a second Ctrl-C abandons the save
-                patches.restore()
-                cuda.stop()
+            if os.getpid() == self.pid:  # not in a child the script forked (see the docstring)
+                try:
+                    saving = f"saving the trace ({len(steps.step_times)} steps seen)"
+                    with sigint_shield(say), self.progress.status(saving):
+                        try:
+                            if not stepper.aside:  # stepping aside stopped it (again: theirs)
+                                prof.stop()  # a partly filled window is saved here
+                        except Exception as err:
+                            save_error = f"{type(err).__name__}: {err}"
+                finally:  # even when a second Ctrl-C abandons the save
+                    patches.restore()
+                    cuda.stop()
+        if os.getpid() != self.pid:
+            return SessionResult(None, outcome)
         if outcome.detail:
             noise.write_log("the script's traceback, untrimmed:\n" + outcome.detail)
-        rank, world = metadata.distributed()
-        if rank is None and writer.rank is not None:  # process group already destroyed
-            rank, world = writer.rank, writer.world_size
-        meta = RunMeta(
+        meta = make_meta(
+            steps,
+            outcome.status,
+            outcome.exit_code,
             **metadata.environment(load),
-            script=self.target.path,
-            module=self.target.module,
-            argv=self.target.command,
-            exit_code=outcome.exit_code,
-            status=outcome.status,
-            started_at=started_at,
             wall_time_s=round(wall, 6),
-            step_source=steps.source,
-            step_times_s=[round(t, 6) for t in steps.step_times],
-            eval_steps=steps.eval_steps,
-            eval_kinds=steps.eval_kinds,
-            window=Window(
-                wait=cfg.wait,
-                warmup=cfg.warmup,
-                active=cfg.active,
-                repeat=cfg.repeat,
-                recorded_steps=steps.recorded,
-                partial_step=steps.open_step if steps.open_step_recorded else stepper.cut_step,
-            ),
-            dataloaders=collector.dataloaders,
-            optimizers=collector.optimizers,
-            metrics=collector.metrics,
-            flags=collector.flags(),
-            traces=writer.files,
-            rank=rank if rank is not None else self.rank,
-            world_size=world,
-            sync_warnings=cuda.sync_warnings(),
-            user_traces=theirs.existing_traces(),
-            dynamo=collector.dynamo_info(),
+        )
+        meta.window.partial_step = (
+            steps.open_step if steps.open_step_recorded else stepper.cut_step
         )
         aside = theirs.note()
         if aside is None:
-            notes += self._capture_notes(meta, steps.open_step)
+            notes += self._capture_notes(meta, steps.open_step, stepper.other_threads)
         else:
             notes.append(aside)
         if outcome.note:
@@ -292,14 +373,13 @@ class Session:
             "without the profiler"
         ]
 
-    def _capture_notes(self, meta: RunMeta, open_step: int) -> list[str]:
+    def _capture_notes(
+        self, meta: RunMeta, open_step: int, other_threads: dict[str, int]
+    ) -> list[str]:
         cfg, w = self.cfg, meta.window
         n = len(meta.step_times_s)
         if meta.step_source == "none":
-            return [
-                "no training step found (no optimizer.step(), backward() or DataLoader batch): "
-                "nothing was recorded"
-            ]
+            return [no_step_note(other_threads)]
         if not w.recorded_steps and w.partial_step is None:
             return [
                 f"no step recorded: the script ended after {n} steps, before the recording "

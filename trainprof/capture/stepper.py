@@ -36,6 +36,7 @@ when the window opens).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -120,6 +121,11 @@ class Stepper:
         self.aside = False  # the script runs its own profiler: trainprof's stopped for good
         self.cut_step: int | None = None  # the ProfilerStep cut short by stepping aside
         self.evals: dict[int, str] = {}  # step number -> the first evaluation pass seen in it
+        self.other_threads: dict[str, int] = {}  # optimizer.step() calls in other threads, by name
+        self.on_step: Callable[[], None] | None = None  # after each boundary, outside step times
+        # Around the prof.step() that closes a window (stops the collection, writes the trace):
+        # the session's makes a Ctrl-C there wait for the trace to be saved.
+        self.guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
 
     # ----- installation -----------------------------------------------------------------------
     def install(self, patches: Patches) -> None:
@@ -192,7 +198,11 @@ class Stepper:
 
     # ----- events (called by the probes and hooks) ---------------------------------------------
     def _on_optimizer_post(self, opt: Any, args: Any, kwargs: Any) -> None:
-        if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
+        if is_compiling() or not S.enabled:
+            return
+        if threading.get_ident() != S.main_thread:  # not a step; counted, to say where they ran
+            name = threading.current_thread().name
+            self.other_threads[name] = self.other_threads.get(name, 0) + 1
             return
         self.optimizer_steps += 1
         primary = self.primary() if self.primary is not None else None
@@ -277,7 +287,9 @@ class Stepper:
             if self.prof.current_action in RECORDING:
                 self.recorded.append(self.prof.step_num)
             try:
-                self.prof.step()
+                closing = self.prof.current_action == ProfilerAction.RECORD_AND_SAVE
+                with self.guard() if closing else contextlib.nullcontext():
+                    self.prof.step()
                 if self.last_step is not None and self.prof.step_num > self.last_step:
                     # Every window is saved: stop, so that later steps cost no prof.step()
                     # (tens of microseconds each, for the rest of the training run).
@@ -291,6 +303,8 @@ class Stepper:
             S.recording = self.recording
         elif self.aside:  # the probes go into the script's own trace while its profiler runs
             S.recording = torch.autograd._profiler_enabled()
+        if self.on_step is not None:
+            self.on_step()
         self.step_start = time.perf_counter()  # a trace export inside step() is not the script's
         if self.max_steps and len(self.step_times) >= self.max_steps:
             raise MaxStepsReached(len(self.step_times))

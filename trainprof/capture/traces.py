@@ -1,10 +1,11 @@
 """The torch profiler for a run, and writing its traces into the run folder.
 
 Files use the `tensorboard_trace_handler` layout (gzipped, directly in the run folder) so that
-`tensorboard --logdir runs` finds them. Writing a trace takes long (JSON + gzip, seconds for a
-big window), so when a window closes while the script runs, its results are kept in memory
-and written after the script ends: the script's own timing is not stalled mid-loop. With
-`repeat = 0` (unbounded windows) each trace is written at once instead, to bound memory.
+`tensorboard --logdir runs` finds them. Each window is written as soon as it closes, so that a
+script ending abruptly afterwards (`os._exit()`, SIGKILL, the OOM killer) keeps it, and memory
+holds one window at most. Writing takes time (JSON + gzip: 1.6 s for the 3-step window of
+examples/quickstart.py on a 2-core CPU), spent inside prof.step() at the step boundary, which
+the step times leave out (see stepper.py); no recorded step contains it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def worker_name(stem: str, rank: int | None) -> str:
 
 
 class _Cycle:
-    """One finished window, exported later; quacks like the profiler for the trace handler."""
+    """One finished window; quacks like the profiler for the trace handler, exporting atomically."""
 
     def __init__(self, prof: Any, worker: str) -> None:
         self.worker = worker  # the name decided when the window closed (the rank is known then)
@@ -64,7 +65,8 @@ class _Cycle:
 
 
 class TraceWriter:
-    """`on_trace_ready` for the profiler; `flush()` writes deferred windows; `files` lists them.
+    """`on_trace_ready` for the profiler: writes each window at once; `files` lists them.
+    `on_saved` is called after each window is written (the session then updates the metadata).
 
     `live_rank` (optional) tells (rank, world size) of the process when torch.distributed is
     initialized: a process whose rank was not known at start (rank 0 of a Lightning DDP job, a
@@ -74,18 +76,16 @@ class TraceWriter:
         self,
         folder: Path,
         worker: str,
-        defer: bool,
         live_rank: Callable[[], tuple[int, int] | None] | None = None,
     ) -> None:
         self.folder = folder
-        self.defer = defer
         self.worker = worker
         self.live_rank = live_rank
         self.rank: int | None = None  # found by live_rank
         self.world_size: int | None = None
-        self.pending: list[_Cycle] = []
         self.files: list[str] = []
         self.errors: list[str] = []
+        self.on_saved: Callable[[], None] | None = None
 
     def _current_worker(self) -> str:
         found = self.live_rank() if self.live_rank is not None else None
@@ -96,10 +96,10 @@ class TraceWriter:
 
     def __call__(self, prof: Any) -> None:
         worker = self._current_worker()
-        if self.defer and not getattr(prof, "_use_cupti_monitor", False):  # cupti: export now
-            self.pending.append(_Cycle(prof, worker))
-        else:
-            self._write(prof, worker)
+        cupti = getattr(prof, "_use_cupti_monitor", False)
+        self._write(prof if cupti else _Cycle(prof, worker), worker)
+        if self.on_saved is not None:
+            self.on_saved()
 
     def _write(self, prof: Any, worker: str) -> None:
         before = set(os.listdir(self.folder))
@@ -108,17 +108,12 @@ class TraceWriter:
         except Exception as err:  # disk full, ...: the run still ends normally
             self.errors.append(f"could not write a trace: {type(err).__name__}: {err}")
             for name in set(os.listdir(self.folder)) - before:  # a truncated file is no trace
-                if name.startswith(self.worker + "."):
+                if name.startswith(worker + "."):
                     with contextlib.suppress(OSError):
                         (self.folder / name).unlink()
         # Only this worker's files: the other ranks of a distributed run write into this folder.
         new = set(os.listdir(self.folder)) - before
         self.files += sorted(n for n in new if n.startswith(worker + "."))
-
-    def flush(self) -> None:
-        while self.pending:
-            cycle = self.pending.pop(0)
-            self._write(cycle, cycle.worker)
 
 
 def make_profiler(
