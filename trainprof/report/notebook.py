@@ -10,7 +10,7 @@ from html import escape
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.compare import Comparison
 from trainprof.report.compare_render import gate_line, headline, machine_line
-from trainprof.report.html import CSS, ReportItem, diagnosis_html, finding_html
+from trainprof.report.html import CSS, ReportItem, diagnosis_html, finding_html, rules_html
 from trainprof.report.text import saving_header, title_of
 
 ROOT = "trainprof-nb"
@@ -50,7 +50,8 @@ def _notes(notes: list[str]) -> str:
 def diagnosis_fragment(d: Diagnosis | MultiRankDiagnosis) -> str:
     """The diagnosis as report.html shows it: breakdown, ranked findings with fixes, notes."""
     if isinstance(d, Diagnosis):
-        return _wrap(f"trainprof: {title_of(d)}", diagnosis_html(ReportItem(d)))
+        item = ReportItem(d)  # the findings link to their rule's description, below them
+        return _wrap(f"trainprof: {title_of(d)}", diagnosis_html(item) + rules_html([item]))
     parts = [
         f"<p><b>Ranks:</b> {_e(', '.join(str(r) for r in d.ranks_present))}"
         f" (world size {_e(d.world_size if d.world_size is not None else '?')}), "
@@ -62,6 +63,7 @@ def diagnosis_fragment(d: Diagnosis | MultiRankDiagnosis) -> str:
         "<p>No problems found.</p>"
     ]
     parts.append(_notes(d.notes))
+    parts.append(rules_html([ReportItem(r) for r in d.diagnoses]))
     return _wrap(f"trainprof: {d.path} (multi-rank job)", "".join(parts))
 
 
