@@ -4,7 +4,10 @@ both synced and logged, and a TorchMetrics update after `opt.step()`."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from test_run_cli import SCRIPTS, Run, line_of, run, trainprof
@@ -40,7 +43,34 @@ def test_module_level_loop_findings_name_the_line_that_runs(toplevel) -> None:
     assert metric["location"].endswith(_at("METRIC_LINE")), metric["location"]
     for bf16 in [f for f in findings if f["rule"] == "cpu-bf16"]:  # on CPUs with bf16 units
         assert bf16["location"].endswith(_at("FORWARD_LINE")), bf16["location"]
-    stale = _at("opt.step()")
+    stale = _at("STEP_LINE")
+    assert not [f for f in findings if (f["location"] or "").endswith(stale)], findings
+
+
+def test_a_preempted_profiler_start_still_finds_the_stale_frame(toplevel, tmp_path: Path) -> None:
+    # Kineto records the frames already running one after another; when the process is
+    # preempted in that burst, a gap of any length opens between two of them. The same run's
+    # trace with such a gap above the module frame: no finding may take its stale line.
+    r, _ = toplevel
+    folder = tmp_path / "run"
+    folder.mkdir()
+    shutil.copy(r.folder / "trainprof.json", folder)
+    (trace,) = r.traces()
+    with gzip.open(trace, "rt") as f:
+        doc = json.load(f)
+    py = [e for e in doc["traceEvents"] if e.get("cat") == "python_function"]
+    at = f"{TOPLEVEL}({line_of(TOPLEVEL, 'STEP_LINE')}): <module>"
+    (module,) = [e for e in py if e["name"].endswith(at)]
+    for e in py:  # its callers, 1 ms earlier: the gap
+        if e["tid"] == module["tid"] and e["args"]["Python id"] < module["args"]["Python id"]:
+            e["ts"] -= 1000.0
+            e["dur"] += 1000.0
+    with gzip.open(folder / trace.name, "wt") as f:
+        json.dump(doc, f)
+    findings = _diagnose(Run(0, "", "", folder))
+    (metric,) = [f for f in findings if f["rule"] == "metric-sync"]
+    assert metric["location"].endswith(_at("METRIC_LINE")), metric["location"]
+    stale = _at("STEP_LINE")
     assert not [f for f in findings if (f["location"] or "").endswith(stale)], findings
 
 

@@ -36,7 +36,7 @@ for _epoch in range(4):
         out = model(x).squeeze(1)  # FORWARD_LINE
         loss = nn.functional.mse_loss(out, y.float())
         loss.backward()
-        opt.step()
+        opt.step()  # STEP_LINE
         mean_loss.update(loss.detach())  # METRIC_LINE
         print(f"loss {loss.item():.4f}")  # PRINT_LINE
 print("done", float(mean_loss.compute()))

@@ -136,6 +136,7 @@ def display_location(loc: str) -> str:
             return f"{rel}:{line}"
     return loc
 
+
 class IdIndex:
     """`get(id)` -> the event index of a Python id (the last one, by time, when an id repeats),
     like a dict built from the pairs, in two arrays: a dict of a python_function-heavy trace's
@@ -153,9 +154,10 @@ class IdIndex:
             return int(self.index[k])
         return default
 
+    def __contains__(self, py_id: object) -> bool:
+        return self.get(int(py_id)) is not None  # type: ignore[arg-type]
 
-# Kineto emits the frames already on the stack one after another, a microsecond or two apart.
-_STALE_GAP_US = 20.0
+
 _HOST_READ = r"^trainprof/host_read:"
 
 
@@ -173,24 +175,32 @@ class PyStacks:
         for t in np.unique(trace.thread[idx]):
             self.by_thread[int(t)] = idx[trace.thread[idx] == t]
         self.index_of_id = IdIndex(trace.py_id[idx], idx)
-        self.stale: set[int] = set()
-        for cand in self.by_thread.values():
-            self.stale.update(self._initial_chain(cand))
+        self.stale: set[int] = set(self._startup_frames(idx))
         self._lines: dict[int, dict[int, int | None]] = {}
 
-    def _initial_chain(self, cand: np.ndarray) -> list[int]:
-        """The frames already running when tracing started: the first events of the thread,
-        each the child of the one before, emitted a moment apart."""
+    def _startup_frames(self, idx: np.ndarray) -> list[int]:
+        """The frames already running when tracing started. Kineto records them for every
+        thread, outermost first, before any call (the GIL held): they take the first Python ids,
+        each the child of the one before on its thread; the first call that breaks this ends
+        them, as does a builtin (no frame of its own). Ids, not timestamps: a process preempted
+        in that burst leaves a gap of any length between two of them, and a frame left out
+        would show its stale line."""
         tr = self.trace
-        chain = [int(cand[0])] if len(cand) else []
-        for k in range(1, len(cand)):
-            i, prev = int(cand[k]), chain[-1]
-            if int(tr.py_parent[i]) != int(tr.py_id[prev]):
+        order = idx[np.argsort(tr.py_id[idx], kind="stable")]
+        innermost: dict[int, int] = {}  # thread -> Python id of its innermost startup frame
+        out: list[int] = []
+        for i in order.tolist():
+            thread, parent = int(tr.thread[i]), int(tr.py_parent[i])
+            expected = innermost.get(thread)
+            if (
+                tr.py_id[i] < 0
+                or (parent != expected if expected is not None else parent in self.index_of_id)
+                or tr.name(i).startswith("<built-in")
+            ):
                 break
-            if tr.ts[i] - tr.ts[prev] > _STALE_GAP_US:
-                break
-            chain.append(i)
-        return chain
+            innermost[thread] = int(tr.py_id[i])
+            out.append(i)
+        return out
 
     def _children(self, parent: int) -> np.ndarray:
         tr = self.trace
