@@ -242,13 +242,15 @@ def test_trace_viewer_shows_the_cpu_and_gpu_threads_offline(tmp_path: Path):
     cpu_run = logdir / "cpu"
     # A real `trainprof run` (CPU): it writes the XPlane file itself.
     done = subprocess.run(
-        [sys.executable, "-m", "trainprof.cli", "run", "--out", str(cpu_run), "--no-diagnose",
+        [sys.executable, "-m", "trainprof.cli", "run", "--out", str(cpu_run),
          str(ROOT / "tests" / "scripts" / "train_basic.py")],
         capture_output=True, text=True, timeout=180, cwd=ROOT,
     )
     assert done.returncode == 0, done.stderr
-    # --no-diagnose writes no reports: `trainprof tensorboard` converts it, as it does an older
-    # run's traces; and a GPU trace recorded elsewhere.
+    (cpu_xplane,) = session_dir(cpu_run).glob(f"*{SUFFIX}")
+    written_at = cpu_xplane.stat().st_mtime_ns
+    # A GPU trace recorded elsewhere (no XPlane yet): `trainprof tensorboard` converts it, as
+    # it does the traces of runs made before trainprof wrote XPlane.
     gpu_run = logdir / "gpu"
     gpu_run.mkdir()
     shutil.copyfile(trace_path(GPU), gpu_run / Path(GPU).name)
@@ -264,6 +266,7 @@ def test_trace_viewer_shows_the_cpu_and_gpu_threads_offline(tmp_path: Path):
                   for u in links}
         assert set(by_run) == {"cpu/trainprof", "gpu/trainprof"}
         assert (session_dir(gpu_run) / f"worker0{SUFFIX}").is_file()
+        assert cpu_xplane.stat().st_mtime_ns == written_at  # up to date: not written again
         shot = tmp_path / "gpu.png"
         text = page_text(by_run["gpu/trainprof"], ["stream 7", "thread 25772"], wait_s=60,
                          size=(1400, 1000), offline=True, screenshot_to=shot)
