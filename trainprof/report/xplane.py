@@ -136,10 +136,17 @@ def _string_stats(trace: Trace) -> dict[int, bytes]:
     text, as Kineto wrote it) or a call stack."""
     out: dict[int, bytes] = {}
     dims, types, stack = (_STAT_ID[n] for n in _STR_STATS)
+    seen: dict[tuple[bytes, bytes], bytes] = {}  # most ops repeat a few shapes
     for i, (d, t) in trace.shapes.items():
-        out[i] = _str_stat(dims, _compact(d)) + _str_stat(types, _compact(t))
+        key = (bytes(d), bytes(t))
+        if (enc := seen.get(key)) is None:
+            enc = seen[key] = _str_stat(dims, _compact(key[0])) + _str_stat(types, _compact(key[1]))
+        out[i] = enc
+    stacks: dict[str, bytes] = {}
     for i, text in trace.call_stacks.items():
-        out[i] = out.get(i, b"") + _str_stat(stack, text.encode("utf-8", "replace"))
+        if (enc := stacks.get(text)) is None:
+            enc = stacks[text] = _str_stat(stack, text.encode("utf-8", "replace"))
+        out[i] = out.get(i, b"") + enc
     return out
 
 
@@ -149,9 +156,6 @@ def _string_stats(trace: Trace) -> dict[int, bytes]:
 # parsed into the XLine message by protobuf itself, which checks it. Field numbers: XLine.events
 # 4; XEvent.metadata_id 1, offset_ps 2, duration_ps 3, stats 4; XStat.metadata_id 1,
 # int64_value 4, str_value 5 (all varints but the length-delimited events, stats and strings).
-_MAX_VARINT = 10
-
-
 def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each value (>= 0) as a base-128 varint: (bytes, one row per value; number of bytes)."""
     v = values.astype(np.uint64)
@@ -160,9 +164,10 @@ def _varints(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     while rest.any():
         n += rest > 0
         rest >>= np.uint64(7)
-    shifts = np.arange(_MAX_VARINT, dtype=np.uint64) * np.uint64(7)
+    width = int(n.max()) if len(n) else 1  # no wider than the longest: fewer bytes to move
+    shifts = np.arange(width, dtype=np.uint64) * np.uint64(7)
     out = ((v[:, None] >> shifts) & np.uint64(0x7F)).astype(np.uint8)
-    cols = np.arange(_MAX_VARINT)
+    cols = np.arange(width)
     out[cols[None, :] < (n[:, None] - 1)] |= 0x80
     return out, n
 
