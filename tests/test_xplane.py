@@ -135,6 +135,7 @@ def test_hosts_are_worker_names_made_unique_and_safe():
         "rank0", "rank1"]
     assert hosts_for([Path("w.1.pt.trace.json"), Path("w.2.pt.trace.json")]) == ["w_1", "w_2"]
     assert hosts_for([Path("my host:1.pt.trace.json")]) == ["my_host_1"]
+    assert hosts_for([Path("a/w.1.pt.trace.json"), Path("b/w.1.pt.trace.json")]) == ["w_1", "w_1_"]
 
 
 def test_gpu_events_go_to_their_device_and_stream():
@@ -282,3 +283,18 @@ def test_trace_viewer_shows_the_cpu_and_gpu_threads_offline(tmp_path: Path):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_force_removes_the_trace_viewer_files_of_the_earlier_run(tmp_path: Path):
+    from trainprof.capture.rundir import RunFiles, prepare_run_dir
+    from trainprof.runmeta import RunMeta, write_meta
+
+    run = run_folder(tmp_path)
+    write_meta(RunMeta(traces=["worker0.1700000000000.pt.trace.json.gz"]), run)
+    out = session_dir(run)
+    out.mkdir(parents=True)
+    for name in (f"worker0{SUFFIX}", "worker0.SSTABLE"):  # ours, and XProf's cache of it
+        (out / name).write_bytes(b"x")
+    prepare_run_dir(run, "train", True, RunFiles())
+    assert not any(out.iterdir())
+    assert not (run / "worker0.1700000000000.pt.trace.json.gz").exists()

@@ -126,7 +126,10 @@ def trace_viewer_sessions(logdir: Path) -> list[Session]:
     if not xprof_installed():
         return []
     sessions = []
-    for folder, traces in sorted(trace_folders(Path(logdir)).items()):
+    folders = trace_folders(Path(logdir))
+    # Oldest first, so that the links printed last are the latest runs'.
+    for folder in sorted(folders, key=lambda f: max(_mtime(t) for t in folders[f])):
+        traces = folders[folder]
         try:
             session = ensure_session(folder, traces, Path(logdir))
         except OSError as err:  # a read-only folder: XProf could not write its caches either
@@ -138,9 +141,17 @@ def trace_viewer_sessions(logdir: Path) -> list[Session]:
     return sessions
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
 def trace_viewer_lines(url: str, sessions: list[Session], most: int = 5) -> list[str]:
     """What `serve` prints after TensorBoard's URL: a deep link into XProf's Trace Viewer per
-    run (the latest `most`), or how to install XProf."""
+    run (the latest `most`; a run's other hosts are in XProf's Hosts menu), or how to install
+    XProf (a line starting with 'trainprof:', for stderr)."""
     if not xprof_installed():
         return [f"trainprof: the trace viewer needs XProf: {INSTALL_XPROF}"]
     shown = sessions[-most:]
@@ -173,7 +184,7 @@ def serve(logdir: Path, port: int = 0, host: str = HOST) -> int:
     signal.signal(signal.SIGTERM, _stop)
     print(f"TensorBoard at {url} (logdir {logdir}); press Ctrl-C to stop", flush=True)
     for line in trace_viewer_lines(url, sessions):
-        print(line, flush=True)
+        print(line, file=sys.stderr if line.startswith("trainprof:") else sys.stdout, flush=True)
     try:
         threading.Event().wait()  # the server thread does the work
     except KeyboardInterrupt:

@@ -296,7 +296,10 @@ def hosts_for(trace_files: list[Path]) -> list[str]:
     out = []
     for f, w in zip(trace_files, workers, strict=True):
         stem = re.sub(r"\.json(\.gz)?$", "", Path(f).name).replace(".pt.trace", "")
-        out.append(w if workers.count(w) == 1 else safe(stem))
+        host = w if workers.count(w) == 1 else safe(stem)
+        while host in out:  # one name in two folders (a script's own traces)
+            host += "_"
+        out.append(host)
     return out
 
 
