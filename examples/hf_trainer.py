@@ -21,7 +21,7 @@ class Reviews(Dataset):
 
     def __init__(self, n: int) -> None:
         g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(5, 1000, (n, 64), generator=g)
+        self.ids = torch.randint(5, 1000, (n, 32), generator=g)
         self.labels = torch.randint(0, 2, (n,), generator=g)
 
     def __len__(self) -> int:
@@ -29,7 +29,7 @@ class Reviews(Dataset):
 
     def __getitem__(self, i: int) -> dict:
         ids = self.ids[i].clone()
-        for _ in range(20):  # stand-in for tokenisation + truncation + masking of one text
+        for _ in range(10):  # stand-in for tokenisation + truncation + masking of one text
             ids = torch.where(torch.rand(ids.shape) < 0.01, torch.full_like(ids, 4), ids)
         return {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": self.labels[i]}
 
@@ -40,14 +40,14 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     torch.manual_seed(0)
-    config = BertConfig(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=256, vocab_size=1000, max_position_embeddings=64)
+    config = BertConfig(hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                        intermediate_size=128, vocab_size=1000, max_position_embeddings=32)
     model = BertForSequenceClassification(config)
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
             output_dir=out,
             max_steps=args.steps,
-            per_device_train_batch_size=32,
+            per_device_train_batch_size=16,
             # PROBLEM 1 / FIX: worker processes prepare the batches while the model trains
             dataloader_num_workers=2 if args.fixed else 0,
             dataloader_persistent_workers=args.fixed,

@@ -12,6 +12,7 @@ Tests call `require_chromium()` first: it skips them with the reason when there 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -35,6 +36,9 @@ FLAGS = [
     "--hide-scrollbars",
     "--mute-audio",
 ]
+# Every host but the loopback unreachable: requests go to a dead proxy (loopback bypasses
+# proxies) and names do not resolve. For pages that must work offline.
+OFFLINE = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"]
 
 
 def find_chromium() -> str | None:
@@ -106,6 +110,8 @@ _DEEP_TEXT = """
       if (node.nodeType === Node.TEXT_NODE) { out.push(node.textContent); return; }
       if (node.nodeName === 'STYLE' || node.nodeName === 'SCRIPT') return;
       if (node.shadowRoot) walk(node.shadowRoot);
+      // Plugins in same-origin iframes (XProf): their documents too.
+      if (node.nodeName === 'IFRAME' && node.contentDocument) walk(node.contentDocument);
       for (const c of node.childNodes) walk(c);
     };
     walk(document.documentElement);
@@ -123,7 +129,8 @@ _DEEP_TEXT = """
 
 
 class _Pipe:
-    def __init__(self, chromium: str, profile: str, size: tuple[int, int]):
+    def __init__(self, chromium: str, profile: str, size: tuple[int, int],
+                 flags: list[str] | None = None):
         # chromium reads commands on fd 3 and writes replies on fd 4
         self._cmd_r, self._cmd_w = os.pipe()
         self._out_r, self._out_w = os.pipe()
@@ -136,7 +143,8 @@ class _Pipe:
             os.dup2(out_w, 4)
 
         self.proc = subprocess.Popen(
-            [chromium, *FLAGS, f"--user-data-dir={profile}", "--remote-debugging-pipe",
+            [chromium, *FLAGS, *(flags or []), f"--user-data-dir={profile}",
+             "--remote-debugging-pipe",
              f"--window-size={size[0]},{size[1]}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             # close_fds=False: subprocess would close 3 and 4 after preexec_fn; every other fd
@@ -203,12 +211,14 @@ class _Pipe:
 
 
 def page_text(url: str, wanted: list[str], wait_s: float = 15.0,
-              size: tuple[int, int] = (1400, 4000)) -> str:
-    """The rendered text of `url` (shadow DOM included) once every string of `wanted` shows, or
-    after `wait_s` (the caller asserts on what came back)."""
+              size: tuple[int, int] = (1400, 4000), offline: bool = False,
+              screenshot_to: Path | None = None) -> str:
+    """The rendered text of `url` (shadow DOM and same-origin iframes included) once every
+    string of `wanted` shows, or after `wait_s` (the caller asserts on what came back).
+    `offline`: every host but the loopback blocked. `screenshot_to`: a PNG of the view then."""
     chromium = require_chromium()
     with tempfile.TemporaryDirectory(prefix="trainprof-chromium-") as profile:
-        pipe = _Pipe(chromium, profile, size)
+        pipe = _Pipe(chromium, profile, size, OFFLINE if offline else None)
         try:
             target = pipe.call("Target.createTarget", {"url": "about:blank"})["targetId"]
             session = pipe.call("Target.attachToTarget",
@@ -224,6 +234,9 @@ def page_text(url: str, wanted: list[str], wait_s: float = 15.0,
             res = pipe.call("Runtime.evaluate",
                             {"expression": expr, "awaitPromise": True, "returnByValue": True},
                             session=session, timeout=wait_s + 30)
+            if screenshot_to is not None:
+                png = pipe.call("Page.captureScreenshot", {"format": "png"}, session=session)
+                Path(screenshot_to).write_bytes(base64.b64decode(png["data"]))
             return str(res["result"].get("value", ""))
         finally:
             pipe.close()

@@ -87,6 +87,7 @@ def test_basic_exit_and_output(basic: Run) -> None:
     assert f"trainprof tensorboard {basic.folder.parent}" in basic.stderr
     assert (basic.folder / "report.html").is_file()
     assert any(basic.folder.glob("events.out.tfevents.*"))
+    assert any(basic.folder.glob("plugins/profile/trainprof/*.xplane.pb"))  # XProf's trace
 
 
 def test_basic_trace_has_the_window(basic: Run) -> None:

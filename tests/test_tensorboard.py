@@ -158,7 +158,10 @@ def test_several_ranks_become_one_tensorboard_run_each(tmp_path: Path):
         shutil.copyfile(f, run / f.name)
     diags = diagnose_path(run)
     write_run_reports(run, diags, None)
-    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [f"rank{r}" for r in range(8)]
+    # One TensorBoard run per rank; one XProf session (plugins/) with one host per rank.
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [
+        "plugins", *(f"rank{r}" for r in range(8))]
+    assert len(list((run / "plugins" / "profile" / "trainprof").glob("*.xplane.pb"))) == 8
     # README: step ms per rank r0 14.5, r1 19.9, ..., r7 12.5.
     st = {r: _accumulator(run / f"rank{r}").Scalars(STEP_TIME_TAG) for r in range(8)}
     assert {r: [s.step for s in v] for r, v in st.items()} == {r: [10] for r in range(8)}

@@ -262,7 +262,8 @@ def tensorboard(
     logdir: Path = typer.Argument(Path("runs"), help="The folder of run folders."),
     port: int = typer.Option(0, "--port", help="Port on 127.0.0.1; 0 picks a free one."),
 ) -> None:
-    """Start TensorBoard on the runs (trainprof's scalars and findings, tb-profiler's views)."""
+    """Start TensorBoard on the runs (trainprof's scalars and findings, the trace in XProf's
+    Trace Viewer, tb-profiler's views)."""
     from trainprof.tboard import serve
 
     try:

@@ -160,11 +160,24 @@ def _remove_earlier_run(path: Path, files: RunFiles) -> None:
             continue
         if name in ours or (not _TRACE.search(name) and (reports or _META.fullmatch(name))):
             (path / name).unlink()
+    if reports and (files.job or files.rank in (None, 0)):
+        _remove_trace_viewer_files(path)
     if files.job and reports:
         for name in names:
             if _RANK_DIR.fullmatch(name) and (path / name).is_dir():
                 for events in (path / name).glob("events.out.tfevents.*trainprof"):
                     events.unlink()  # the TensorBoard run of one rank (run_reports)
+
+
+def _remove_trace_viewer_files(path: Path) -> None:
+    """The XPlane files run_reports wrote, and the caches XProf wrote beside them."""
+    from trainprof.report.xplane import session_dir
+
+    session = session_dir(path)
+    if session.is_dir():
+        for f in session.iterdir():
+            if f.is_file():
+                f.unlink()
 
 
 _RANK_FILE = re.compile(r"trainprof\.rank\d+\.(json|log)")

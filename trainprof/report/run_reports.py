@@ -1,5 +1,6 @@
-"""The reports written into a run folder (TensorBoard event files and `report.html`), and the
-`trainprof report` command that writes the HTML report of any run folder or trace."""
+"""The reports written into a run folder (TensorBoard event files, the traces as XPlane for
+XProf's Trace Viewer, `report.html`), and the `trainprof report` command that writes the HTML
+report of any run folder or trace."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from trainprof.analysis.model import Diagnosis
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.report.html import ReportItem, render_html
-from trainprof.report.per_step import PerStep, per_step
+from trainprof.report.per_step import per_step
 from trainprof.report.tensorboard import write_tensorboard
+from trainprof.report.xplane import XPlaneWriter
 from trainprof.runmeta import RunMeta, read_meta
+from trainprof.trace.model import Trace
 
 REPORT_NAME = "report.html"
 
@@ -48,11 +51,11 @@ def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
     return items, run_meta or items[0].meta
 
 
-def _per_step_of(d: Diagnosis, meta: RunMeta | None) -> PerStep | None:
+def _trace_of(d: Diagnosis) -> Trace | None:
     from trainprof.trace.load import load_trace
 
     try:
-        return per_step(Context(load_trace(d.trace), meta))
+        return load_trace(d.trace)
     except (TrainprofError, OSError):
         return None  # the trace moved or vanished since it was diagnosed: report without it
 
@@ -71,7 +74,8 @@ def _tb_dirs(run_dir: Path, diagnoses: list[Diagnosis]) -> list[Path]:
 def write_run_reports(
     run_dir: Path, diagnoses: list[Diagnosis], meta: RunMeta | None
 ) -> list[Path]:
-    """Write TensorBoard event files and report.html into `run_dir`; return the files written.
+    """Write TensorBoard event files, XProf's trace files (plugins/profile/) and report.html
+    into `run_dir`; return the files written.
 
     `meta` is the run's metadata; with several traces each rank's trainprof.rank<R>.json is
     used for that rank when present."""
@@ -81,11 +85,15 @@ def write_run_reports(
     several = len(diagnoses) > 1
     items = []
     written = []
+    xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
         m = (_meta_for(Path(d.trace)) if several else None) or meta
-        ps = _per_step_of(d, m)
+        trace = _trace_of(d)
+        ps = per_step(Context(trace, m)) if trace is not None else None
         items.append(ReportItem(d, ps, m))
         written.append(write_tensorboard(tb, d, ps, m))
+        if trace is not None:
+            written += xplanes.write(Path(d.trace), trace)
     html_path = run_dir / REPORT_NAME
     write_atomic(html_path, render_html(items, run_dir.name, meta).encode("utf-8"))
     written.append(html_path)
