@@ -107,6 +107,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
+    # What `trainprof try` needs to run the script again as it ran here: the working folder at
+    # the start, the Python that ran it, and the environment variables that change a training
+    # run (threads, allocators, CUDA, frameworks; nothing named like a secret).
+    cwd: str = ""
+    executable: str = ""
+    env: dict[str, str] = {}
 
 
 def write_meta(meta: RunMeta, folder: Path, name: str = META_NAME) -> Path:

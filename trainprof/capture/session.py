@@ -148,6 +148,7 @@ class Session:
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()
+        relaunch = metadata.relaunch_context()  # before the script can chdir (Hydra does)
         try:
             collector.install()
             stepper.install(patches)
@@ -216,6 +217,7 @@ class Session:
             world_size=world,
             sync_warnings=cuda.sync_warnings(),
             user_traces=theirs.existing_traces(),
+            **relaunch,
         )
         aside = theirs.note()
         if aside is None:

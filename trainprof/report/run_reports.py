@@ -13,6 +13,7 @@ from trainprof.fileio import write_atomic
 from trainprof.report.html import ReportItem, render_html
 from trainprof.report.per_step import PerStep, per_step
 from trainprof.report.tensorboard import write_tensorboard
+from trainprof.report.tryout import read_try
 from trainprof.runmeta import RunMeta, read_meta
 
 REPORT_NAME = "report.html"
@@ -79,15 +80,16 @@ def write_run_reports(
     if not diagnoses:
         return []
     several = len(diagnoses) > 1
+    measured = read_try(run_dir)  # `trainprof try` ran on this folder
     items = []
     written = []
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
         m = (_meta_for(Path(d.trace)) if several else None) or meta
         ps = _per_step_of(d, m)
         items.append(ReportItem(d, ps, m))
-        written.append(write_tensorboard(tb, d, ps, m))
+        written.append(write_tensorboard(tb, d, ps, m, measured))
     html_path = run_dir / REPORT_NAME
-    write_atomic(html_path, render_html(items, run_dir.name, meta).encode("utf-8"))
+    write_atomic(html_path, render_html(items, run_dir.name, meta, measured).encode("utf-8"))
     written.append(html_path)
     return written
 
