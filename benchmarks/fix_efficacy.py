@@ -145,14 +145,14 @@ def row(example: str, folder: Path, steps: int | None, rounds: int) -> dict:
 
 # --try: (name, script, its arguments, --max-steps for the recorded run)
 TRY_WORKLOADS = [
+    ("try_mlp", "tests/scripts/try_mlp.py", ["400"], 30),
+    ("try_fakedata", "tests/scripts/try_fakedata.py", ["200"], 30),
+    ("try_jpeg", "tests/scripts/try_jpeg.py", ["200"], 30),
     ("dataloader_starved", "examples/dataloader_starved.py", ["--steps", "60"], 30),
     ("quickstart", "examples/quickstart.py", [], 30),
     ("many_problems", "examples/many_problems.py", [], 30),
     ("amp_compile", "examples/amp_compile.py", [], 30),
     ("metrics_sync", "examples/metrics_sync.py", [], 30),
-    ("try_mlp", "tests/scripts/try_mlp.py", ["400"], 30),
-    ("try_fakedata", "tests/scripts/try_fakedata.py", ["200"], 30),
-    ("try_jpeg", "tests/scripts/try_jpeg.py", ["200"], 30),
 ]
 
 

@@ -105,8 +105,9 @@ def report_command(path: Path, html_out: Path | None, force: bool = False) -> in
         raise TrainprofError(f"{html_out} is a folder; --html takes a file name")
     items, meta = collect(Path(path))
     title = Path(path).resolve().name
+    measured = read_try(Path(path)) if Path(path).is_dir() else None
     try:
-        write_atomic(html_out, render_html(items, title, meta).encode("utf-8"))
+        write_atomic(html_out, render_html(items, title, meta, measured).encode("utf-8"))
     except OSError as err:
         raise TrainprofError(f"cannot write {html_out}: {err.strerror}") from None
     sys.stderr.write(f"trainprof: wrote {html_out}\n")
