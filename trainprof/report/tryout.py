@@ -69,6 +69,9 @@ def render_try_text(doc: dict[str, Any]) -> str:
             lines.append(f"      · {v['change']}: {shown}")
         for note in f.get("notes", []):
             lines.append(f"    note:      {note}")
+        if f.get("warmup_steps_discarded"):
+            lines.append(f"    note:      the first {f['warmup_steps_discarded']} steps of each "
+                         "round not timed (compilation)")
         if f.get("permanent_fix"):
             lines.append(f"    in code:   {f['permanent_fix']}")
     c = doc.get("combined")

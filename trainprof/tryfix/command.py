@@ -318,6 +318,8 @@ class Trial:
                 entry["error"] = v.error
             if v.notes:
                 entry["notes"] = v.notes
+            if any(d != WARMUP_STEPS for d in v.discarded):  # torch.compile: its steps too
+                entry["warmup_steps_discarded"] = max(v.discarded)
             if len(vs) > 1:  # a sweep: every variant's figure, the best one above
                 entry["variants"] = [
                     {"change": catalog.change_text(rule, x.specs[0]["options"]),
