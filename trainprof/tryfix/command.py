@@ -33,6 +33,7 @@ LOG_NAME = "try.log"
 SCHEMA = 1
 WARMUP_STEPS = 5  # allocator warm-up, the first batches, DataLoader worker start-up
 DEFAULT_ROUNDS = 3
+COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
 _TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -211,13 +212,15 @@ class Trial:
                 "--fixes", json.dumps(v.specs), "--max-steps", str(self.steps),
                 "--result", str(result_file), "--", *self.meta.argv,
             ]
-            code = self._spawn(cmd, v.name)
+            compiles = any(spec["rule"] == "launch-bound" for spec in v.specs)
+            code = self._spawn(cmd, v.name, COMPILE_TIME_S if compiles else 0.0)
             try:
                 res = json.loads(result_file.read_text())
             except (OSError, ValueError):
                 res = None
         if res is None:
-            v.error = f"the round ended without a result (exit code {code})"
+            why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
+            v.error = f"the round ended without a result ({why}; see {self.log})"
             return
         failed = res.get("failed") or {}
         if failed:
@@ -243,7 +246,7 @@ class Trial:
         v.discarded.append(drop)
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
 
-    def _spawn(self, cmd: list[str], name: str) -> int:
+    def _spawn(self, cmd: list[str], name: str, extra_s: float = 0.0) -> int:
         env = dict(os.environ)
         env.update(self.meta.env)
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -251,7 +254,9 @@ class Trial:
             paths.append(_TRAINPROF_ROOT)
         env["PYTHONPATH"] = os.pathsep.join(paths)
         cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
-        timeout = max(120.0, 5.0 * self.meta.wall_time_s + 60.0)
+        # A round that finds no step never meets --max-steps: end it after several times the
+        # recorded run's duration.
+        timeout = max(120.0, 5.0 * self.meta.wall_time_s + 60.0) + extra_s
         with open(self.log, "a") as log:
             log.write(f"\n===== {name}: {' '.join(cmd)}\n")
             log.flush()
