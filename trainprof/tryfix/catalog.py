@@ -99,8 +99,14 @@ def change_text(rule: str, options: dict) -> str:
     }.get(rule, rule)
 
 
-def permanent_text(rule: str, options: dict) -> str:
-    """The code change that makes the fix permanent."""
+FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> str:
+    """The code change that makes the fix permanent (`optimizer`: the run's optimizer class)."""
+    if rule == "optimizer-foreach" and optimizer:
+        flag = "fused=True" if optimizer in FUSED_CLASSES else "foreach=True"
+        return f"torch.optim.{optimizer}(params, ..., {flag})"
     if rule == "dataloader-starvation":
         n = options.get("num_workers", 0)
         if not n:

@@ -149,6 +149,11 @@ class Trial:
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
             ]
 
+    def _optimizer(self) -> str | None:
+        """The class of the run's first torch.optim optimizer, for the code change."""
+        names = [o.cls.rsplit(".", 1)[-1] for o in self.meta.optimizers if o.cls]
+        return names[0] if names else None
+
     def _est(self, rule: str) -> float | None:
         v = self.est.get(rule)
         return None if v is None else round(v, 1)
@@ -308,7 +313,7 @@ class Trial:
                 "measured_pct": None,
                 "ci_pct": None,
                 "verdict": None,
-                "permanent_fix": catalog.permanent_text(rule, options),
+                "permanent_fix": catalog.permanent_text(rule, options, self._optimizer()),
             }
             if m is not None:
                 entry.update(measured_pct=m["measured_pct"], ci_pct=m["ci_pct"],
