@@ -342,9 +342,9 @@ class Trial:
         combined: dict[str, Any] | None = None
         if self.combined is not None:
             m = self.measured(self.combined)
-            est_sum = sum(self.est.get(s["rule"], 0.0) for s in self.combined.specs)
+            known = [self.est[s["rule"]] for s in self.combined.specs if s["rule"] in self.est]
             combined = {"rules": [s["rule"] for s in self.combined.specs],
-                        "estimated_pct": round(min(est_sum, 100.0), 1)}
+                        "estimated_pct": round(min(sum(known), 100.0), 1) if known else None}
             if m is not None:
                 combined.update(m)
             if self.combined.error:
