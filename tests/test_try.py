@@ -105,7 +105,11 @@ def test_worker_sweep_is_powers_of_two_up_to_the_cores() -> None:
     assert catalog.worker_counts(6, 0) == [1, 2, 4, 6]
     assert catalog.worker_counts(8, 2) == [0, 1, 4, 8]
     opts = catalog.variants_for("dataloader-starvation", 2, False, 0)
-    assert opts == [{"num_workers": 1, "threads": 1}, {"num_workers": 2, "threads": 1}]
+    assert opts == [
+        {"num_workers": 1, "threads": 1},
+        {"num_workers": 2, "threads": 1},
+        {"threads": 1, "control": True},  # the thread change alone, never the pick
+    ]
     assert catalog.variants_for("dataloader-starvation", 4, True, 0)[0] == {"num_workers": 1}
 
 

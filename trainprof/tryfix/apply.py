@@ -80,6 +80,9 @@ def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
 
 
 def _dataloader(patches: Patches, options: dict) -> None:
+    if options.get("control"):  # the thread change alone
+        torch.set_num_threads(int(options["threads"]))
+        return
     n = int(options.get("num_workers", 0))
 
     def change(a: dict) -> None:

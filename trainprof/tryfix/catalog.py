@@ -70,6 +70,10 @@ def variants_for(rule: str, cores: int, cuda: bool, baseline_workers: int | None
                 # oversubscribed OpenMP threads spin and make the step slower than no workers.
                 opts["threads"] = max(1, cores - n)
             out.append(opts)
+        if not cuda and cores > 1:
+            # Control: the thread change alone, so that the sweep shows how much of its saving
+            # comes from the workers (never picked as the fix).
+            out.append({"threads": cores - 1, "control": True})
         return out
     return [{}]
 
@@ -77,6 +81,8 @@ def variants_for(rule: str, cores: int, cuda: bool, baseline_workers: int | None
 def change_text(rule: str, options: dict) -> str:
     """What this variant changes, in one line."""
     if rule == "dataloader-starvation":
+        if options.get("control"):
+            return f"torch.set_num_threads({options['threads']}) only (control: DataLoader as is)"
         n = options.get("num_workers", 0)
         if not n:
             return "DataLoader(num_workers=0)"

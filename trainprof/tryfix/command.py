@@ -295,7 +295,8 @@ class Trial:
                 "rounds": n, "median_ms": round(1000 * _median(v.rounds[:n]), 3)}
 
     def best(self, rule: str) -> tuple[Variant, dict] | None:
-        scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])]
+        scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])
+                  if not any(s["options"].get("control") for s in v.specs)]
         scored = [(v, m) for v, m in scored if m is not None]
         return max(scored, key=lambda vm: vm[1]["measured_pct"]) if scored else None
 
