@@ -55,6 +55,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
     lines = ["", "trainprof try: measured, not estimated — " + _header(doc)]
     if doc.get("interrupted"):
         lines.append("(interrupted: the rounds done so far)")
+    if doc.get("stopped_early"):
+        lines.append(f"(stopped early: {doc['stopped_early']})")
     if doc.get("estimates_note"):
         lines.append(f"({doc['estimates_note']})")
     for f in doc.get("fixes", []):

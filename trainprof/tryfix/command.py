@@ -116,6 +116,7 @@ class Trial:
         self.combined: Variant | None = None
         self.combined_note: str | None = None
         self.interrupted = False
+        self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
 
     # ----- planning ----------------------------------------------------------------------------
@@ -178,10 +179,16 @@ class Trial:
                     if v.error:
                         continue
                     self._round(v, k)
-                    if self.base.error:
+                    if self.base.error and not self.base.rounds:
                         say(f"the script fails without any fix: {self.base.error}")
                         self.save()
                         return 1
+                    if self.base.error:  # a later baseline round failed: keep the earlier ones
+                        say(f"baseline round {k + 1} failed ({self.base.error}); the figures are "
+                            f"those of the {len(self.base.rounds)} rounds before it")
+                        self.stopped = f"baseline round {k + 1} failed: {self.base.error}"
+                        self.save()
+                        return 0
                 self.save()
             self._combine()
             self.save()
@@ -261,7 +268,8 @@ class Trial:
         cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
         # A round that finds no step never meets --max-steps: end it after several times the
         # recorded run's duration.
-        timeout = max(120.0, 5.0 * self.meta.wall_time_s + 60.0) + extra_s
+        # Generous: a loaded machine can run a round several times slower than the recording.
+        timeout = max(300.0, 10.0 * self.meta.wall_time_s + 120.0) + extra_s
         with open(self.log, "a") as log:
             log.write(f"\n===== {name}: {' '.join(cmd)}\n")
             log.flush()
@@ -321,6 +329,8 @@ class Trial:
                              rounds=m["rounds"], median_ms=m["median_ms"],
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
+                if v.error:  # a later round failed: the figures are those of the earlier ones
+                    entry["error"] = v.error
             elif v.skipped:
                 entry["verdict"] = "not applicable"
                 entry["reason"] = v.skipped
@@ -362,6 +372,7 @@ class Trial:
             "warmup_steps_discarded": WARMUP_STEPS,
             "profiled": False,
             "interrupted": self.interrupted,
+            "stopped_early": self.stopped,
             "estimates_note": self.est_note,
             "baseline": {
                 "rounds": len(base_rounds),
