@@ -220,7 +220,7 @@ class Trial:
         with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
             result_file = Path(tmp) / "result.json"
             cmd = [
-                sys.executable, "-m", "trainprof.tryfix.round",
+                self.python(), "-m", "trainprof.tryfix.round",
                 "--fixes", json.dumps(v.specs), "--max-steps", str(self.steps),
                 "--result", str(result_file), "--", *self.meta.argv,
             ]
@@ -257,6 +257,12 @@ class Trial:
         v.rounds.append(times[drop:])
         v.discarded.append(drop)
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
+
+    def python(self) -> str:
+        """The interpreter that ran the recorded run (it has the script's packages), if it is
+        still there; else this one."""
+        rec = self.meta.executable
+        return rec if rec and os.access(rec, os.X_OK) else sys.executable
 
     def _spawn(self, cmd: list[str], name: str, extra_s: float = 0.0) -> int:
         env = dict(os.environ)
