@@ -237,6 +237,29 @@ def compare(
     raise typer.Exit(code)
 
 
+@app.command(name="try")
+def try_(
+    run_dir: Path = typer.Argument(..., metavar="RUN", help="A run folder of `trainprof run`."),
+    fix: list[str] = typer.Option(
+        None, "--fix", metavar="RULE", help="Only this fix (repeatable; default: every finding)."
+    ),
+    rounds: int = typer.Option(3, "--rounds", help="Rounds: baseline and each fix, interleaved."),
+    steps: int = typer.Option(
+        None, "--steps", help="Steps per round (default: 5 warm-up + about 3 s, 20 to 100)."
+    ),
+) -> None:
+    """Re-run RUN's command, profiler off, without and with each fix; measure what each saves."""
+    from trainprof.tryfix.command import TryOptions, try_command
+
+    _tolerant_output()
+    try:
+        code = try_command(TryOptions(run=run_dir, fixes=list(fix or []), rounds=rounds,
+                                      steps=steps))
+    except TrainprofError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
 @app.command()
 def report(
     path: Path = typer.Argument(..., help="A run folder, a trace, or a folder of traces."),

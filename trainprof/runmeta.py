@@ -159,6 +159,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
     dynamo: DynamoInfo | None = None  # only when the script called torch.compile
+    # What `trainprof try` needs to run the script again as it ran here: the working folder at
+    # the start, the Python that ran it, and the environment variables that change a training
+    # run (threads, allocators, CUDA, frameworks; nothing named like a secret).
+    cwd: str = ""
+    executable: str = ""
+    env: dict[str, str] = {}
 
 
 # The first note of a trainprof.json written while the script still ran (capture/session.py):

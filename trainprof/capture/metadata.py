@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import sys
 import warnings
 import weakref
 from collections.abc import Callable
@@ -220,6 +221,25 @@ def _read_metric(info: MetricInfo, metric: Any) -> None:
         info.device = str(metric.device)
     except Exception:
         pass
+
+
+# Environment variables that change how a training run runs, kept for `trainprof try`.
+_ENV_PREFIXES = (
+    "CUDA_", "NVIDIA_", "PYTORCH_", "TORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS_", "GOMP_",
+    "NCCL_", "GLOO_", "HF_", "TRANSFORMERS_", "TOKENIZERS_", "ACCELERATE_", "PL_", "LIGHTNING_",
+    "MALLOC_", "XLA_", "PYTHON", "LD_PRELOAD", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "WANDB_MODE",
+)
+_SECRET = ("TOKEN", "KEY", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
+
+
+def relaunch_context() -> dict[str, Any]:
+    """The working folder, the interpreter and the relevant environment, as the script starts."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k.startswith(_ENV_PREFIXES) and not any(s in k.upper() for s in _SECRET)
+    }
+    return {"cwd": os.getcwd(), "executable": sys.executable, "env": env}
 
 
 def environment(load: LoadProbe | None = None, init_cuda: bool = True) -> dict[str, Any]:

@@ -256,6 +256,7 @@ class Session:
                 sync_warnings=cuda.sync_warnings(),
                 user_traces=theirs.existing_traces(),
                 dynamo=collector.dynamo_info(),
+                **relaunch,
                 **extra,
             )
 
@@ -289,6 +290,7 @@ class Session:
         writer.on_saved = lambda: checkpoint(force=True)
         stepper.guard = StopAfterSave
         stepper.on_step = checkpoint
+        relaunch = metadata.relaunch_context()  # before the script can chdir (Hydra does)
         try:
             collector.install()
             stepper.install(patches)

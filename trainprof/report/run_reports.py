@@ -14,6 +14,7 @@ from trainprof.fileio import write_atomic
 from trainprof.report.html import ReportItem, render_html
 from trainprof.report.per_step import per_step
 from trainprof.report.tensorboard import write_tensorboard
+from trainprof.report.tryout import read_try
 from trainprof.report.xplane import XPlaneWriter
 from trainprof.runmeta import RunMeta, read_meta
 from trainprof.trace.model import Trace
@@ -83,6 +84,7 @@ def write_run_reports(
     if not diagnoses:
         return []
     several = len(diagnoses) > 1
+    measured = read_try(run_dir)  # `trainprof try` ran on this folder
     items = []
     written = []
     xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
@@ -91,11 +93,11 @@ def write_run_reports(
         trace = _trace_of(d)
         ps = per_step(Context(trace, m)) if trace is not None else None
         items.append(ReportItem(d, ps, m))
-        written.append(write_tensorboard(tb, d, ps, m))
+        written.append(write_tensorboard(tb, d, ps, m, measured))
         if trace is not None:
             written += xplanes.write(Path(d.trace), trace)
     html_path = run_dir / REPORT_NAME
-    write_atomic(html_path, render_html(items, run_dir.name, meta).encode("utf-8"))
+    write_atomic(html_path, render_html(items, run_dir.name, meta, measured).encode("utf-8"))
     written.append(html_path)
     return written
 
@@ -111,8 +113,9 @@ def report_command(path: Path, html_out: Path | None, force: bool = False) -> in
         raise TrainprofError(f"{html_out} is a folder; --html takes a file name")
     items, meta = collect(Path(path))
     title = Path(path).resolve().name
+    measured = read_try(Path(path)) if Path(path).is_dir() else None
     try:
-        write_atomic(html_out, render_html(items, title, meta).encode("utf-8"))
+        write_atomic(html_out, render_html(items, title, meta, measured).encode("utf-8"))
     except OSError as err:
         raise TrainprofError(f"cannot write {html_out}: {err.strerror}") from None
     sys.stderr.write(f"trainprof: wrote {html_out}\n")

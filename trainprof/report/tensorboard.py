@@ -22,6 +22,7 @@ from trainprof.runmeta import RunMeta
 STEP_TIME_TAG = "trainprof/step_time_ms"
 GPU_BUSY_TAG = "trainprof/gpu_busy_pct"
 FINDINGS_TAG = "trainprof/findings"
+TRY_TAG = "trainprof/try"
 
 
 def breakdown_tag(category: str) -> str:
@@ -49,7 +50,8 @@ def scalar_series(
     return out
 
 
-def _text_value(tag: str, text: str):
+def _text_value(tag: str, text: str, title: str = "trainprof findings",
+                about: str = "Ranked findings of `trainprof diagnose`."):
     from tensorboard.compat.proto import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
     from tensorboard.plugins.text import metadata as text_metadata
 
@@ -59,15 +61,20 @@ def _text_value(tag: str, text: str):
         tensor_shape=tensor_shape_pb2.TensorShapeProto(),  # a scalar string
     )
     meta = text_metadata.create_summary_metadata(
-        display_name="trainprof findings", description="Ranked findings of `trainprof diagnose`."
+        display_name=title, description=about
     )
     return summary_pb2.Summary.Value(tag=tag, metadata=meta, tensor=tensor)
 
 
 def write_tensorboard(
-    logdir: Path, d: Diagnosis, ps: PerStep | None = None, meta: RunMeta | None = None
+    logdir: Path,
+    d: Diagnosis,
+    ps: PerStep | None = None,
+    meta: RunMeta | None = None,
+    measured: dict | None = None,
 ) -> Path:
-    """Write one event file into `logdir` (a TensorBoard run); return its path."""
+    """Write one event file into `logdir` (a TensorBoard run); return its path. `measured`: the
+    run's try.json, written as a second text panel."""
     from tensorboard.compat.proto import event_pb2, summary_pb2
     from tensorboard.summary.writer.record_writer import RecordWriter
 
@@ -86,6 +93,11 @@ def write_tensorboard(
                 summary_pb2.Summary.Value(tag=tag, simple_value=float(value))
             )
     by_step.setdefault(0, []).append(_text_value(FINDINGS_TAG, diagnosis_markdown(d)))
+    if measured is not None:
+        from trainprof.report.tryout import render_try_markdown
+
+        by_step[0].append(_text_value(TRY_TAG, render_try_markdown(measured), "trainprof try",
+                                      "Fixes measured by `trainprof try`, profiler off."))
     events = [event_pb2.Event(wall_time=now, file_version="brain.Event:2")]
     events += [
         event_pb2.Event(wall_time=now, step=step, summary=summary_pb2.Summary(value=values))

@@ -1,0 +1,133 @@
+"""`trainprof try` results (try.json) as terminal text, Markdown (TensorBoard panel) and an HTML
+section for report.html."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+TRY_NAME = "try.json"
+TRY_SCHEMA = 1
+
+
+def read_try(run: Path) -> dict | None:
+    """RUN/try.json (written by `trainprof try`), or None."""
+    path = Path(run) / TRY_NAME
+    if not path.is_file():
+        return None
+    try:
+        doc = msgspec.json.decode(path.read_bytes())
+    except msgspec.DecodeError:
+        return None
+    return doc if isinstance(doc, dict) and doc.get("schema") == TRY_SCHEMA else None
+
+
+def _pct(v: float | None) -> str:
+    return "—" if v is None else f"{v:+.1f} %"
+
+
+def _ci(ci: list[float] | None) -> str:
+    return "" if not ci else f"[{ci[0]:+.1f}, {ci[1]:+.1f}]"
+
+
+def _measured(f: dict) -> str:
+    if f.get("measured_pct") is None:
+        return f.get("error") or f.get("reason") or "not run"
+    return f"{_pct(f['measured_pct'])} {_ci(f.get('ci_pct'))}"
+
+
+def _header(doc: dict) -> str:
+    base = doc.get("baseline") or {}
+    med = base.get("median_ms")
+    return (
+        f"baseline {med:.2f} ms/step (median, profiler off), " if med is not None else ""
+    ) + (
+        f"{base.get('rounds', 0)} rounds of {doc.get('steps_per_round')} steps, the first "
+        f"{doc.get('warmup_steps_discarded')} of each not timed"
+    )
+
+
+def render_try_text(doc: dict[str, Any]) -> str:
+    """The table `trainprof try` prints."""
+    lines = ["", "trainprof try: measured, not estimated — " + _header(doc)]
+    if doc.get("interrupted"):
+        lines.append("(interrupted: the rounds done so far)")
+    if doc.get("stopped_early"):
+        lines.append(f"(stopped early: {doc['stopped_early']})")
+    if doc.get("estimates_note"):
+        lines.append(f"({doc['estimates_note']})")
+    for f in doc.get("fixes", []):
+        lines.append("")
+        lines.append(f"  {f['rule']}: {f.get('verdict') or '—'}")
+        lines.append(f"    changed:   {f['change']}")
+        lines.append(f"    estimated: {_pct(f.get('estimated_pct'))}")
+        if f.get("verdict") != "edit the code":
+            lines.append(f"    measured:  {_measured(f)}")
+        for v in f.get("variants", []):
+            shown = _measured(v) if "measured_pct" in v or "error" in v else "not run"
+            lines.append(f"      · {v['change']}: {shown}")
+        for note in f.get("notes", []):
+            lines.append(f"    note:      {note}")
+        if f.get("warmup_steps_discarded"):
+            lines.append(f"    note:      the first {f['warmup_steps_discarded']} steps of each "
+                         "round not timed (compilation)")
+        if f.get("permanent_fix"):
+            lines.append(f"    in code:   {f['permanent_fix']}")
+    c = doc.get("combined")
+    if c:
+        lines.append("")
+        if c.get("rules"):
+            lines.append(f"  all together ({', '.join(c['rules'])}): estimated "
+                         f"{_pct(c.get('estimated_pct'))}, measured {_measured(c)}")
+        else:
+            lines.append(f"  all together: {c.get('note', '')}")
+    lines.append("")
+    lines.append("  saving = 1 - median step with the fix / median step without, 95 % interval "
+                 "over rounds and steps; positive is faster")
+    return "\n".join(lines) + "\n"
+
+
+def render_try_markdown(doc: dict[str, Any]) -> str:
+    rows = ["| fix | change | estimated | measured (95 % CI) | verdict |", "|---|---|---|---|---|"]
+    for f in doc.get("fixes", []):
+        rows.append(
+            f"| {f['rule']} | `{f['change']}` | {_pct(f.get('estimated_pct'))} | "
+            f"{_measured(f) if f.get('verdict') != 'edit the code' else '—'} | "
+            f"{f.get('verdict') or '—'} |"
+        )
+    c = doc.get("combined")
+    if c and c.get("rules"):
+        rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))} "
+                    f"| {_measured(c)} | |")
+    return f"**trainprof try** — {_header(doc)}\n\n" + "\n".join(rows) + "\n"
+
+
+def try_html(doc: dict[str, Any]) -> str:
+    """The report.html section."""
+    e = escape
+    rows = []
+    for f in doc.get("fixes", []):
+        measured = _measured(f) if f.get("verdict") != "edit the code" else "—"
+        rows.append(
+            f"<tr><td>{e(f['rule'])}</td><td><code>{e(f['change'])}</code></td>"
+            f"<td>{e(_pct(f.get('estimated_pct')))}</td><td>{e(measured)}</td>"
+            f"<td>{e(f.get('verdict') or '—')}</td>"
+            f"<td><code>{e(f.get('permanent_fix') or '')}</code></td></tr>"
+        )
+    c = doc.get("combined")
+    if c and c.get("rules"):
+        rows.append(f"<tr><td>all together</td><td>{e(', '.join(c['rules']))}</td>"
+                    f"<td>{e(_pct(c.get('estimated_pct')))}</td><td>{e(_measured(c))}</td>"
+                    "<td></td><td></td></tr>")
+    head = ("<tr><th>fix</th><th>change</th><th>estimated</th><th>measured (95 % CI)</th>"
+            "<th>verdict</th><th>in code</th></tr>")
+    note = " (interrupted: the rounds done so far)" if doc.get("interrupted") else ""
+    return (
+        '<section id="try"><h2>Fixes measured (trainprof try)</h2>'
+        f'<p class="sub">{e(_header(doc))}{e(note)}; saving = 1 − median step with the fix / '
+        "median step without, positive is faster.</p>"
+        f"<table>{head}{''.join(rows)}</table></section>"
+    )

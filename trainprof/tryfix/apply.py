@@ -1,0 +1,378 @@
+"""The fixes, applied at runtime and reversibly (capture/patching.py) before the script starts.
+
+Each `install_<rule>` patches torch (or TorchMetrics) so that the unmodified script runs with the
+fix; `Applied` collects what was done and what could not be (a compile failure, a fix that does
+not apply to this machine), for the round's result file.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainprof.capture.patching import Patches
+
+
+@dataclass
+class Applied:
+    notes: list[str] = field(default_factory=list)  # what the fixes did at runtime
+    skipped: dict[str, str] = field(default_factory=dict)  # rule -> why it did not apply
+    failed: dict[str, str] = field(default_factory=dict)  # rule -> error (e.g. compile)
+    compile_steps: list[int] = field(default_factory=list)  # steps during which dynamo compiled
+    step_of: Callable[[], int] = lambda: 0  # the current step number (set by the round)
+
+
+def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
+    """Install every fix in `specs` ([{"rule": id, "options": {...}}])."""
+    root = _RootFinder(patches)
+    for spec in specs:
+        rule, options = spec["rule"], spec.get("options", {})
+        if rule == "dataloader-starvation":
+            _dataloader(patches, options)
+        elif rule == "pageable-memcpy":
+            _pinned(patches, applied)
+        elif rule == "zero-grad-not-none":
+            _zero_grad(patches)
+        elif rule == "optimizer-foreach":
+            _optimizer(patches, applied)
+        elif rule == "cudnn-benchmark-off":
+            _cudnn_benchmark(patches, applied)
+        elif rule == "tf32-off":
+            _tf32(patches, applied)
+        elif rule == "metric-sync":
+            _metrics(patches, applied)
+        elif rule in ("no-amp", "cpu-bf16"):
+            root.on_root.append(functools.partial(_autocast, rule=rule, applied=applied))
+        elif rule == "launch-bound":
+            root.on_root.append(functools.partial(_compile, applied=applied))
+        else:
+            applied.skipped[rule] = "not a fix trainprof can apply at runtime"
+    if root.on_root:
+        root.install()
+
+
+# ----- DataLoader ------------------------------------------------------------------------------
+def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
+    from torch.utils.data import DataLoader
+
+    sig = inspect.signature(DataLoader.__init__)
+
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(orig)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:  # let DataLoader raise its own error
+                return orig(self, *args, **kwargs)
+            change(bound.arguments)
+            return orig(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patches.wrap(DataLoader, "__init__", make)
+
+
+def _dataloader(patches: Patches, options: dict) -> None:
+    if options.get("control"):  # the thread change alone
+        torch.set_num_threads(int(options["threads"]))
+        return
+    n = int(options.get("num_workers", 0))
+
+    def change(a: dict) -> None:
+        if a.get("batch_sampler") is None and a.get("batch_size", 1) is None:
+            return  # batch_size=None: the dataset yields batches itself, left alone
+        a["num_workers"] = n
+        if n:
+            a["persistent_workers"] = True
+            a["prefetch_factor"] = 4
+        else:  # DataLoader refuses these without workers
+            a["persistent_workers"] = False
+            a["prefetch_factor"] = None
+
+    _dataloader_init(patches, change)
+    if options.get("threads"):
+        torch.set_num_threads(int(options["threads"]))
+
+
+def _pinned(patches: Patches, applied: Applied) -> None:
+    if not torch.cuda.is_available():
+        applied.skipped["pageable-memcpy"] = "no CUDA device: no host-to-device copy to speed up"
+        return
+
+    def change(a: dict) -> None:
+        a["pin_memory"] = True
+
+    _dataloader_init(patches, change)
+
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+            # Only host-to-device copies from pinned memory: others gain nothing or are unsafe.
+            if self.device.type == "cpu" and self.is_pinned() and _to_cuda(args, kwargs):
+                kwargs["non_blocking"] = True
+            return orig(self, *args, **kwargs)
+
+        return to
+
+    patches.wrap(torch.Tensor, "to", make)
+
+
+def _to_cuda(args: tuple, kwargs: dict) -> bool:
+    dev = kwargs.get("device", args[0] if args else None)
+    if isinstance(dev, str):
+        return dev.startswith("cuda")
+    if isinstance(dev, torch.device):
+        return dev.type == "cuda"
+    return isinstance(dev, int) and not isinstance(dev, bool)
+
+
+# ----- optimizers ------------------------------------------------------------------------------
+def _zero_grad(patches: Patches) -> None:
+    def make(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def zero_grad(self: Any, set_to_none: bool = True) -> Any:
+            return orig(self, set_to_none=True)
+
+        return zero_grad
+
+    patches.wrap(torch.optim.Optimizer, "zero_grad", make)
+    patches.wrap(torch.nn.Module, "zero_grad", make)
+
+
+def _optimizer(patches: Patches, applied: Applied) -> None:
+    for name in dir(torch.optim):
+        cls = getattr(torch.optim, name)
+        if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+            continue
+        if "__init__" not in vars(cls):
+            continue
+        params = inspect.signature(cls.__init__).parameters
+        if "foreach" not in params:
+            continue
+        patches.wrap(cls, "__init__", functools.partial(_optimizer_init, fused="fused" in params))
+
+
+def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., None]:
+    @functools.wraps(orig)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("foreach") or kwargs.get("fused") or getattr(self, "_trainprof_fix", 0):
+            return orig(self, *args, **kwargs)
+        self._trainprof_fix = 1  # a subclass calling super().__init__ is patched once
+        args = tuple(args)
+        params = list(args[0]) if args and not isinstance(args[0], torch.Tensor) else None
+        if params is not None:  # a generator would be used up by the first attempt
+            args = (params, *args[1:])
+        elif "params" in kwargs:
+            kwargs["params"] = list(kwargs["params"])
+        try:
+            if fused and _fused_ok(params if params is not None else kwargs.get("params")):
+                try:
+                    return orig(self, *args, **{**kwargs, "fused": True, "foreach": False})
+                except (RuntimeError, ValueError, TypeError):
+                    pass  # a device or dtype fused does not support: foreach
+            return orig(self, *args, **{**kwargs, "foreach": True})
+        finally:
+            self._trainprof_fix = 0
+
+    return __init__
+
+
+def _fused_ok(params: Any) -> bool:
+    """fused=True fails at the first step, not at construction, on params it does not support."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    if not params:
+        return False
+    tensors = []
+    for p in params:
+        if isinstance(p, dict):
+            if not isinstance(p["params"], torch.Tensor):
+                p["params"] = list(p["params"])  # a generator would be used up here
+            group = p["params"]
+            tensors += [group] if isinstance(group, torch.Tensor) else group
+        else:
+            tensors.append(p)
+    devices = set(_get_fused_kernels_supported_devices())
+    return all(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type in devices
+        for t in tensors
+    )
+
+
+# ----- backend flags (CUDA) --------------------------------------------------------------------
+def _cudnn_benchmark(patches: Patches, applied: Applied) -> None:
+    if not torch.cuda.is_available():
+        applied.skipped["cudnn-benchmark-off"] = "no CUDA device: cuDNN is not used"
+        return
+    torch.backends.cudnn.benchmark = True
+    # Held: a later `torch.backends.cudnn.benchmark = False` in the script is ignored.
+    prop = type(torch.backends.cudnn).__dict__.get("benchmark")
+    patches.set(
+        type(torch.backends.cudnn),
+        "benchmark",
+        property(lambda m: True, lambda m, v: None if prop is None else prop.__set__(m, True)),
+    )
+
+
+def _tf32(patches: Patches, applied: Applied) -> None:
+    if not torch.cuda.is_available():
+        applied.skipped["tf32-off"] = "no CUDA device: TF32 is a GPU format"
+        return
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    patches.set(torch, "set_float32_matmul_precision", lambda precision: None)
+    cls = type(torch.backends.cuda.matmul)
+    orig_set = cls.__setattr__
+
+    def setattr_(self: Any, name: str, value: Any) -> None:
+        orig_set(self, name, True if name == "allow_tf32" else value)
+
+    patches.set(cls, "__setattr__", setattr_)
+    prop = type(torch.backends.cudnn).__dict__.get("allow_tf32")
+    if prop is not None:
+        patches.set(
+            type(torch.backends.cudnn),
+            "allow_tf32",
+            property(lambda m: prop.__get__(m), lambda m, v: prop.__set__(m, True)),
+        )
+
+
+# ----- TorchMetrics ----------------------------------------------------------------------------
+def _metrics(patches: Patches, applied: Applied) -> None:
+    try:
+        from torchmetrics.aggregation import BaseAggregator
+    except ImportError:
+        applied.skipped["metric-sync"] = "TorchMetrics is not installed"
+        return
+    sig = inspect.signature(BaseAggregator.__init__)
+
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(orig)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:
+                return orig(self, *args, **kwargs)
+            bound.arguments["nan_strategy"] = "disable"  # no NaN check: no host sync per update
+            return orig(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patches.wrap(BaseAggregator, "__init__", make)
+
+
+# ----- the root module: autocast, compile ------------------------------------------------------
+class _RootFinder:
+    """Finds the model: the first module with trainable parameters called outside any other
+    module, on the script's thread. Global hooks (which slow every module call) are removed as
+    soon as it is found; the fixes then patch that one instance."""
+
+    def __init__(self, patches: Patches) -> None:
+        self.patches = patches
+        self.on_root: list[Callable[[torch.nn.Module], None]] = []
+        self.depth = 0
+        self.handles: list[Any] = []
+        self.found = False
+        self.thread = threading.get_ident()
+
+    def install(self) -> None:
+        from torch.nn.modules import module as m
+
+        self.handles = [
+            m.register_module_forward_pre_hook(self._pre),
+            m.register_module_forward_hook(self._post, always_call=True),
+        ]
+        self.patches.on_restore(self._remove)
+
+    def _remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+    def _pre(self, module: torch.nn.Module, args: Any) -> None:
+        if threading.get_ident() != self.thread or os.getpid() != _PID:
+            return
+        self.depth += 1
+        if self.depth != 1 or self.found:
+            return
+        if not any(p.requires_grad for p in module.parameters()):
+            return  # a loss, a metric, a frozen feature extractor
+        self.found = True
+        for fix in self.on_root:
+            fix(module)
+
+    def _post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        if threading.get_ident() != self.thread or os.getpid() != _PID:
+            return
+        self.depth = max(0, self.depth - 1)
+        if self.found and not self.depth:
+            self._remove()
+
+
+_PID = os.getpid()
+
+
+def _device_type(module: torch.nn.Module) -> str:
+    p = next(module.parameters(), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
+    device = _device_type(module)
+    if device == "cuda" and not torch.cuda.is_bf16_supported():
+        applied.skipped[rule] = (
+            "this GPU has no bf16; fp16 needs a GradScaler in the loop: edit the code"
+        )
+        return
+    if device not in ("cuda", "cpu"):
+        applied.skipped[rule] = f"autocast on {device} is not tried"
+        return
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            return forward(*args, **kwargs)
+
+    module.forward = autocast_forward  # instance attribute: only this model
+    applied.notes.append(f"bf16 autocast on {type(module).__name__}.forward ({device})")
+    # the model is kept by the script; undone with the process (rounds are one process each)
+
+
+def _compile(module: torch.nn.Module, applied: Applied) -> None:
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        counters = None
+    try:
+        compiled = torch.compile(module._call_impl)
+    except Exception as err:  # noqa: BLE001 - a failure to compile is reported, not fatal
+        applied.failed["launch-bound"] = f"torch.compile failed: {type(err).__name__}: {err}"
+        return
+    state = {"failed": False}
+    plain = module._call_impl
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if state["failed"]:
+            return plain(*args, **kwargs)
+        before = counters["stats"]["unique_graphs"] if counters is not None else None
+        try:
+            out = compiled(*args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - run on uncompiled; the fix is reported failed
+            state["failed"] = True
+            msg = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            applied.failed["launch-bound"] = f"torch.compile failed: {type(err).__name__}: {msg}"
+            return plain(*args, **kwargs)
+        if counters is None or counters["stats"]["unique_graphs"] != before:
+            applied.compile_steps.append(applied.step_of())
+        return out
+
+    module._compiled_call_impl = call  # what nn.Module.compile() sets: __call__ uses it
+    applied.notes.append(f"torch.compile on {type(module).__name__}")

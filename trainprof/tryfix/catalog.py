@@ -1,0 +1,138 @@
+"""Which fixes `trainprof try` can apply at runtime, their variants, and how each is described:
+what the variant changes, and the code change that makes it permanent. Torch-free.
+
+A variant is a list of fix specs `{"rule": id, "options": {...}}` passed to a round as JSON.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FixInfo:
+    needs_cuda: bool = False  # the fix only changes anything on a CUDA device
+    summary: str = ""
+
+
+RUNTIME: dict[str, FixInfo] = {
+    "dataloader-starvation": FixInfo(summary="DataLoader worker processes"),
+    "pageable-memcpy": FixInfo(True, "pinned host memory, asynchronous host-to-device copies"),
+    "zero-grad-not-none": FixInfo(summary="zero_grad(set_to_none=True)"),
+    "optimizer-foreach": FixInfo(summary="multi-tensor (foreach) or fused optimizer step"),
+    "cudnn-benchmark-off": FixInfo(True, "torch.backends.cudnn.benchmark = True"),
+    "tf32-off": FixInfo(True, "TF32 matmuls and convolutions"),
+    "metric-sync": FixInfo(summary='TorchMetrics aggregators with nan_strategy="disable"'),
+    "no-amp": FixInfo(True, "bf16 autocast around the model's forward"),
+    "cpu-bf16": FixInfo(summary="bf16 autocast around the model's forward"),
+    "launch-bound": FixInfo(summary="torch.compile of the model"),
+}
+
+# Findings whose fix is a change to the user's own loop: listed, never run.
+EDIT_THE_CODE = {
+    "host-sync": "keep the value on the device; read it every N steps (the read is in your loop)",
+    "per-step-logging": "log every N steps (the logging call is in your loop)",
+    "h2d-in-loop": "create the tensor on the device, or once outside the loop",
+    "conv-bias-before-bn": "nn.Conv2d(..., bias=False) before BatchNorm (changes the model)",
+    "compile-recompile": "fix the shapes or graph breaks that make torch.compile recompile",
+    "fp16-dims": "pad the dimensions to multiples of 8 (changes the model)",
+    "batch-size": "raise batch_size and scale the learning rate (changes the training)",
+    "memory-pressure": "activation checkpointing, AMP or a smaller batch",
+    "comm-bound": "DDP bucket sizes, no_sync() with accumulation",
+    "gpu-idle": "move that CPU work off the step",
+}
+
+# rules whose variants share one model-forward patch: never combined twice
+AUTOCAST_RULES = ("no-amp", "cpu-bf16")
+
+
+def worker_counts(cores: int, baseline: int | None) -> list[int]:
+    """0, 1, 2, 4, ... up to the cores, without the script's own setting."""
+    counts = [0, 1]
+    n = 2
+    while n <= max(cores, 1):
+        counts.append(n)
+        n *= 2
+    if cores > 1 and cores not in counts:
+        counts.append(cores)
+    return [c for c in counts if c != baseline]
+
+
+def variants_for(rule: str, cores: int, cuda: bool, baseline_workers: int | None) -> list[dict]:
+    """The option sets to measure for `rule` (several: a sweep, the best one kept)."""
+    if rule == "dataloader-starvation":
+        out = []
+        for n in worker_counts(cores, baseline_workers):
+            opts: dict[str, Any] = {"num_workers": n}
+            if n and not cuda:
+                # On a CPU run the workers and the model's intra-op threads share the cores:
+                # oversubscribed OpenMP threads spin and make the step slower than no workers.
+                opts["threads"] = max(1, cores - n)
+            out.append(opts)
+        if not cuda and cores > 1:
+            # Control: the thread change alone, so that the sweep shows how much of its saving
+            # comes from the workers (never picked as the fix).
+            out.append({"threads": cores - 1, "control": True})
+        return out
+    return [{}]
+
+
+def change_text(rule: str, options: dict) -> str:
+    """What this variant changes, in one line."""
+    if rule == "dataloader-starvation":
+        if options.get("control"):
+            return f"torch.set_num_threads({options['threads']}) only (control: DataLoader as is)"
+        n = options.get("num_workers", 0)
+        if not n:
+            return "DataLoader(num_workers=0)"
+        text = f"DataLoader(num_workers={n}, persistent_workers=True, prefetch_factor=4)"
+        if options.get("threads"):
+            text += f" + torch.set_num_threads({options['threads']})"
+        return text
+    return {
+        "pageable-memcpy": "DataLoader(pin_memory=True) + .to('cuda', non_blocking=True) "
+        "for host-to-device copies",
+        "zero-grad-not-none": "optimizer.zero_grad(set_to_none=True), model.zero_grad(...) too",
+        "optimizer-foreach": "torch.optim: fused=True where supported (Adam, AdamW, SGD, "
+        "Adagrad), else foreach=True",
+        "cudnn-benchmark-off": "torch.backends.cudnn.benchmark = True (held)",
+        "tf32-off": "TF32 on for matmuls and cuDNN (held)",
+        "metric-sync": 'TorchMetrics Mean/Sum/Max/Min/CatMetric(nan_strategy="disable")',
+        "no-amp": "bf16 autocast around the root module's forward (numerics change)",
+        "cpu-bf16": "bf16 autocast around the root module's forward (numerics change)",
+        "launch-bound": "torch.compile of the root module (compile time not timed)",
+    }.get(rule, rule)
+
+
+FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
+
+
+def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> str:
+    """The code change that makes the fix permanent (`optimizer`: the run's optimizer class)."""
+    if rule == "optimizer-foreach" and optimizer:
+        flag = "fused=True" if optimizer in FUSED_CLASSES else "foreach=True"
+        return f"torch.optim.{optimizer}(params, ..., {flag})"
+    if rule == "dataloader-starvation":
+        n = options.get("num_workers", 0)
+        if not n:
+            return "DataLoader(..., num_workers=0)"
+        text = f"DataLoader(..., num_workers={n}, persistent_workers=True, prefetch_factor=4)"
+        if options.get("threads"):
+            text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \
+                    "the cores)"
+        return text
+    return {
+        "pageable-memcpy": "DataLoader(..., pin_memory=True); x.to(device, non_blocking=True)",
+        "zero-grad-not-none": "optimizer.zero_grad(set_to_none=True)",
+        "optimizer-foreach": "torch.optim.AdamW(params, ..., fused=True)  # or foreach=True",
+        "cudnn-benchmark-off": "torch.backends.cudnn.benchmark = True",
+        "tf32-off": 'torch.set_float32_matmul_precision("high"); '
+        "torch.backends.cudnn.allow_tf32 = True",
+        "metric-sync": 'MeanMetric(nan_strategy="disable")  # likewise Sum/Max/Min/CatMetric',
+        "no-amp": "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16): "
+        "loss = criterion(model(x), y)",
+        "cpu-bf16": "with torch.autocast(device_type=\"cpu\", dtype=torch.bfloat16): "
+        "loss = criterion(model(x), y)",
+        "launch-bound": "model = torch.compile(model)",
+    }.get(rule, rule)

@@ -1,0 +1,441 @@
+"""`trainprof try RUN`: run the recorded command again, profiler off, without and with each fix,
+interleaved (A B C A B C ...), and measure what each fix saves. Writes RUN/try.json.
+
+Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
+folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
+(WARMUP_STEPS; with torch.compile also every step up to the last one that compiled). Each fix
+that measured a saving is then run together with the others (the best variant of each), again
+interleaved with the baseline. try.json is rewritten after every round, so a Ctrl-C keeps the
+rounds done so far.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainprof.errors import TrainprofError
+from trainprof.fileio import write_atomic
+from trainprof.report.tryout import TRY_NAME
+from trainprof.runmeta import RunMeta, read_meta
+from trainprof.tryfix import catalog
+from trainprof.tryfix.measure import saving, verdict, within_target
+
+LOG_NAME = "try.log"
+SCHEMA = 1
+WARMUP_STEPS = 5  # allocator warm-up, the first batches, DataLoader worker start-up
+DEFAULT_ROUNDS = 3
+COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
+_TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class Variant:
+    name: str
+    specs: list[dict]
+    rounds: list[list[float]] = field(default_factory=list)  # kept step times (s) per round
+    discarded: list[int] = field(default_factory=list)  # steps dropped per round
+    error: str | None = None
+    skipped: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TryOptions:
+    run: Path
+    fixes: list[str] = field(default_factory=list)
+    rounds: int = DEFAULT_ROUNDS
+    steps: int | None = None
+
+
+def load_run(run: Path) -> RunMeta:
+    """The run's metadata with its recorded command; TrainprofError (exit 2) otherwise."""
+    run = Path(run)
+    if not run.is_dir():
+        raise TrainprofError(
+            f"{run} is not a run folder: `trainprof try` re-runs what `trainprof run` recorded"
+        )
+    meta = read_meta(run)
+    if meta is None or not meta.argv:
+        raise TrainprofError(
+            f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
+            "a run folder written by `trainprof run`, not a bare trace"
+        )
+    if meta.world_size and meta.world_size > 1:
+        raise TrainprofError("`trainprof try` measures single-process runs, not torchrun jobs")
+    return meta
+
+
+def estimates(run: Path) -> tuple[dict[str, float], dict[str, str], str | None]:
+    """Per rule: the estimated saving (% of the step, summed over its findings, at most 100) and
+    the fix text, from the run's diagnosis; and why there is none, if so."""
+    from trainprof.diagnose import diagnose_path
+
+    try:
+        diags = diagnose_path(run)
+    except TrainprofError as err:
+        return {}, {}, f"no diagnosis of {run}: {err}"
+    except Exception as err:  # noqa: BLE001 - measuring does not need the estimates
+        return {}, {}, f"no diagnosis of {run}: {type(err).__name__}: {err}"
+    est: dict[str, float] = {}
+    fix: dict[str, str] = {}
+    for d in diags[:1]:
+        for f in d.findings:
+            est[f.rule] = min(100.0, est.get(f.rule, 0.0) + f.est_saving_pct)
+            fix.setdefault(f.rule, f.fix)
+    return est, fix, None
+
+
+def default_steps(meta: RunMeta) -> int:
+    """Enough steps for a stable median: at least 20 kept steps, and about 3 s of them."""
+    times = sorted(meta.step_times_s[1:] or meta.step_times_s)
+    med = times[len(times) // 2] if times else 0.1
+    kept = min(100, max(20, math.ceil(3.0 / max(med, 1e-4))))
+    return WARMUP_STEPS + kept
+
+
+class Trial:
+    def __init__(self, opts: TryOptions, meta: RunMeta) -> None:
+        self.opts = opts
+        self.run = Path(opts.run)
+        self.meta = meta
+        self.cuda = bool(meta.devices) and meta.devices != ["mps"]
+        self.steps = opts.steps or default_steps(meta)
+        self.est, self.rule_fix, self.est_note = estimates(self.run)
+        self.base = Variant("baseline", [])
+        self.by_rule: dict[str, list[Variant]] = {}
+        self.edit: list[dict] = []
+        self.combined: Variant | None = None
+        self.combined_note: str | None = None
+        self.interrupted = False
+        self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
+        self.log = self.run / LOG_NAME
+
+    # ----- planning ----------------------------------------------------------------------------
+    def plan(self) -> None:
+        asked = list(dict.fromkeys(self.opts.fixes))
+        known = set(catalog.RUNTIME) | set(catalog.EDIT_THE_CODE)
+        unknown = [r for r in asked if r not in known]
+        if unknown:
+            raise TrainprofError(
+                f"unknown rule {unknown[0]!r} for --fix; runtime fixes: "
+                + ", ".join(sorted(catalog.RUNTIME))
+            )
+        rules = asked or [r for r in self.est if r in catalog.RUNTIME or r in catalog.EDIT_THE_CODE]
+        cores = self.meta.cpu_count or os.cpu_count() or 1
+        loaders = self.meta.dataloaders
+        workers = max((d.num_workers for d in loaders), default=None) if loaders else None
+        for rule in rules:
+            if rule in catalog.EDIT_THE_CODE:
+                self.edit.append({"rule": rule, "change": catalog.EDIT_THE_CODE[rule],
+                                  "estimated_pct": self._est(rule), "verdict": "edit the code",
+                                  "permanent_fix": self.rule_fix.get(rule, "")})
+                continue
+            info = catalog.RUNTIME[rule]
+            if info.needs_cuda and not self.cuda:
+                v = Variant(rule, [{"rule": rule, "options": {}}])
+                v.skipped = "needs a CUDA device; this run was on the CPU"
+                self.by_rule[rule] = [v]
+                continue
+            options = catalog.variants_for(rule, cores, self.cuda, workers)
+            self.by_rule[rule] = [
+                Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
+            ]
+
+    def _optimizer(self) -> str | None:
+        """The class of the run's first torch.optim optimizer, for the code change."""
+        names = [o.cls.rsplit(".", 1)[-1] for o in self.meta.optimizers if o.cls]
+        return names[0] if names else None
+
+    def _est(self, rule: str) -> float | None:
+        v = self.est.get(rule)
+        return None if v is None else round(v, 1)
+
+    def active(self) -> list[Variant]:
+        return [v for vs in self.by_rule.values() for v in vs if not v.skipped and not v.error]
+
+    # ----- running -----------------------------------------------------------------------------
+    def execute(self) -> int:
+        say = _say
+        todo = self.active()
+        if not todo:
+            say("nothing to measure: no runtime fix applies to this run")
+            self.save()
+            return 0
+        say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
+            f"(the first {WARMUP_STEPS} of each not timed), profiler off; script output: "
+            f"{self.log}")
+        try:
+            for k in range(self.opts.rounds):
+                for v in [self.base, *todo]:
+                    if v.error:
+                        continue
+                    self._round(v, k)
+                    if self.base.error and not self.base.rounds:
+                        say(f"the script fails without any fix: {self.base.error}")
+                        self.save()
+                        return 1
+                    if self.base.error:  # a later baseline round failed: keep the earlier ones
+                        say(f"baseline round {k + 1} failed ({self.base.error}); the figures are "
+                            f"those of the {len(self.base.rounds)} rounds before it")
+                        self.stopped = f"baseline round {k + 1} failed: {self.base.error}"
+                        self.save()
+                        return 0
+                self.save()
+            self._combine()
+            self.save()
+        except KeyboardInterrupt:
+            self.interrupted = True
+            self.save()
+            say(f"interrupted: the rounds done so far are in {self.run / TRY_NAME}")
+            return 130
+        return 0
+
+    def _combine(self) -> None:
+        best = [b for b in (self.best(r) for r in self.by_rule) if b is not None]
+        good = [(v, m) for v, m in best if m["ci_pct"][0] > 0]
+        if len(good) < 2:
+            self.combined_note = (
+                "no fix measured a saving" if not good else "only one fix measured a saving"
+            )
+            return
+        self.combined = Variant("combined", [s for v, _ in good for s in v.specs])
+        _say(f"all fixes together: {', '.join(v.name for v, _ in good)}")
+        base_kept = len(self.base.rounds)
+        for k in range(self.opts.rounds):
+            self._round(self.base, base_kept + k)
+            self._round(self.combined, k)
+            self.save()
+
+    def _round(self, v: Variant, k: int) -> None:
+        _say(f"round {k + 1}: {v.name}")
+        with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
+            result_file = Path(tmp) / "result.json"
+            cmd = [
+                self.python(), "-m", "trainprof.tryfix.round",
+                "--fixes", json.dumps(v.specs), "--max-steps", str(self.steps),
+                "--result", str(result_file), "--", *self.meta.argv,
+            ]
+            compiles = any(spec["rule"] == "launch-bound" for spec in v.specs)
+            code = self._spawn(cmd, v.name, COMPILE_TIME_S if compiles else 0.0)
+            try:
+                res = json.loads(result_file.read_text())
+            except (OSError, ValueError):
+                res = None
+        if res is None:
+            why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
+            v.error = f"the round ended without a result ({why}; see {self.log})"
+            return
+        failed = res.get("failed") or {}
+        if failed:
+            v.error = "; ".join(failed.values())
+            return
+        if res.get("exit_code", 0) != 0:
+            v.error = f"the script failed with this fix (exit {res['exit_code']}): " + (
+                res.get("error") or "see " + str(self.log)
+            )
+            return
+        skipped = res.get("skipped") or {}
+        if skipped and len(skipped) == len(v.specs):
+            v.skipped = "; ".join(skipped.values())
+            return
+        times = res.get("step_times_s") or []
+        drop = WARMUP_STEPS
+        if res.get("compile_steps"):
+            drop = max(drop, max(res["compile_steps"]) + 1)
+        if len(times) <= drop:
+            v.error = f"the script ran {len(times)} steps, not more than the {drop} warm-up steps"
+            return
+        v.rounds.append(times[drop:])
+        v.discarded.append(drop)
+        v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
+
+    def python(self) -> str:
+        """The interpreter that ran the recorded run (it has the script's packages), if it is
+        still there; else this one."""
+        rec = self.meta.executable
+        return rec if rec and os.access(rec, os.X_OK) else sys.executable
+
+    def _spawn(self, cmd: list[str], name: str, extra_s: float = 0.0) -> int:
+        env = dict(os.environ)
+        env.update(self.meta.env)
+        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if _TRAINPROF_ROOT not in paths:  # the round imports trainprof; last, so as not to shadow
+            paths.append(_TRAINPROF_ROOT)
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
+        # A round that finds no step never meets --max-steps: end it after several times the
+        # recorded run's duration.
+        # Generous: a loaded machine can run a round several times slower than the recording.
+        timeout = max(300.0, 10.0 * self.meta.wall_time_s + 120.0) + extra_s
+        with open(self.log, "a") as log:
+            log.write(f"\n===== {name}: {' '.join(cmd)}\n")
+            log.flush()
+            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=log,
+                                    stdin=subprocess.DEVNULL)
+            try:
+                return proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+                return -signal.SIGKILL
+            except KeyboardInterrupt:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                raise
+
+    # ----- results -----------------------------------------------------------------------------
+    def measured(self, v: Variant) -> dict | None:
+        """Measured saving of `v` against the baseline rounds it ran beside."""
+        base = self.base.rounds
+        if v is self.combined:
+            base = base[len(base) - len(v.rounds):]
+        n = min(len(base), len(v.rounds))
+        if not n:
+            return None
+        m, lo, hi = saving(base[:n], v.rounds[:n])
+        return {"measured_pct": round(m, 1), "ci_pct": [round(lo, 1), round(hi, 1)],
+                "rounds": n, "median_ms": round(1000 * _median(v.rounds[:n]), 3)}
+
+    def best(self, rule: str) -> tuple[Variant, dict] | None:
+        scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])
+                  if not any(s["options"].get("control") for s in v.specs)]
+        scored = [(v, m) for v, m in scored if m is not None]
+        return max(scored, key=lambda vm: vm[1]["measured_pct"]) if scored else None
+
+    def document(self) -> dict[str, Any]:
+        fixes = []
+        for rule, vs in self.by_rule.items():
+            est = self._est(rule)
+            pick = self.best(rule)
+            v, m = pick if pick is not None else (vs[0], None)
+            options = v.specs[0]["options"] if v.specs else {}
+            entry: dict[str, Any] = {
+                "rule": rule,
+                "change": catalog.change_text(rule, options),
+                "estimated_pct": est,
+                "measured_pct": None,
+                "ci_pct": None,
+                "verdict": None,
+                "permanent_fix": catalog.permanent_text(rule, options, self._optimizer()),
+            }
+            if m is not None:
+                entry.update(measured_pct=m["measured_pct"], ci_pct=m["ci_pct"],
+                             rounds=m["rounds"], median_ms=m["median_ms"],
+                             verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
+                             estimate_within_target=within_target(est, m["measured_pct"]))
+                if v.error:  # a later round failed: the figures are those of the earlier ones
+                    entry["error"] = v.error
+            elif v.skipped:
+                entry["verdict"] = "not applicable"
+                entry["reason"] = v.skipped
+            elif v.error:
+                entry["verdict"] = "error"
+                entry["error"] = v.error
+            if v.notes:
+                entry["notes"] = v.notes
+            if any(d != WARMUP_STEPS for d in v.discarded):  # torch.compile: its steps too
+                entry["warmup_steps_discarded"] = max(v.discarded)
+            if len(vs) > 1:  # a sweep: every variant's figure, the best one above
+                entry["variants"] = [
+                    {"change": catalog.change_text(rule, x.specs[0]["options"]),
+                     **(self.measured(x) or {}),
+                     **({"error": x.error} if x.error else {})}
+                    for x in vs
+                ]
+            fixes.append(entry)
+        fixes += self.edit
+        combined: dict[str, Any] | None = None
+        if self.combined is not None:
+            m = self.measured(self.combined)
+            known = [self.est[s["rule"]] for s in self.combined.specs if s["rule"] in self.est]
+            combined = {"rules": [s["rule"] for s in self.combined.specs],
+                        "estimated_pct": round(min(sum(known), 100.0), 1) if known else None}
+            if m is not None:
+                combined.update(m)
+            if self.combined.error:
+                combined["error"] = self.combined.error
+        elif self.combined_note:
+            combined = {"rules": [], "note": self.combined_note}
+        base_rounds = self.base.rounds
+        return {
+            "schema": SCHEMA,
+            "run": str(self.run.resolve()),
+            "command": self.meta.argv,
+            "cwd": self.meta.cwd or None,
+            "steps_per_round": self.steps,
+            "warmup_steps_discarded": WARMUP_STEPS,
+            "profiled": False,
+            "interrupted": self.interrupted,
+            "stopped_early": self.stopped,
+            "estimates_note": self.est_note,
+            "baseline": {
+                "rounds": len(base_rounds),
+                "median_ms": round(1000 * _median(base_rounds), 3) if base_rounds else None,
+                "step_times_ms": [[round(1000 * t, 3) for t in r] for r in base_rounds],
+                "error": self.base.error,
+            },
+            "fixes": fixes,
+            "combined": combined,
+        }
+
+    def save(self) -> None:
+        doc = self.document()
+        write_atomic(self.run / TRY_NAME, json.dumps(doc, indent=2).encode("utf-8"))
+
+
+def _name(rule: str, options: dict) -> str:
+    if not options:
+        return rule
+    return f"{rule}[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]"
+
+
+def _median(rounds: list[list[float]]) -> float:
+    flat = sorted(t for r in rounds for t in r)
+    return flat[len(flat) // 2] if flat else 0.0
+
+
+def _say(text: str) -> None:
+    print(f"trainprof: {text}", file=sys.stderr, flush=True)
+
+
+def try_command(opts: TryOptions) -> int:
+    """Measure the fixes; print the table; write try.json and refresh the run's reports."""
+    if opts.rounds < 1:
+        raise TrainprofError("--rounds takes a number of at least 1")
+    if opts.steps is not None and opts.steps <= WARMUP_STEPS:
+        raise TrainprofError(f"--steps must be more than the {WARMUP_STEPS} warm-up steps")
+    meta = load_run(opts.run)
+    trial = Trial(opts, meta)
+    trial.plan()
+    code = trial.execute()
+    doc = trial.document()
+    from trainprof.report.tryout import render_try_text
+
+    sys.stdout.write(render_try_text(doc))
+    sys.stdout.flush()
+    _refresh_reports(Path(opts.run), meta)
+    return code
+
+
+def _refresh_reports(run: Path, meta: RunMeta) -> None:
+    """report.html and the TensorBoard files again, now with the measurements."""
+    try:
+        from trainprof.diagnose import diagnose_path
+        from trainprof.report.run_reports import write_run_reports
+
+        if any(run.glob("*.pt.trace.json*")):
+            write_run_reports(run, diagnose_path(run), meta)
+    except Exception as err:  # noqa: BLE001 - try.json is written; the reports are extras
+        _say(f"could not refresh the reports in {run}: {type(err).__name__}: {err}")

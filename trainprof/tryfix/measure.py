@@ -1,0 +1,66 @@
+"""The saving a fix measured: baseline vs variant step times over interleaved rounds.
+
+Saving = 1 - median(variant steps) / median(baseline steps), in % (positive: faster). Its 95 %
+interval is a two-level bootstrap that respects how the samples were taken: rounds are resampled
+(paired: round i's baseline ran next to round i's variant, under the same machine load), then the
+steps inside each chosen round, and the pooled medians compared. With few rounds the interval is
+coarse, which is the honest answer on a noisy machine.
+
+Verdict, against the estimate E (from the run's diagnosis) with measured M and interval [lo, hi]:
+slower (hi < 0), none (the interval holds 0), smaller (M short of E by more than the tolerance:
+30 % of E, at least 2 points), confirmed (otherwise: as large as estimated, or larger).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+RESAMPLES = 2000
+SEED = 0
+REL_TOLERANCE = 0.30
+ABS_TOLERANCE_PTS = 2.0
+
+
+def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, float, float]:
+    """(measured %, lo %, hi %) from per-round step times (warm-up already dropped)."""
+    pairs = [(np.asarray(a), np.asarray(b)) for a, b in zip(base, variant, strict=False)
+             if len(a) and len(b)]
+    if not pairs:
+        raise ValueError("no round with steps on both sides")
+    a_all = np.concatenate([a for a, _ in pairs])
+    b_all = np.concatenate([b for _, b in pairs])
+    point = 100.0 * (1.0 - np.median(b_all) / np.median(a_all))
+    rng = np.random.default_rng(SEED)
+    k = len(pairs)
+    out = np.empty(RESAMPLES)
+    for r in range(RESAMPLES):
+        rounds = rng.integers(0, k, k)
+        a = np.concatenate([rng.choice(pairs[i][0], len(pairs[i][0])) for i in rounds])
+        b = np.concatenate([rng.choice(pairs[i][1], len(pairs[i][1])) for i in rounds])
+        out[r] = 100.0 * (1.0 - np.median(b) / np.median(a))
+    lo, hi = np.percentile(out, [2.5, 97.5])
+    return float(point), float(min(lo, point)), float(max(hi, point))
+
+
+def tolerance(estimated: float) -> float:
+    return max(REL_TOLERANCE * abs(estimated), ABS_TOLERANCE_PTS)
+
+
+def verdict(estimated: float | None, measured: float, lo: float, hi: float) -> str:
+    if hi < 0:
+        return "slower"
+    if lo <= 0:
+        return "none"
+    if estimated is not None and measured < estimated - tolerance(estimated):
+        return "smaller"
+    return "confirmed"
+
+
+def within_target(estimated: float | None, measured: float) -> bool | None:
+    """The issue's accuracy target: the estimate within ±30 % of the measured saving, or within
+    2 points when the measured saving is under 5 %. None without an estimate."""
+    if estimated is None:
+        return None
+    if abs(measured) < 5.0:
+        return abs(estimated - measured) <= ABS_TOLERANCE_PTS
+    return abs(estimated - measured) <= REL_TOLERANCE * abs(measured)

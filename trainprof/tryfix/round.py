@@ -1,0 +1,92 @@
+"""One round of `trainprof try`: run the script once, profiler off, with some fixes applied.
+
+    python -m trainprof.tryfix.round --fixes JSON --max-steps N --result FILE -- SCRIPT ARGS
+    python -m trainprof.tryfix.round --fixes JSON --max-steps N --result FILE -- -m MODULE ARGS
+
+The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
+only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
+steps) and the fix patches. The result file gets every step's wall time, how the script ended,
+and what the fixes did. The exit code is the script's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" not in argv:
+        raise SystemExit("usage: python -m trainprof.tryfix.round [options] -- SCRIPT ARGS")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="trainprof.tryfix.round")
+    p.add_argument("--fixes", default="[]", help="JSON list of {rule, options}")
+    p.add_argument("--max-steps", type=int, default=0)
+    p.add_argument("--result", type=Path, required=True)
+    return p.parse_args(argv[:cut]), argv[cut + 1 :]
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
+    from trainprof.capture.launch import resolve_target, run_target, sigterm_guard
+    from trainprof.capture.patching import Patches
+    from trainprof.capture.probes import install_probes
+    from trainprof.capture.state import S
+    from trainprof.capture.stepper import Stepper
+    from trainprof.capture.userframe import UserCode
+    from trainprof.errors import TrainprofError
+    from trainprof.tryfix.apply import Applied, install
+
+    try:
+        if command and command[0] == "-m":
+            target = resolve_target(None, command[1], command[2:])
+        else:
+            target = resolve_target(command[0] if command else None, None, command[1:])
+    except TrainprofError as err:
+        print(f"trainprof: error: {err}", file=sys.stderr)
+        return 2
+    specs = json.loads(opts.fixes)
+    patches = Patches()
+    stepper = Stepper(None)
+    stepper.profiling = False  # the step timer only: no profiler in a round
+    stepper.max_steps = opts.max_steps
+    applied = Applied()
+    applied.step_of = lambda: len(stepper.step_times)
+    error = None
+    with sigterm_guard():
+        try:
+            stepper.install(patches)
+            install_probes(patches, stepper, UserCode(target.user_roots))
+            install(specs, patches, applied)
+            S.reset()
+            S.enabled = True
+            outcome = run_target(target)
+        finally:
+            S.enabled = False
+            steps = stepper.finish()
+            patches.restore()
+    if outcome.message:
+        sys.stderr.write(outcome.message)
+        error = outcome.message.strip().splitlines()[-1] if outcome.message.strip() else None
+    result = {
+        "step_times_s": [round(t, 6) for t in steps.step_times],
+        "step_source": steps.source,
+        "exit_code": outcome.exit_code,
+        "status": outcome.status,
+        "error": error,
+        "stopped_by_max_steps": bool(outcome.note),
+        "notes": applied.notes,
+        "skipped": applied.skipped,
+        "failed": applied.failed,
+        "compile_steps": applied.compile_steps,
+        "pid": os.getpid(),
+    }
+    opts.result.write_text(json.dumps(result))
+    return outcome.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
