@@ -136,10 +136,10 @@ def _encode(tr: Trace, k: str) -> dict[str, np.ndarray]:
     stacks, shapes = _sparse(tr.call_stacks), _sparse(tr.shapes)
     out["stack_idx"], out["stack_id"] = stacks.index, stacks.value_id
     out["stack_blob"], out["stack_off"] = _strings(
-        [s.encode("utf-8", "surrogatepass") for s in stacks.values]
+        [s.encode("utf-8", "surrogatepass") for s in stacks.distinct]
     )
     out["shape_idx"], out["shape_id"] = shapes.index, shapes.value_id
-    out["shape_blob"], out["shape_off"] = _strings([bytes(x) for p in shapes.values for x in p])
+    out["shape_blob"], out["shape_off"] = _strings([bytes(x) for p in shapes.distinct for x in p])
     out["head"] = np.frombuffer(msgspec.json.encode(head), np.uint8)
     return out
 

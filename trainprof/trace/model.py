@@ -63,17 +63,17 @@ class Sparse(Mapping[int, Any]):
     (shapes, call stacks): two arrays and the distinct values, ~12 bytes per event instead of a
     dict entry and its objects (hundreds of bytes) per event."""
 
-    __slots__ = ("index", "value_id", "values")
+    __slots__ = ("index", "value_id", "distinct")
 
     def __init__(self, index: np.ndarray, value_id: np.ndarray, values: list[Any]) -> None:
         self.index = index  # int64 event indices, ascending
-        self.value_id = value_id  # int32 index into values
-        self.values = values
+        self.value_id = value_id  # int32 index into `distinct`
+        self.distinct = values  # not `values`: that is Mapping's values() view
 
     def get(self, i: int, default: Any = None) -> Any:  # the hot path: no exception
         k = int(np.searchsorted(self.index, i))
         if k < len(self.index) and self.index[k] == i:
-            return self.values[self.value_id[k]]
+            return self.distinct[self.value_id[k]]
         return default
 
     def __getitem__(self, i: int) -> Any:
