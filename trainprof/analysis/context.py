@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -96,11 +98,32 @@ class Blocking:
         return len(self.idx)
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class Context:
     trace: Trace
     meta: RunMeta | None = None
+    # The causes of GPU idle rules declare (`Rule.explains`), for the ledger (analysis/ledger.py):
+    # the pipeline passes every rule's, whatever --select keeps.
+    causes: Sequence[Callable[[Context], Mapping[str, iv.Intervals]]] = ()
     _cache: dict = field(default_factory=dict, repr=False)
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def memo(self, fn: Callable[[Context], T]) -> T:
+        """`fn(self)`, computed once per Context: the one way shared analyses are cached (by the
+        function itself, so the result keeps the function's type)."""
+        if fn not in self._memo:
+            self._memo[fn] = fn(self)
+        return self._memo[fn]
+
+    def memo_arg(self, fn: Callable[[Context, Any], T], arg: Any) -> T:
+        """`fn(self, arg)`, computed once per Context and argument."""
+        key = (fn, arg)
+        if key not in self._memo:
+            self._memo[key] = fn(self, arg)
+        return self._memo[key]
 
     # ---- steps and device -------------------------------------------------------------
     @cached_property

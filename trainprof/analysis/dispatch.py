@@ -14,8 +14,8 @@ they have different fixes:
 `launch` idle is the `other` idle that lies inside a dispatch span (an operator that launches
 GPU work, or the Python glue of under GLUE_US between two of them) within an idle gap shorter than
 STALL_US. Everything else in `other` is `host` idle. The two are disjoint and cover `other`.
-Idle that a cause-specific rule has claimed (optimizer-foreach, zero-grad-not-none: they run
-first) is left out of both by `unclaimed()`, so no idle microsecond is counted twice.
+Idle that a rule declares a cause of (optimizer-foreach, zero-grad-not-none, ...) is taken out
+of both by the ledger (analysis/ledger.py), so no idle microsecond is counted twice.
 
 Kernels replayed from a CUDA/HIP graph (torch.compile mode="reduce-overhead", CUDA graphs) are
 launched together by one `cudaGraphLaunch`/`hipGraphLaunch` and share its correlation id (newer
@@ -44,9 +44,6 @@ RUNTIME_OUTLIER_US = 50.0  # HTA's default runtime-call outlier cutoff
 GRAPH_LAUNCH = r"^(cuda|hip)GraphLaunch"
 COMPILED = r"^CompiledFunction|^Torch-Compiled Region|^TorchDynamo"
 OP_PATTERN = "::"  # aten::, autograd::, vendor ops; 2021 traces mark annotations as ops too
-# ctx._cache key under which cause-specific rules record the `other` idle they explain
-# (rules/optimizer_foreach.py `claim()`: optimizer and zero_grad launch gaps).
-CLAIMS_KEY = "claimed_idle"
 
 
 @dataclass
@@ -189,9 +186,3 @@ def split_other(ctx: Context) -> IdleSplit:
     out = IdleSplit(launch=launch, host=host, dispatch=spans, outer_ops=used, graph=graph)
     ctx._cache["dispatch.split"] = out
     return out
-
-
-def unclaimed(ctx: Context, idle: iv.Intervals) -> iv.Intervals:
-    """`idle` minus what cause-specific rules that ran before have claimed."""
-    claims = list(ctx._cache.get(CLAIMS_KEY, {}).values())
-    return iv.subtract(idle, iv.union(*claims)) if claims else idle

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -19,7 +20,7 @@ from trainprof.analysis.model import (
     severity_rank,
 )
 from trainprof.errors import TrainprofError
-from trainprof.rules import all_rules, rule_ids
+from trainprof.rules import Rule, all_rules, causes, rule_ids
 from trainprof.runmeta import RunMeta
 from trainprof.trace.frames import display_location
 from trainprof.trace.model import Trace
@@ -164,16 +165,19 @@ def _show(loc: str, meta: RunMeta | None) -> str:
     return display_location(loc)
 
 
+def run_rules(ctx: Context, rules: Iterable[Rule]) -> list[Finding]:
+    """The rules' findings, savings as the rules state them (before any cap or basis)."""
+    return [f for rule in rules for f in rule.check(ctx)]
+
+
 def analyze(
     trace: Trace,
     meta: RunMeta | None = None,
     select: list[str] | None = None,
     ignore: list[str] | None = None,
 ) -> Diagnosis:
-    ctx = Context(trace, meta)
-    findings: list[Finding] = []
-    for rule in _selected(select, ignore):
-        findings.extend(rule.check(ctx))
+    ctx = Context(trace, meta, causes=causes())
+    findings = run_rules(ctx, _selected(select, ignore))
     for f in findings:
         if f.location:
             f.location = _show(f.location, meta)

@@ -49,7 +49,8 @@ def render_rule(rule: Rule) -> str:
         "",
         f"- **Detects:** {rule.detects}",
         f"- **Usual fix:** {rule.fix}",
-        f"- **Source:** [`{src}`](../../{src}) (applied in order {rule.order})",
+        f"- **Source:** [`{src}`](../../{src})"
+        + (" (declares causes of GPU idle in the cost ledger)" if rule.explains else ""),
     ]
     for p in paras[1:]:
         m = _SECTION.match(p)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainprof.analysis.context import Context
+    from trainprof.analysis.ledger import Explains
     from trainprof.analysis.model import Finding
 
 
@@ -23,8 +24,9 @@ class Rule:
     fix: str  # one line: the usual fix
     check: Callable[[Context], list[Finding]]
     doc: str = ""  # the module docstring: why it costs, detection, saving estimate
-    # Rules that explain GPU idle are applied before `gpu-idle`, which reports what is left.
-    order: int = 50
+    # The GPU idle this rule explains, by cause (analysis/ledger.py): computed for every rule
+    # whatever --select keeps, so that launch-bound and gpu-idle report only what is left.
+    explains: Explains | None = None
 
 
 @cache
@@ -39,8 +41,13 @@ def all_rules() -> tuple[Rule, ...]:
             found.append(
                 rule if rule.doc else Rule(**{**rule.__dict__, "doc": module.__doc__ or ""})
             )
-    return tuple(sorted(found, key=lambda r: (r.order, r.id)))
+    return tuple(sorted(found, key=lambda r: r.id))
 
 
 def rule_ids() -> list[str]:
     return [r.id for r in all_rules()]
+
+
+def causes() -> tuple[Explains, ...]:
+    """Every rule's declared causes of GPU idle, for Context(causes=...)."""
+    return tuple(r.explains for r in all_rules() if r.explains is not None)

@@ -117,5 +117,4 @@ RULE = Rule(
     detects="Communication (NCCL/gloo) that no compute overlaps takes over 10 % of the step.",
     fix="Larger DDP buckets (bucket_cap_mb), no_sync() with gradient accumulation, overlap.",
     check=check,
-    order=40,
 )

@@ -155,5 +155,4 @@ RULE = Rule(
     detects="Convolutions with the same shapes every step while cudnn.benchmark is off.",
     fix="torch.backends.cudnn.benchmark = True",
     check=check,
-    order=60,
 )

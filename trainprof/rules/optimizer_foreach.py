@@ -34,12 +34,15 @@ by the optimizer's own time, the update without the closure (on CPU also by the 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from trainprof.analysis.breakdown import closure_spans, update_spans
 from trainprof.analysis.context import Context
+from trainprof.analysis.launched import span_gpu
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
@@ -59,55 +62,6 @@ SINGLE_TENSOR_FRAME = r"_single_tensor_\w+$"
 MIN_OPS = 8  # per-tensor ops per step span below which a loop is not worth a finding
 CPU_FUSED_FACTOR = 0.25  # share of Optimizer.step time fused=True saves on CPU (docstring)
 FUSED_OK = ("Adam", "AdamW", "SGD", "Adagrad")  # classes with a fused kernel (CUDA and CPU)
-CLAIMS = "claimed_idle"  # ctx._cache key: GPU idle explained by a cause-specific rule
-
-
-def claim(ctx: Context, rule: str, idle: iv.Intervals) -> None:
-    """Record the GPU idle a rule explains, so that catch-all rules (launch-bound, gpu-idle) can
-    leave it out of theirs: `iv.union(*ctx._cache.get(CLAIMS, {}).values())`."""
-    if len(idle[0]):
-        ctx._cache.setdefault(CLAIMS, {})[rule] = idle
-
-
-@dataclass
-class SpanGpu:
-    """The GPU work launched from inside a set of host spans."""
-
-    busy_us: float  # GPU time of that work (union)
-    idle: iv.Intervals  # `other` idle between the first and last of it, per span
-    launched: np.ndarray  # GPU event indices
-
-
-def span_gpu(ctx: Context, spans: np.ndarray, exclude: iv.Intervals = iv.EMPTY) -> SpanGpu:
-    """GPU kernels/copies/memsets launched by runtime calls inside `spans` (by correlation id),
-    and the `other`-attributed GPU idle between the first and the last of them in each span.
-    Runtime calls inside `exclude` (an optimizer's closure) are left out."""
-    tr = ctx.trace
-    rt = tr.where_kind(Kind.RUNTIME)
-    rt = rt[tr.corr[rt] >= 0]
-    rt = rt[~iv.contains(exclude, tr.ts[rt])]
-    owner = enclosing(tr, spans, rt)
-    rt, owner = rt[owner >= 0], owner[owner >= 0]
-    g = ctx.gpu_events
-    g = g[tr.corr[g] >= 0]
-    empty = SpanGpu(0.0, iv.EMPTY, np.zeros(0, np.int64))
-    if not len(rt) or not len(g):
-        return empty
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, tr.corr[g]), 0, len(rc) - 1)
-    hit = rc[pos] == tr.corr[g]
-    g, g_span = g[hit], owner[order][pos[hit]]
-    if not len(g):
-        return empty
-    lo, hi = [], []
-    for s in np.unique(g_span).tolist():
-        mine = g[g_span == s]
-        lo.append(float(tr.ts[mine].min()))
-        hi.append(float(tr.end[mine].max()))
-    gaps = iv.intersect(iv.merge(np.array(lo), np.array(hi)), ctx.attribution["other"])
-    busy = iv.total(iv.merge(tr.ts[g], tr.end[g]))
-    return SpanGpu(busy, gaps, g)
 
 
 @dataclass
@@ -152,6 +106,20 @@ def _single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
 
 def loops(ctx: Context) -> list[Loop]:
     """Optimizer classes whose steps loop over the parameters, one tensor at a time."""
+    return ctx.memo(_loops)
+
+
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """The launch gaps of each looping optimizer class (its cause in the ledger)."""
+    if not ctx.gpu_timeline or ctx.device.kind == "mtia":
+        return {}
+    closure = closure_spans(ctx)
+    return {
+        f"optimizer-foreach:{lp.cls}": span_gpu(ctx, lp.spans, closure).idle for lp in loops(ctx)
+    }
+
+
+def _loops(ctx: Context) -> list[Loop]:
     tr = ctx.trace
     host = (Kind.CPU_OP, Kind.ANNOTATION)
     spans = tr.where_name(STEP_SPAN, *host)
@@ -228,8 +196,8 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
     severity = None
     if ctx.gpu_timeline:
         gpu = span_gpu(ctx, lp.spans, closure_spans(ctx))
-        claim(ctx, f"optimizer-foreach:{lp.cls}", gpu.idle)
-        saving = min(ctx.per_step(iv.total(gpu.idle)), host)
+        gaps = ledger(ctx).share(f"optimizer-foreach:{lp.cls}")
+        saving = min(ctx.per_step(iv.total(gaps)), host)
         kern = ctx.per_step(gpu.busy_us)
         evidence += (
             f" On the GPU: {len(gpu.launched) / n:.0f} ops per step, {ms(kern)} of kernel time "
@@ -315,5 +283,5 @@ RULE = Rule(
     "CPU params).",
     fix="fused=True (Adam, AdamW, SGD, Adagrad) or foreach=True.",
     check=check,
-    order=30,
+    explains=explains,
 )
