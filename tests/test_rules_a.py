@@ -11,8 +11,8 @@ from conftest import all_trace_files, context, diagnosis
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.dispatch import split_other
-from trainprof.analysis.engine import analyze
 from trainprof.analysis.ledger import ledger
+from trainprof.engine import analyze
 from trainprof.rules import all_rules, causes
 from trainprof.runmeta import Flags, RunMeta
 from trainprof.trace import intervals as iv

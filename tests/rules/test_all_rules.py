@@ -11,7 +11,7 @@ import pytest
 from conftest import all_trace_files, trace_path
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.engine import run_rules
+from trainprof.engine import run_rules
 from trainprof.rules import all_rules, causes
 from trainprof.trace.load import load_trace
 
