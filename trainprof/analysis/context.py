@@ -108,7 +108,6 @@ class Context:
     # The causes of GPU idle rules declare (`Rule.explains`), for the ledger (analysis/ledger.py):
     # the pipeline passes every rule's, whatever --select keeps.
     causes: Sequence[Callable[[Context], Mapping[str, iv.Intervals]]] = ()
-    _cache: dict = field(default_factory=dict, repr=False)
     _memo: dict = field(default_factory=dict, repr=False)
 
     def memo(self, fn: Callable[[Context], T]) -> T:
@@ -128,6 +127,10 @@ class Context:
     # ---- steps and device -------------------------------------------------------------
     @cached_property
     def steps(self) -> Steps:
+        return self._steps_and_evals[0]
+
+    @cached_property
+    def _steps_and_evals(self) -> tuple[Steps, list[tuple[str, str]]]:
         steps = find_steps(self.trace)
         partial = self.meta.window.partial_step if self.meta else None
         label = f"ProfilerStep#{partial}"
@@ -138,10 +141,10 @@ class Context:
         kinds = self._eval_windows(steps)
         keep = np.array([k is None for k in kinds], bool)
         pairs = zip(steps.labels, kinds, strict=True)
-        self._cache["eval_windows"] = [(x, k) for x, k in pairs if k]
+        evals = [(x, k) for x, k in pairs if k]
         if keep.any() and not keep.all():  # every window evaluating: nothing to compare with
             steps = keep_windows(steps, keep)
-        return steps
+        return steps, evals
 
     def _eval_windows(self, steps: Steps) -> list[str | None]:
         """The evaluation pass each window holds (None: a training step). With run metadata its
@@ -165,8 +168,7 @@ class Context:
     @property
     def eval_windows(self) -> list[tuple[str, str]]:
         """(label, kind) of the recorded windows that hold an evaluation pass."""
-        _ = self.steps
-        return self._cache.get("eval_windows", [])
+        return self._steps_and_evals[1]
 
     @property
     def n_steps(self) -> int:

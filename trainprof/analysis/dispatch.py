@@ -70,9 +70,10 @@ class LaunchStats:
 
 def graph_gpu_events(ctx: Context) -> np.ndarray:
     """GPU events (kernels, copies, memsets) replayed by a graph launch, by correlation id."""
-    hit = ctx._cache.get("dispatch.graph_events")
-    if hit is not None:
-        return hit
+    return ctx.memo(_graph_gpu_events)
+
+
+def _graph_gpu_events(ctx: Context) -> np.ndarray:
     tr = ctx.trace
     launches = tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER)
     corr = tr.corr[launches]
@@ -81,7 +82,6 @@ def graph_gpu_events(ctx: Context) -> np.ndarray:
     if len(corr):
         gpu = tr.where_kind(Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
         out = gpu[np.isin(tr.corr[gpu], corr)]
-    ctx._cache["dispatch.graph_events"] = out
     return out
 
 
@@ -127,9 +127,10 @@ def launch_pairs(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 
 
 def launch_stats(ctx: Context) -> LaunchStats:
-    hit = ctx._cache.get("dispatch.stats")
-    if hit is not None:
-        return hit
+    return ctx.memo(_launch_stats)
+
+
+def _launch_stats(ctx: Context) -> LaunchStats:
     tr = ctx.trace
     k_all = tr.where_kind(Kind.KERNEL)
     k_all = k_all[ctx.in_windows(k_all)]
@@ -153,7 +154,6 @@ def launch_stats(ctx: Context) -> LaunchStats:
         delay_outliers=int((delay > DELAY_OUTLIER_US).sum()),
         runtime_outliers=int((ld > RUNTIME_OUTLIER_US).sum()),
     )
-    ctx._cache["dispatch.stats"] = out
     return out
 
 
@@ -174,9 +174,10 @@ def _dispatch_spans(ctx: Context) -> tuple[iv.Intervals, np.ndarray]:
 
 def split_other(ctx: Context) -> IdleSplit:
     """Split Context.attribution['other'] into launch-bound and host-stall idle (cached)."""
-    hit = ctx._cache.get("dispatch.split")
-    if hit is not None:
-        return hit
+    return ctx.memo(_split_other)
+
+
+def _split_other(ctx: Context) -> IdleSplit:
     other = ctx.attribution["other"]
     spans, used = _dispatch_spans(ctx)
     short = (other[1] - other[0]) < STALL_US
@@ -184,5 +185,4 @@ def split_other(ctx: Context) -> IdleSplit:
     launch = iv.subtract(iv.intersect((other[0][short], other[1][short]), spans), graph)
     host = iv.subtract(iv.subtract(other, launch), graph)
     out = IdleSplit(launch=launch, host=host, dispatch=spans, outer_ops=used, graph=graph)
-    ctx._cache["dispatch.split"] = out
     return out
