@@ -62,3 +62,46 @@ def test_select_invariance_and_savings_within_the_step_on_every_trace(rel: str) 
 @pytest.mark.parametrize("rel", QUICK)
 def test_findings_are_deterministic(rel: str) -> None:
     assert _full(rel)[1] == _full(rel)[1]
+
+
+def test_every_rule_on_a_trace_with_one_step_and_no_problem(tmp_path) -> None:
+    # A CPU trace with one step and one op: every rule runs, none finds anything.
+    path = tmp_path / "tiny.json"
+    path.write_text(
+        '{"traceEvents": ['
+        '{"ph":"X","cat":"user_annotation","name":"ProfilerStep#1","pid":1,"tid":1,"ts":0,'
+        '"dur":1000},'
+        '{"ph":"X","cat":"cpu_op","name":"aten::add","pid":1,"tid":1,"ts":10,"dur":100}]}'
+    )
+    ctx = Context(load_trace(path), causes=causes())
+    assert run_rules(ctx, all_rules()) == []
+
+
+def test_every_job_rule_is_listed_selectable_and_documented() -> None:
+    from trainprof.rules import catalogue, job_rules, rule_ids
+
+    ids = rule_ids()
+    for j in job_rules():
+        assert j.id in ids and (j.check or j.adjust) and "Detection" in j.doc
+    assert {"straggler", "rank-imbalance"} <= {r.id for r in catalogue()}
+
+
+@pytest.mark.slow
+def test_job_rules_numbers_do_not_depend_on_selection() -> None:
+    # An 8-rank DLRM job (NCCL): the straggler and the imbalance, alone or together.
+    from conftest import TRACES
+
+    from trainprof.diagnose import diagnose_items
+
+    dlrm = TRACES / "param/et_replay/tests/inputs/dlrm_kineto"
+    def numbers(findings: list) -> list[tuple]:
+        # The evidence names the straggler's own findings, which --select leaves out: numbers
+        # only.
+        return [(f.rule, f.est_saving_ms_per_step, f.severity, f.metrics, f.ranks)
+                for f in findings]
+
+    (full,) = diagnose_items(dlrm)
+    for rule in ("straggler", "rank-imbalance"):
+        (alone,) = diagnose_items(dlrm, select=[rule])
+        mine = numbers([f for f in full.findings if f.rule == rule])
+        assert mine and numbers(alone.findings) == mine, rule
