@@ -363,11 +363,3 @@ def test_gloo_straggler_found_from_the_per_rank_breakdown(straggling: Job) -> No
     assert alone.findings[0].metrics == f.metrics
     (without,) = diagnose_items(straggling.folder, ignore=["straggler"])
     assert not [g for g in without.findings if g.rule == "straggler"]
-
-
-@pytest.mark.slow
-def test_no_straggler_in_a_balanced_gloo_job(ddp: Job) -> None:
-    from trainprof.diagnose import diagnose_items
-
-    (job,) = diagnose_items(ddp.folder)
-    assert not [f for f in job.findings if f.rule == "straggler"]
