@@ -18,10 +18,12 @@ demo: setup
 
 test: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 	$(VENV)/bin/pytest -q
 
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
 
 # GPU acceptance, on a machine with CUDA, in one go: the `gpu`-marked tests (tests/gpu), then
 # benchmarks/overhead.py and benchmarks/fix_efficacy.py on the GPU. Installs nothing beyond

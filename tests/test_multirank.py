@@ -15,11 +15,11 @@ import pytest
 from conftest import TRACES, context, diagnosis
 from typer.testing import CliRunner
 
+from trainprof.analysis.comm import comm_stats
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.cli import app
 from trainprof.diagnose import diagnose_items
 from trainprof.hints import explain_exception
-from trainprof.ranks.comm import comm_stats
 from trainprof.ranks.fold import merge_numbers, rank_list, shape
 from trainprof.ranks.load import file_rank
 

@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from trainprof.cli import app
 from trainprof.report.ruledocs import INDEX, render_docs, source_of, write_docs
-from trainprof.rules import all_rules
+from trainprof.rules import catalogue
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "rules"
 REGENERATE = "regenerate with `trainprof rules --docs docs/rules` and commit the result"
@@ -25,8 +25,8 @@ def test_committed_rule_docs_match_the_code(tmp_path):
 
 def test_every_rule_documents_why_detection_and_saving():
     pages = render_docs()
-    assert set(pages) == {f"{r.id}.md" for r in all_rules()} | {INDEX}
-    for r in all_rules():
+    assert set(pages) == {f"{r.id}.md" for r in catalogue()} | {INDEX}
+    for r in catalogue():
         page = pages[f"{r.id}.md"]
         assert page.splitlines()[2] == f"# `{r.id}`"
         for section in ("## Why it costs", "## Detection", "## Saving estimate"):
@@ -53,5 +53,5 @@ def test_write_docs_drops_pages_of_removed_rules(tmp_path):
 def test_diagnose_rules_flag_lists_rules_without_a_path():
     r = CliRunner().invoke(app, ["diagnose", "--rules"], catch_exceptions=False)
     assert r.exit_code == 0
-    for rule in all_rules():
+    for rule in catalogue():
         assert rule.id in r.stdout

@@ -10,9 +10,10 @@ import pytest
 from conftest import all_trace_files, context, diagnosis
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.dispatch import CLAIMS_KEY, split_other
-from trainprof.analysis.engine import analyze
-from trainprof.rules import all_rules
+from trainprof.analysis.dispatch import split_other
+from trainprof.analysis.ledger import ledger
+from trainprof.engine import analyze
+from trainprof.rules import all_rules, causes
 from trainprof.runmeta import Flags, RunMeta
 from trainprof.trace import intervals as iv
 from trainprof.trace.load import load_trace
@@ -181,10 +182,9 @@ def test_launch_bound_and_gpu_idle_split_other_without_overlap(rel):
     assert iv.total(s.launch) + iv.total(s.host) == pytest.approx(iv.total(other), rel=1e-9)
     # Idle that cause-specific rules claimed (optimizer loops, zero_grad, recompiles, ...) is
     # left out of launch-bound and gpu-idle: together they never exceed `other`.
-    fresh = Context(ctx.trace)
+    fresh = Context(ctx.trace, causes=causes())
     found = [f for r in all_rules() for f in r.check(fresh)]
-    claims = list(fresh._cache.get(CLAIMS_KEY, {}).values())
-    claimed = iv.total(iv.intersect(iv.union(*claims), other)) if claims else 0.0
+    claimed = iv.total(ledger(fresh).explained)
     mine = sum(f.est_saving_ms_per_step for f in found if f.rule in ("launch-bound", "gpu-idle"))
     assert mine + fresh.per_step(claimed) / 1000 <= fresh.per_step(iv.total(other)) / 1000 + 1e-3
 

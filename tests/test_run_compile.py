@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from trainprof.analysis.engine import analyze
+from trainprof.engine import analyze
 from trainprof.runmeta import Flags, RunMeta, read_meta
 from trainprof.trace.load import load_trace
 

@@ -347,3 +347,35 @@ def test_a_rank_killed_after_a_window_is_named_with_its_steps() -> None:
         "trainprof.rank1.json holds its first 12 steps"
     ]
     assert code == 137
+
+
+# ----- a gloo straggler: rank 1 sleeps before every forward ---------------------------------------
+@pytest.fixture(scope="module")
+def straggling(tmp_path_factory) -> Job:
+    folder = tmp_path_factory.mktemp("straggler") / "run"
+    return trainprof_run(
+        folder, "--nproc-per-node", "2", "--no-diagnose", *SMALL, DDP, "--slow-rank", "1",
+        "--slow-ms", "30",
+    )
+
+
+@pytest.mark.slow
+def test_gloo_straggler_found_from_the_per_rank_breakdown(straggling: Job) -> None:
+    from trainprof.analysis.model import MultiRankDiagnosis
+    from trainprof.diagnose import diagnose_items
+
+    assert straggling.code == 0, straggling.stderr
+    (job,) = diagnose_items(straggling.folder)
+    assert isinstance(job, MultiRankDiagnosis) and job.collectives_matched == 0  # gloo
+    (f,) = [f for f in job.findings if f.rule == "straggler"]
+    assert f.ranks == [1] and f.metrics["method"] == "breakdown"
+    # Rank 1's sleep is outside any op ("Other"); rank 0 waits in DDP's all-reduce (Backward).
+    assert f.metrics["category"] == "Other" and f.metrics["wait_category"] == "Backward"
+    assert 20 <= f.metrics["excess_ms"] <= 60 and 20 <= f.metrics["wait_ms"] <= 60
+    assert f.severity == "high"
+    # A rule like any other: selected alone, the same finding; ignored, none.
+    (alone,) = diagnose_items(straggling.folder, select=["straggler"])
+    assert [g.rule for g in alone.findings] == ["straggler"]
+    assert alone.findings[0].metrics == f.metrics
+    (without,) = diagnose_items(straggling.folder, ignore=["straggler"])
+    assert not [g for g in without.findings if g.rule == "straggler"]

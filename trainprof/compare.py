@@ -233,12 +233,12 @@ def _folder_meta(folder: Path) -> RunMeta | None:
 def load_run(path: Path) -> RunInput:
     """Diagnose every trace at `path` (a run folder, a folder of traces or one trace) and read
     its run metadata. A run folder with metadata but no trace still gives step times."""
-    from trainprof.diagnose import _meta_for, diagnose_path
+    from trainprof.pipeline import diagnose_path, meta_for
 
     path = Path(path)
     if not path.exists():
         raise TrainprofError(f"no such file or folder: {path}")
-    meta = _meta_for(path) if path.is_file() else _folder_meta(path)
+    meta = meta_for(path) if path.is_file() else _folder_meta(path)
     try:
         diags = diagnose_path(path)
     except TrainprofError:

@@ -59,9 +59,11 @@ def _host_cpu_ops(ctx: Context) -> iv.Intervals:
 
 def closure_spans(ctx: Context) -> iv.Intervals:
     """Time inside optimizer.step() closures (and any forward/backward, wherever it runs)."""
-    if "closure_spans" not in ctx._cache:
-        ctx._cache["closure_spans"] = _events(ctx, Kind.CPU_OP, Kind.ANNOTATION, pattern=CLOSURE)
-    return ctx._cache["closure_spans"]
+    return ctx.memo(_closure_spans)
+
+
+def _closure_spans(ctx: Context) -> iv.Intervals:
+    return _events(ctx, Kind.CPU_OP, Kind.ANNOTATION, pattern=CLOSURE)
 
 
 def update_spans(ctx: Context) -> iv.Intervals:

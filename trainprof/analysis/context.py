@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -96,15 +98,39 @@ class Blocking:
         return len(self.idx)
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class Context:
     trace: Trace
     meta: RunMeta | None = None
-    _cache: dict = field(default_factory=dict, repr=False)
+    # The causes of GPU idle rules declare (`Rule.explains`), for the ledger (analysis/ledger.py):
+    # the pipeline passes every rule's, whatever --select keeps.
+    causes: Sequence[Callable[[Context], Mapping[str, iv.Intervals]]] = ()
+    _memo: dict = field(default_factory=dict, repr=False)
+
+    def memo(self, fn: Callable[[Context], T]) -> T:
+        """`fn(self)`, computed once per Context: the one way shared analyses are cached (by the
+        function itself, so the result keeps the function's type)."""
+        if fn not in self._memo:
+            self._memo[fn] = fn(self)
+        return self._memo[fn]
+
+    def memo_arg(self, fn: Callable[[Context, Any], T], arg: Any) -> T:
+        """`fn(self, arg)`, computed once per Context and argument."""
+        key = (fn, arg)
+        if key not in self._memo:
+            self._memo[key] = fn(self, arg)
+        return self._memo[key]
 
     # ---- steps and device -------------------------------------------------------------
     @cached_property
     def steps(self) -> Steps:
+        return self._steps_and_evals[0]
+
+    @cached_property
+    def _steps_and_evals(self) -> tuple[Steps, list[tuple[str, str]]]:
         steps = find_steps(self.trace)
         partial = self.meta.window.partial_step if self.meta else None
         label = f"ProfilerStep#{partial}"
@@ -115,10 +141,10 @@ class Context:
         kinds = self._eval_windows(steps)
         keep = np.array([k is None for k in kinds], bool)
         pairs = zip(steps.labels, kinds, strict=True)
-        self._cache["eval_windows"] = [(x, k) for x, k in pairs if k]
+        evals = [(x, k) for x, k in pairs if k]
         if keep.any() and not keep.all():  # every window evaluating: nothing to compare with
             steps = keep_windows(steps, keep)
-        return steps
+        return steps, evals
 
     def _eval_windows(self, steps: Steps) -> list[str | None]:
         """The evaluation pass each window holds (None: a training step). With run metadata its
@@ -142,8 +168,7 @@ class Context:
     @property
     def eval_windows(self) -> list[tuple[str, str]]:
         """(label, kind) of the recorded windows that hold an evaluation pass."""
-        _ = self.steps
-        return self._cache.get("eval_windows", [])
+        return self._steps_and_evals[1]
 
     @property
     def n_steps(self) -> int:

@@ -14,8 +14,8 @@ they have different fixes:
 `launch` idle is the `other` idle that lies inside a dispatch span (an operator that launches
 GPU work, or the Python glue of under GLUE_US between two of them) within an idle gap shorter than
 STALL_US. Everything else in `other` is `host` idle. The two are disjoint and cover `other`.
-Idle that a cause-specific rule has claimed (optimizer-foreach, zero-grad-not-none: they run
-first) is left out of both by `unclaimed()`, so no idle microsecond is counted twice.
+Idle that a rule declares a cause of (optimizer-foreach, zero-grad-not-none, ...) is taken out
+of both by the ledger (analysis/ledger.py), so no idle microsecond is counted twice.
 
 Kernels replayed from a CUDA/HIP graph (torch.compile mode="reduce-overhead", CUDA graphs) are
 launched together by one `cudaGraphLaunch`/`hipGraphLaunch` and share its correlation id (newer
@@ -44,9 +44,6 @@ RUNTIME_OUTLIER_US = 50.0  # HTA's default runtime-call outlier cutoff
 GRAPH_LAUNCH = r"^(cuda|hip)GraphLaunch"
 COMPILED = r"^CompiledFunction|^Torch-Compiled Region|^TorchDynamo"
 OP_PATTERN = "::"  # aten::, autograd::, vendor ops; 2021 traces mark annotations as ops too
-# ctx._cache key under which cause-specific rules record the `other` idle they explain
-# (rules/optimizer_foreach.py `claim()`: optimizer and zero_grad launch gaps).
-CLAIMS_KEY = "claimed_idle"
 
 
 @dataclass
@@ -73,9 +70,10 @@ class LaunchStats:
 
 def graph_gpu_events(ctx: Context) -> np.ndarray:
     """GPU events (kernels, copies, memsets) replayed by a graph launch, by correlation id."""
-    hit = ctx._cache.get("dispatch.graph_events")
-    if hit is not None:
-        return hit
+    return ctx.memo(_graph_gpu_events)
+
+
+def _graph_gpu_events(ctx: Context) -> np.ndarray:
     tr = ctx.trace
     launches = tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER)
     corr = tr.corr[launches]
@@ -84,7 +82,6 @@ def graph_gpu_events(ctx: Context) -> np.ndarray:
     if len(corr):
         gpu = tr.where_kind(Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
         out = gpu[np.isin(tr.corr[gpu], corr)]
-    ctx._cache["dispatch.graph_events"] = out
     return out
 
 
@@ -130,9 +127,10 @@ def launch_pairs(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
 
 
 def launch_stats(ctx: Context) -> LaunchStats:
-    hit = ctx._cache.get("dispatch.stats")
-    if hit is not None:
-        return hit
+    return ctx.memo(_launch_stats)
+
+
+def _launch_stats(ctx: Context) -> LaunchStats:
     tr = ctx.trace
     k_all = tr.where_kind(Kind.KERNEL)
     k_all = k_all[ctx.in_windows(k_all)]
@@ -156,7 +154,6 @@ def launch_stats(ctx: Context) -> LaunchStats:
         delay_outliers=int((delay > DELAY_OUTLIER_US).sum()),
         runtime_outliers=int((ld > RUNTIME_OUTLIER_US).sum()),
     )
-    ctx._cache["dispatch.stats"] = out
     return out
 
 
@@ -177,9 +174,10 @@ def _dispatch_spans(ctx: Context) -> tuple[iv.Intervals, np.ndarray]:
 
 def split_other(ctx: Context) -> IdleSplit:
     """Split Context.attribution['other'] into launch-bound and host-stall idle (cached)."""
-    hit = ctx._cache.get("dispatch.split")
-    if hit is not None:
-        return hit
+    return ctx.memo(_split_other)
+
+
+def _split_other(ctx: Context) -> IdleSplit:
     other = ctx.attribution["other"]
     spans, used = _dispatch_spans(ctx)
     short = (other[1] - other[0]) < STALL_US
@@ -187,11 +185,4 @@ def split_other(ctx: Context) -> IdleSplit:
     launch = iv.subtract(iv.intersect((other[0][short], other[1][short]), spans), graph)
     host = iv.subtract(iv.subtract(other, launch), graph)
     out = IdleSplit(launch=launch, host=host, dispatch=spans, outer_ops=used, graph=graph)
-    ctx._cache["dispatch.split"] = out
     return out
-
-
-def unclaimed(ctx: Context, idle: iv.Intervals) -> iv.Intervals:
-    """`idle` minus what cause-specific rules that ran before have claimed."""
-    claims = list(ctx._cache.get(CLAIMS_KEY, {}).values())
-    return iv.subtract(idle, iv.union(*claims)) if claims else idle

@@ -1,41 +1,20 @@
-"""Run every rule on a trace and rank what they find."""
+"""What the pipeline does with the rules' findings: the cap on their sum, the step savings are
+stated on (and the conversion to it), the ranking, the notes of a diagnosis."""
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from trainprof.analysis.breakdown import breakdown
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import (
     BASIS_PROFILED,
     BASIS_UNPROFILED,
-    Diagnosis,
     Finding,
     SavingBasis,
-    Steps,
     severity_for,
     severity_rank,
 )
-from trainprof.errors import TrainprofError
-from trainprof.rules import all_rules, rule_ids
-from trainprof.runmeta import RunMeta
-from trainprof.trace.frames import display_location
-from trainprof.trace.model import Trace
 from trainprof.trace.steps import SOURCE_TEXT
-
-
-def _selected(select: list[str] | None, ignore: list[str] | None) -> list:
-    known = set(rule_ids())
-    for r in (select or []) + (ignore or []):
-        if r not in known:
-            raise TrainprofError(f"unknown rule {r!r}; `trainprof rules` lists them")
-    return [
-        r
-        for r in all_rules()
-        if (not select or r.id in select) and (not ignore or r.id not in ignore)
-    ]
 
 
 def cap_savings(findings: list[Finding], step_ms: float) -> None:
@@ -150,57 +129,3 @@ def eval_notes(ctx: Context) -> list[str]:
                      f"an evaluation pass ({kinds}): left out of the step time without the "
                      "profiler.")
     return notes
-
-
-def _show(loc: str, meta: RunMeta | None) -> str:
-    """One form for every location: relative to the working folder when inside it. Metadata and
-    probes hold absolute paths; Kineto's Python frames hold paths relative to sys.path, whose
-    first entry is the script's folder."""
-    path, _, line = loc.rpartition(":")
-    if meta and meta.script and not os.path.isabs(path) and not os.path.exists(path):
-        candidate = os.path.join(os.path.dirname(os.path.abspath(meta.script)), path)
-        if os.path.exists(candidate):
-            loc = f"{candidate}:{line}"
-    return display_location(loc)
-
-
-def analyze(
-    trace: Trace,
-    meta: RunMeta | None = None,
-    select: list[str] | None = None,
-    ignore: list[str] | None = None,
-) -> Diagnosis:
-    ctx = Context(trace, meta)
-    findings: list[Finding] = []
-    for rule in _selected(select, ignore):
-        findings.extend(rule.check(ctx))
-    for f in findings:
-        if f.location:
-            f.location = _show(f.location, meta)
-    mean_ms = ctx.mean_step_us / 1000.0
-    cap_savings(findings, mean_ms)
-    basis = saving_basis(ctx)
-    on_basis(findings, basis)
-    notes = notes_for(ctx)
-    extra = basis_note(basis, mean_ms)
-    if extra:
-        notes.append(extra)
-    durs = ctx.steps.durations / 1000.0
-    return Diagnosis(
-        trace=trace.path,
-        rank=trace.meta.rank,
-        device=ctx.device,
-        steps=Steps(
-            count=ctx.n_steps,
-            source=ctx.steps.source,
-            mean_ms=round(mean_ms, 3),
-            median_ms=round(float(np.median(durs)) if len(durs) else 0.0, 3),
-            durations_ms=[round(float(x), 3) for x in durs],
-            labels=ctx.steps.labels,
-        ),
-        breakdown={k: round(v, 3) for k, v in breakdown(ctx).items()},
-        gpu_busy_pct=None if ctx.gpu_busy_pct is None else round(ctx.gpu_busy_pct, 2),
-        findings=rank(findings),
-        notes=notes,
-        saving_basis=basis,
-    )

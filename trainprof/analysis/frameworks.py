@@ -146,11 +146,12 @@ def owner(path: str) -> Framework | None:
 def run_framework(ctx: Context) -> Framework | None:
     """The framework that runs the training loop, from the trace's Python frames; the first of
     the table wins (the HF Trainer runs on accelerate: transformers is listed first)."""
-    key = "frameworks.run"
-    if key not in ctx._cache:
-        tr = ctx.trace
-        ctx._cache[key] = next((f for f in FRAMEWORKS if len(tr.name_ids(f.drivers))), None)
-    return ctx._cache[key]
+    return ctx.memo(_run_framework)
+
+
+def _run_framework(ctx: Context) -> Framework | None:
+    tr = ctx.trace
+    return next((f for f in FRAMEWORKS if len(tr.name_ids(f.drivers))), None)
 
 
 def run_fix(ctx: Context, topic: str, default: str, workers: int = 2, pin: bool = False) -> str:

@@ -124,9 +124,10 @@ def _gemms(ctx: Context) -> list[Gemm]:
 
 
 def dims_case(ctx: Context) -> DimsCase | None:
-    hit = ctx._cache.get("gemm_dims.case", False)
-    if hit is not False:
-        return hit
+    return ctx.memo(_dims_case)
+
+
+def _dims_case(ctx: Context) -> DimsCase | None:
     case = None
     if ctx.device.kind == "cuda" or not ctx.on_gpu:
         gemms = _gemms(ctx) if ctx.device.kind != "mtia" else []
@@ -146,5 +147,4 @@ def dims_case(ctx: Context) -> DimsCase | None:
             for g in flagged:
                 by.setdefault((g.name, g.shape), []).append(g)
             case = DimsCase(flagged, aligned, ctx.per_step(red), ref, by)
-    ctx._cache["gemm_dims.case"] = case
     return case

@@ -15,15 +15,14 @@ _HOST = (Kind.CPU_OP, Kind.ANNOTATION, Kind.RUNTIME)
 
 
 def _thread_events(ctx: Context, thread: int) -> np.ndarray:
-    key = f"hoststack.{thread}"
-    hit = ctx._cache.get(key)
-    if hit is None:
-        tr = ctx.trace
-        idx = tr.where_kind(*_HOST)
-        idx = idx[tr.thread[idx] == thread]
-        idx = idx[~np.isin(tr.name_id[idx], tr.name_ids(PROFILER_STEP))]
-        hit = ctx._cache[key] = idx  # sorted by start
-    return hit
+    return ctx.memo_arg(_thread_events_of, thread)
+
+
+def _thread_events_of(ctx: Context, thread: int) -> np.ndarray:
+    tr = ctx.trace
+    idx = tr.where_kind(*_HOST)
+    idx = idx[tr.thread[idx] == thread]
+    return idx[~np.isin(tr.name_id[idx], tr.name_ids(PROFILER_STEP))]  # sorted by start
 
 
 def open_events(ctx: Context, thread: int, t: float) -> np.ndarray:
@@ -38,15 +37,14 @@ def open_events(ctx: Context, thread: int, t: float) -> np.ndarray:
 
 def _host_threads(ctx: Context) -> list[int]:
     """Host threads, busiest first."""
-    hit = ctx._cache.get("hoststack.threads")
-    if hit is None:
-        tr = ctx.trace
-        th = tr.thread[np.isin(tr.kind, _HOST)]
-        counts = np.bincount(th, minlength=len(tr.thread_keys)) if len(th) else np.zeros(0)
-        hit = ctx._cache["hoststack.threads"] = [
-            int(t) for t in np.argsort(-counts, kind="stable") if counts[t] > 0
-        ]
-    return hit
+    return ctx.memo(_busiest_threads)
+
+
+def _busiest_threads(ctx: Context) -> list[int]:
+    tr = ctx.trace
+    th = tr.thread[np.isin(tr.kind, _HOST)]
+    counts = np.bincount(th, minlength=len(tr.thread_keys)) if len(th) else np.zeros(0)
+    return [int(t) for t in np.argsort(-counts, kind="stable") if counts[t] > 0]
 
 
 def _stack_on(ctx: Context, thread: int, t: float) -> tuple[list[str], str]:

@@ -82,18 +82,20 @@ class Children:
         return self.calls[a:b]
 
 
+def _by_site(ctx: Context) -> dict[int, list[tuple[int, int]]]:
+    return {}
+
+
 def logged_reads(ctx: Context, site: SyncSite) -> list[tuple[int, int]]:
     """(read op, the logging call after it) for the reads of `site` handed to logging."""
-    cache = ctx._cache.setdefault("logreads", {})
+    cache = ctx.memo(_by_site)  # sync sites are memoised too: their ids are stable
     key = id(site)
     hit = cache.get(key)
     if hit is None:
         if not ctx.stacks or site.label not in READS or site.in_dataloader or site.in_metric:
             hit = []
         else:
-            kids = ctx._cache.get("logreads.children")
-            if kids is None:
-                kids = ctx._cache["logreads.children"] = Children(ctx)
+            kids = ctx.memo(Children)
             pairs = [(op, _logging_call(ctx, op, kids)) for op in site.ops]
             hit = [(op, c) for op, c in pairs if c >= 0]
         cache[key] = hit

@@ -107,9 +107,10 @@ class MatmulKernels:
 
 
 def matmul_kernels(ctx: Context) -> MatmulKernels:
-    hit = ctx._cache.get("precision.kernels")
-    if hit is not None:
-        return hit
+    return ctx.memo(_matmul_kernels)
+
+
+def _matmul_kernels(ctx: Context) -> MatmulKernels:
     tr = ctx.trace
     k = tr.where_name(MM_KERNEL, Kind.KERNEL)
     k = k[ctx.in_windows(k)]
@@ -124,7 +125,6 @@ def matmul_kernels(ctx: Context) -> MatmulKernels:
     known = own >= 0
     conv[known] = np.isin(tr.name_id[own[known]], tr.name_ids("conv"))
     out = MatmulKernels(idx=k, cls=cls, conv=conv, dur=tr.dur[k])
-    ctx._cache["precision.kernels"] = out
     return out
 
 
@@ -147,9 +147,10 @@ def first_float_type(raw: bytes) -> str | None:
 
 def op_types(ctx: Context) -> OpTypes:
     """Dtypes of the matmul/conv operators (decoding only their `Input type`)."""
-    hit = ctx._cache.get("precision.ops")
-    if hit is not None:
-        return hit
+    return ctx.memo(_op_types)
+
+
+def _op_types(ctx: Context) -> OpTypes:
     tr = ctx.trace
     ops = tr.where_name(MM_OPS, Kind.CPU_OP)
     ops = ops[ctx.in_windows(ops)]
@@ -160,7 +161,6 @@ def op_types(ctx: Context) -> OpTypes:
         fp32 += t == "float"
         reduced += t in ("c10::Half", "c10::BFloat16")
     out = OpTypes(fp32, reduced)
-    ctx._cache["precision.ops"] = out
     return out
 
 
@@ -172,9 +172,10 @@ def autocast_seen(ctx: Context) -> bool:
 
 def kernel_budget_us(ctx: Context) -> float:
     """Per step: how much shorter faster kernels can make the step (see the module docstring)."""
-    hit = ctx._cache.get("precision.budget")
-    if hit is not None:
-        return hit
+    return ctx.memo(_kernel_budget_us)
+
+
+def _kernel_budget_us(ctx: Context) -> float:
     tr = ctx.trace
     b = ctx._blocking_raw[0]
     rt = tr.where_kind(Kind.RUNTIME)
@@ -182,7 +183,6 @@ def kernel_budget_us(ctx: Context) -> float:
     waits = iv.union(iv.merge(tr.ts[b], tr.end[b]), iv.merge(tr.ts[rt], tr.end[rt]))
     busy_waits = iv.intersect(iv.intersect(waits, ctx.windows), ctx.gpu_busy)
     out = ctx.per_step(iv.total(busy_waits))
-    ctx._cache["precision.budget"] = out
     return out
 
 
@@ -268,9 +268,10 @@ def amp_case(ctx: Context) -> AmpCase | None:
 def savings(ctx: Context) -> dict[str, float]:
     """µs per step each kernel-speed fix can save, sharing one budget (kernel_budget_us) in a
     fixed order: tf32-off (one line, no accuracy change), no-amp, fp16-dims."""
-    hit = ctx._cache.get("precision.savings")
-    if hit is not None:
-        return hit
+    return ctx.memo(_savings)
+
+
+def _savings(ctx: Context) -> dict[str, float]:
     tf, amp, dims = tf32_case(ctx), amp_case(ctx), dims_case(ctx)
     wants = {
         "tf32-off": tf.reduction_us if tf else 0.0,
@@ -282,7 +283,6 @@ def savings(ctx: Context) -> dict[str, float]:
     for rule, want in wants.items():
         out[rule] = min(want, max(left, 0.0))
         left -= out[rule]
-    ctx._cache["precision.savings"] = out
     return out
 
 

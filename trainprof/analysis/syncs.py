@@ -102,9 +102,10 @@ def _library(frames: list[str], probe_name: str | None) -> tuple[str, ...]:
 
 def sync_sites(ctx: Context) -> list[SyncSite]:
     """Sync sites grouped by (cause, location, in DataLoader, in a metric)."""
-    cached = ctx._cache.get("sync_sites")
-    if cached is not None:
-        return cached
+    return ctx.memo(_sync_sites)
+
+
+def _sync_sites(ctx: Context) -> list[SyncSite]:
     tr = ctx.trace
     host = (Kind.CPU_OP, Kind.ANNOTATION)
     ops = tr.where_name(sync_op_pattern(), *host)
@@ -169,5 +170,4 @@ def sync_sites(ctx: Context) -> list[SyncSite]:
         site.library = list(site._stacks.most_common(1)[0][0])
         site.via = call_chain(site.library, FRAMEWORK_HOMES) if site.location else []
     out = sorted(groups.values(), key=lambda s: (-s.cost_us, -s.count))
-    ctx._cache["sync_sites"] = out
     return out

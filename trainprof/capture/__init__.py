@@ -2,6 +2,7 @@
 
 Modules, one job each:
 
+* command    the `run` command's options (the CLI and the torchrun worker parse them)
 * runner     RunOptions, run_script: checks the request, runs a Session, writes metadata, reports
 * distributed --nproc-per-node: every rank through torchrun, one folder, failures, merged report
 * worker     `python -m trainprof.capture.worker`: torchrun's program, one rank under the engine

@@ -30,9 +30,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from trainprof.analysis.job import rank_list
 from trainprof.capture.config import ProfileConfig
 from trainprof.capture.launch import Target
-from trainprof.ranks.fold import rank_list
 from trainprof.runmeta import RunMeta
 
 HOOK_ENV = "TRAINPROF_SUBPROCESS"

@@ -10,7 +10,7 @@ import datetime
 import re
 from pathlib import Path
 
-from trainprof.ranks.fold import rank_list
+from trainprof.analysis.job import rank_list
 from trainprof.runmeta import META_NAME, RunMeta, read_meta, unfinished
 
 _META = re.compile(r"trainprof\.rank(\d+)\.json")

@@ -20,13 +20,15 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> None:
-    import typer.main
+    import typer
 
-    from trainprof.cli import app
+    from trainprof.capture.command import RUN_CONTEXT, run
 
-    run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command(context_settings=RUN_CONTEXT)(run)
+    command = typer.main.get_command(app)  # one command: the app is `run` itself
     try:
-        run.main(sys.argv[1:] if argv is None else argv, "python -m trainprof.capture.worker")
+        command.main(sys.argv[1:] if argv is None else argv, "python -m trainprof.capture.worker")
     except KeyboardInterrupt:
         sys.exit(130)
 

@@ -15,9 +15,9 @@ Pipeline (one module per job):
 - `stats`: step times side by side, slowest rank per step, imbalance, the per-rank rows.
 - `fold`: findings present on several ranks become one row with `ranks` (saving = mean over
   those ranks).
-- `crossrank`: the `straggler` and `rank-imbalance` findings, and `comm-bound` corrected for
-  waiting.
-- `job`: all of it assembled into a `MultiRankDiagnosis` (trainprof/analysis/model.py).
+- `job`: all of it assembled into a `JobContext` (trainprof/analysis/job.py), the rules over a
+  job applied (`JobRule` in trainprof/rules: `straggler`, `rank-imbalance`, the `comm-bound`
+  correction), and a `MultiRankDiagnosis` (trainprof/analysis/model.py).
 """
 
 from __future__ import annotations
@@ -27,22 +27,21 @@ from pathlib import Path
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.runmeta import RunMeta
 
-CROSS_RANK_RULES = ("straggler", "rank-imbalance")
-
 
 def _split_rules(
     select: list[str] | None, ignore: list[str] | None
 ) -> tuple[list[str] | None, list[str] | None]:
     """The per-trace part of --select/--ignore (cross-rank ids are applied by the job view)."""
-    from trainprof.rules import rule_ids
+    from trainprof.rules import job_only_ids, rule_ids
 
+    cross = job_only_ids()
     if select:
-        own = [r for r in select if r not in CROSS_RANK_RULES]
+        own = [r for r in select if r not in cross]
         if not own:  # only cross-rank rules selected: run no per-trace rule
             return None, rule_ids()
         select = own
     if ignore:
-        ignore = [r for r in ignore if r not in CROSS_RANK_RULES] or None
+        ignore = [r for r in ignore if r not in cross] or None
     return select, ignore
 
 
@@ -115,4 +114,4 @@ def report_skipped(skipped: list[str], first: Diagnosis | MultiRankDiagnosis) ->
     ]
 
 
-__all__ = ["CROSS_RANK_RULES", "diagnose_traces", "report_skipped"]
+__all__ = ["diagnose_traces", "report_skipped"]

@@ -27,16 +27,15 @@ of the iterations are reported.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis.job import MIN_NORMALIZED_DUR, Stragglers
 from trainprof.ranks.load import RankArrays
 
 END_TOL_US = 100.0
 END_TOL_FRAC = 0.05
-MIN_NORMALIZED_DUR = 0.01  # HTA's min_normalized_duration
 
 
 @dataclass
@@ -67,21 +66,6 @@ class Matched:
             return self.start
         last = self.start.max(axis=1, keepdims=True)
         return np.clip(last - self.start, 0.0, self.dur)
-
-
-@dataclass
-class Stragglers:
-    collective: str | None  # HTA's metric kernel name
-    steps: int = 0  # iterations where it was measured
-    late_us: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per rank, mean over steps
-    flagged: dict[int, int] = field(default_factory=dict)  # rank position -> iterations flagged
-    # per iteration: the latest rank's start minus the median rank's (µs)
-    step_late_us: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    def ranks(self) -> list[int]:
-        """Positions flagged in at least half of the iterations."""
-        need = max(1, math.ceil(self.steps / 2))
-        return sorted(p for p, n in self.flagged.items() if n >= need)
 
 
 def _nearest(sorted_vals: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -17,31 +17,12 @@ from __future__ import annotations
 
 import re
 
+from trainprof.analysis.job import rank_list, shape
 from trainprof.analysis.model import Finding, severity_for, severity_rank
 
 _NUM = re.compile(r"\d+(?:\.\d+)?")
 
-
-def rank_list(ranks: list[int]) -> str:
-    """[0, 1, 2, 3, 5] -> '0–3, 5' (runs of three or more as ranges)."""
-    out: list[str] = []
-    rs = sorted(set(ranks))
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        if j - i >= 2:
-            out.append(f"{rs[i]}–{rs[j]}")
-        else:
-            out.extend(str(r) for r in rs[i : j + 1])
-        i = j + 1
-    return ", ".join(out)
-
-
-def shape(text: str) -> str:
-    """The text with every number blanked: the part that must agree across ranks."""
-    return _NUM.sub("#", text)
+__all__ = ["fold", "merge_numbers", "rank_list", "shape"]
 
 
 def merge_numbers(texts: list[str]) -> str | None:

@@ -6,12 +6,13 @@ import numpy as np
 
 from trainprof.analysis.engine import job_basis, on_basis
 from trainprof.analysis.engine import rank as rank_findings
+from trainprof.analysis.job import JobContext, rank_list
 from trainprof.analysis.model import Finding, MultiRankDiagnosis
 from trainprof.ranks import collectives as coll
-from trainprof.ranks.crossrank import correct_comm_bound, imbalance_finding, straggler_finding
-from trainprof.ranks.fold import fold, rank_list
+from trainprof.ranks.fold import fold
 from trainprof.ranks.load import RankResult
-from trainprof.ranks.stats import imbalance, step_table, summaries
+from trainprof.ranks.stats import step_table, summaries
+from trainprof.rules import job_rules
 
 
 def _wanted(rule: str, select: list[str] | None, ignore: list[str] | None) -> bool:
@@ -40,7 +41,7 @@ def _notes(
     elif backends == {"cpu"}:
         notes.append(
             "CPU (gloo) collectives: host ops do not show when each peer arrived, so waiting "
-            "and stragglers are not measured."
+            "is not measured; a straggler is looked for in the per-rank breakdown instead."
         )
     elif backends - {"", "cpu"}:
         notes.append(
@@ -96,29 +97,38 @@ def build_job(
         results, wait_us, strag.late_us if strag.collective else None, last_n, caused
     )
     ids = [r.rank for r in rows]
+    job = JobContext(
+        ids=ids,
+        diagnoses=[r.diagnosis for r in results],
+        rows=rows,
+        means_ms=means,
+        mean_iter_us=mean_iter_us,
+        stragglers=strag,
+        exposed_wait_ms=[
+            None if exposed_wait is None
+            else float(exposed_wait[p]) / max(r.diagnosis.steps.count, 1) / 1000.0
+            for p, r in enumerate(results)
+        ],
+        start_spread_ms=start_spread,
+    )
+    rules = [j for j in job_rules() if _wanted(j.id, select, ignore)]
     dropped: list[int] = []
     per_rank: list[tuple[int, list[Finding]]] = []
     for p, r in enumerate(results):
-        n = max(r.diagnosis.steps.count, 1)
-        ew = None if exposed_wait is None else float(exposed_wait[p]) / n / 1000.0
-        kept, gone = correct_comm_bound(r.diagnosis.findings, ew, r.diagnosis.steps.mean_ms)
-        if gone:
+        kept = list(r.diagnosis.findings)
+        for rule in rules:
+            if rule.adjust is not None:
+                kept = rule.adjust(job, p, kept)
+        had = {f.rule for f in r.diagnosis.findings} - {f.rule for f in kept}
+        if "comm-bound" in had:
             dropped.append(ids[p])
         per_rank.append((ids[p], kept))
     findings = fold(per_rank)
-    ratio = imbalance(means)
-    job_step = float(np.median(means)) if len(means) else 0.0
-    s_find = None
-    if strag.collective and _wanted("straggler", select, ignore):
-        s_find = straggler_finding(strag, results, rows, job_step, mean_iter_us)
-    if s_find:
-        findings.append(s_find)
-    if _wanted("rank-imbalance", select, ignore):
-        i_find = imbalance_finding(
-            rows, ratio, s_find.est_saving_ms_per_step if s_find else 0.0, start_spread
-        )
-        if i_find:
-            findings.append(i_find)
+    for rule in rules:
+        if rule.check is not None:
+            findings.extend(rule.check(job))
+    ratio = job.ratio
+    job_step = job.job_step_ms
     # Folded and cross-rank findings on one step: with run metadata on every rank, the median
     # unprofiled step (their % are shares of it); else the profiled steps, as measured.
     basis = job_basis([r.diagnosis.saving_basis for r in results], job_step)

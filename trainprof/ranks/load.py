@@ -147,7 +147,7 @@ def diagnose_rank(
     Dask worker); a trace that cannot be used gives the one-line reason instead, so the others
     still count."""
     from trainprof.analysis.context import Context
-    from trainprof.analysis.engine import analyze
+    from trainprof.engine import analyze
     from trainprof.trace.load import load_trace
 
     try:
@@ -168,7 +168,7 @@ def diagnose_rank(
 def _preload() -> None:
     """Import the analysis and every rule before the workers fork, so each worker starts with
     them instead of importing them again."""
-    import trainprof.analysis.engine  # noqa: F401
+    import trainprof.engine  # noqa: F401
     import trainprof.trace.load  # noqa: F401
     from trainprof.rules import all_rules
 

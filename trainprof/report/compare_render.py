@@ -3,12 +3,16 @@ verdict first, then tables) and JSON (schema 1, documented in trainprof/compare.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Gate, Machine, Side
 from trainprof.report.markdown import cell, md_escape
+
+if TYPE_CHECKING:  # annotations only: the renderer depends on no command
+    from trainprof.compare import CategoryDelta, Comparison, FindingDelta, Gate, Machine, Side
 
 _STATUS_STYLE = {"resolved": "green", "new": "bold red", "still present": "yellow"}
 _SOURCE = {"metadata": "run metadata", "trace": "trace"}

@@ -256,13 +256,13 @@ def print_diagnoses(
 
 
 def print_rules(console: Console | None = None) -> None:
-    from trainprof.rules import all_rules
+    from trainprof.rules import catalogue
 
     console = console or make_console()
     table = Table(expand=True)
     table.add_column("rule", no_wrap=True)
     table.add_column("detects", ratio=3)
     table.add_column("fix", ratio=2, overflow="fold")
-    for r in all_rules():
+    for r in catalogue():
         table.add_row(r.id, r.detects, r.fix)
     console.print(table)

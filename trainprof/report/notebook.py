@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import re
 from html import escape
+from typing import TYPE_CHECKING
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
-from trainprof.compare import Comparison
 from trainprof.report.compare_render import gate_line, headline, machine_line
 from trainprof.report.html import CSS, ReportItem, diagnosis_html, finding_html, rules_html
 from trainprof.report.text import saving_header, title_of
+
+if TYPE_CHECKING:  # the model only: compare.py is a command, above the renderers
+    from trainprof.compare import Comparison
 
 ROOT = "trainprof-nb"
 

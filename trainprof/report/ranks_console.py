@@ -8,8 +8,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from trainprof.analysis.job import rank_list
 from trainprof.analysis.model import Diagnosis, Finding, MultiRankDiagnosis, RankSummary
-from trainprof.ranks.fold import rank_list
 from trainprof.report.console import make_console, print_diagnosis, print_findings
 from trainprof.report.text import device_line, saving_header
 

@@ -22,17 +22,11 @@ from trainprof.trace.model import Trace
 REPORT_NAME = "report.html"
 
 
-def _meta_for(trace_file: Path) -> RunMeta | None:
-    from trainprof.diagnose import _meta_for
-
-    return _meta_for(trace_file)
-
-
 def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
     """Diagnose every trace at `path` and compute its per-step figures (one load per trace);
     also return the run's metadata (the folder's trainprof.json, else the first trace's)."""
-    from trainprof.analysis.engine import analyze
-    from trainprof.diagnose import find_traces
+    from trainprof.engine import analyze_context, context
+    from trainprof.pipeline import find_traces, meta_for
     from trainprof.ranks import report_skipped
     from trainprof.trace.load import load_trace
 
@@ -40,8 +34,9 @@ def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
     for f in find_traces(path):
         try:
             trace = load_trace(f)
-            meta = _meta_for(f)
-            items.append(ReportItem(analyze(trace, meta), per_step(Context(trace, meta)), meta))
+            meta = meta_for(f)
+            ctx = context(trace, meta)  # one Context: the diagnosis and the per-step figures
+            items.append(ReportItem(analyze_context(ctx), per_step(ctx), meta))
         except TrainprofError as err:  # one bad trace in a folder: report the others
             skipped.append(str(err))
     if not items:
@@ -50,6 +45,12 @@ def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
         report_skipped(skipped, items[0].diagnosis)
     run_meta = read_meta(path) if Path(path).is_dir() else None
     return items, run_meta or items[0].meta
+
+
+def _meta_for_trace(trace_file: Path) -> RunMeta | None:
+    from trainprof.pipeline import meta_for
+
+    return meta_for(trace_file)
 
 
 def _trace_of(d: Diagnosis) -> Trace | None:
@@ -89,7 +90,7 @@ def write_run_reports(
     written = []
     xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
-        m = (_meta_for(Path(d.trace)) if several else None) or meta
+        m = (_meta_for_trace(Path(d.trace)) if several else None) or meta
         trace = _trace_of(d)
         ps = per_step(Context(trace, m)) if trace is not None else None
         items.append(ReportItem(d, ps, m))

@@ -1,6 +1,8 @@
 """The rule catalogue. Each module here defines `RULE`: a pure function from the analysis
-context to findings, plus the text that documents it. Modules are discovered, so a new rule is
-one new file (and one test)."""
+context to findings, plus the text that documents it; a rule over a whole job (several ranks)
+is a `JobRule`, defined as `RULE` too, or as `JOB_RULE` beside a per-trace rule of the same id
+(`comm-bound`: per trace, then corrected with the other ranks). Modules are discovered, so a new
+rule is one new file (and one test)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from trainprof.analysis.context import Context
+    from trainprof.analysis.job import JobContext
+    from trainprof.analysis.ledger import Explains
     from trainprof.analysis.model import Finding
 
 
@@ -23,24 +27,73 @@ class Rule:
     fix: str  # one line: the usual fix
     check: Callable[[Context], list[Finding]]
     doc: str = ""  # the module docstring: why it costs, detection, saving estimate
-    # Rules that explain GPU idle are applied before `gpu-idle`, which reports what is left.
-    order: int = 50
+    # The GPU idle this rule explains, by cause (analysis/ledger.py): computed for every rule
+    # whatever --select keeps, so that launch-bound and gpu-idle report only what is left.
+    explains: Explains | None = None
+
+
+@dataclass(frozen=True)
+class JobRule:
+    """A rule over a job: every rank's diagnosis and the cross-rank measurements (JobContext)."""
+
+    id: str  # part of the JSON schema: never rename
+    detects: str
+    fix: str
+    # New findings about the job (a straggler, an imbalance).
+    check: Callable[[JobContext], list[Finding]] | None = None
+    # One rank's own findings, corrected with what only the job shows (before they are folded):
+    # (job, rank position, its findings) -> its findings.
+    adjust: Callable[[JobContext, int, list[Finding]], list[Finding]] | None = None
+    doc: str = ""
 
 
 @cache
-def all_rules() -> tuple[Rule, ...]:
-    found: list[Rule] = []
+def _catalogue() -> tuple[tuple[Rule, ...], tuple[JobRule, ...]]:
+    rules: list[Rule] = []
+    jobs: list[JobRule] = []
     for mod in pkgutil.iter_modules(__path__):
         if mod.name.startswith("_"):
             continue
         module = importlib.import_module(f"{__name__}.{mod.name}")
-        rule = getattr(module, "RULE", None)
-        if isinstance(rule, Rule):
-            found.append(
-                rule if rule.doc else Rule(**{**rule.__dict__, "doc": module.__doc__ or ""})
-            )
-    return tuple(sorted(found, key=lambda r: (r.order, r.id)))
+        doc = module.__doc__ or ""
+        for name in ("RULE", "JOB_RULE"):
+            rule = getattr(module, name, None)
+            if isinstance(rule, Rule):
+                rules.append(rule if rule.doc else Rule(**{**rule.__dict__, "doc": doc}))
+            elif isinstance(rule, JobRule):
+                jobs.append(rule if rule.doc else JobRule(**{**rule.__dict__, "doc": doc}))
+    return tuple(sorted(rules, key=lambda r: r.id)), tuple(sorted(jobs, key=lambda r: r.id))
+
+
+def all_rules() -> tuple[Rule, ...]:
+    """The rules over one trace."""
+    return _catalogue()[0]
+
+
+def job_rules() -> tuple[JobRule, ...]:
+    """The rules over a job (several ranks)."""
+    return _catalogue()[1]
+
+
+def catalogue() -> tuple[Rule | JobRule, ...]:
+    """Every rule once by id, for listings and docs (a per-trace rule that a job rule of the same
+    id corrects is listed as the per-trace rule)."""
+    seen = {r.id for r in all_rules()}
+    out = [*all_rules(), *(j for j in job_rules() if j.id not in seen)]
+    return tuple(sorted(out, key=lambda r: r.id))
 
 
 def rule_ids() -> list[str]:
-    return [r.id for r in all_rules()]
+    """Every id --select and --ignore accept."""
+    return [r.id for r in catalogue()]
+
+
+def job_only_ids() -> list[str]:
+    """Ids of rules that exist only over a job."""
+    own = {r.id for r in all_rules()}
+    return [j.id for j in job_rules() if j.id not in own]
+
+
+def causes() -> tuple[Explains, ...]:
+    """Every rule's declared causes of GPU idle, for Context(causes=...)."""
+    return tuple(r.explains for r in all_rules() if r.explains is not None)

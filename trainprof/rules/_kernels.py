@@ -17,14 +17,15 @@ def longest(ctx: Context, idx: np.ndarray, n: int = 200) -> list[int]:
     return top[np.argsort(tr.ts[top], kind="stable")].tolist()
 
 
+def _kernel_us_per_step(ctx: Context) -> float:
+    k = ctx.trace.where_kind(Kind.KERNEL)
+    return ctx.per_step(float(ctx.trace.dur[k[ctx.in_windows(k)]].sum()))
+
+
 def kernel_share(ctx: Context, us_per_step: float) -> float:
     """% of the kernel time per step (summed kernel durations in the windows) that `us_per_step`
     of kernel time represents."""
-    key = "kernels.total"
-    total = ctx._cache.get(key)
-    if total is None:
-        k = ctx.trace.where_kind(Kind.KERNEL)
-        total = ctx._cache[key] = ctx.per_step(float(ctx.trace.dur[k[ctx.in_windows(k)]].sum()))
+    total = ctx.memo(_kernel_us_per_step)
     return 100.0 * us_per_step / total if total > 0 else 0.0
 
 

@@ -15,6 +15,11 @@ def ms(us: float) -> str:
     return f"{v:.2f} ms" if v < 10 else f"{v:.1f} ms"
 
 
+def ms_value(x_ms: float) -> str:
+    """A value already in ms, without the unit (tables and ranges of ranks)."""
+    return f"{x_ms:.2f}" if x_ms < 10 else f"{x_ms:.1f}"
+
+
 def finding(
     ctx: Context,
     *,

@@ -23,7 +23,7 @@ import math
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.devmem import device_memory, gb
-from trainprof.analysis.dispatch import split_other, unclaimed
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding
@@ -44,7 +44,7 @@ def check(ctx: Context) -> list[Finding]:
         return []
     factor = max(2, math.floor(FILL * mem.total / max(mem.peak, 1)))
     suggest = min(factor, 8)
-    launch = ctx.pct(ctx.per_step(iv.total(unclaimed(ctx, split_other(ctx).launch))))
+    launch = ctx.pct(ctx.per_step(iv.total(ledger(ctx).launch)))
     loaders = [d for d in (ctx.meta.dataloaders if ctx.meta else []) if d.batch_size]
     bs = loaders[0].batch_size if loaders else None
     evidence = (
@@ -89,5 +89,4 @@ RULE = Rule(
     detects="GPU mostly idle with most of its memory free: the batch could be larger.",
     fix="Raise batch_size and scale the learning rate.",
     check=check,
-    order=70,
 )

@@ -40,29 +40,20 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 
 import numpy as np
 
+from trainprof.analysis.compiles import compiles, recompiled
 from trainprof.analysis.context import Context
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
-from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
-from trainprof.rules.optimizer_foreach import claim
 from trainprof.runmeta import CompileEvent, DynamoInfo
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import display_location
-from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
 
-COMPILE_SPANS = (
-    r"^(entire_frame_compile|_compile\.compile_inner|OutputGraph\.call_user_compiler"
-    r"|compile_fx(_inner)?|backend_compile|inductor_compile)( \(dynamo_timed\))?$"
-    r"|^torch/_dynamo/convert_frame\.py\(\d+\): _compile$"
-)
-COMPILE_ID = re.compile(r"compile_id=(\d+)/(\d+)")
-ID_MARKERS = r"_data: .*compile_id=\d+/\d+"
-RESTART = r"^compile_attempt_[1-9]\d*$"
 ONE_OFF_STEPS = 3  # a recompile in 1 step of at least this many is a one-off
 RECURRING_STEPS = 3  # run-wide: recompiles in at least this many steps recur
 RESUME = re.compile(r"^torch_dynamo_resume_in_(\w+)_at_(\d+) \((.*):\d+\)$")
@@ -74,28 +65,6 @@ FIX = (
     "numbers as tensors. Graph breaks: `TORCH_LOGS=graph_breaks` or "
     "`torch._dynamo.explain(fn)(*args)`."
 )
-
-
-def compiles(ctx: Context) -> tuple[np.ndarray, list[set[tuple[int, int]]], np.ndarray]:
-    """Outermost compile spans inside the windows, the compile ids each holds, and whether
-    Dynamo restarted its trace inside it."""
-    tr = ctx.trace
-    host = (Kind.CPU_OP, Kind.ANNOTATION, Kind.PYTHON)
-    spans = tr.where_name(COMPILE_SPANS, *host)
-    spans = outermost(tr, spans[ctx.in_windows(spans)])
-    if not len(spans):
-        return spans, [], np.zeros(0, bool)
-    markers = tr.where_name(ID_MARKERS, Kind.CPU_OP, Kind.ANNOTATION)
-    owner = enclosing(tr, spans, markers)
-    ids: list[set[tuple[int, int]]] = [set() for _ in spans]
-    where = {int(s): k for k, s in enumerate(spans.tolist())}
-    for m, o in zip(markers.tolist(), owner.tolist(), strict=True):
-        hit = COMPILE_ID.search(tr.name(m))
-        if o >= 0 and hit:
-            ids[where[o]].add((int(hit.group(1)), int(hit.group(2))))
-    restarts = tr.where_name(RESTART, Kind.CPU_OP, Kind.ANNOTATION)
-    restarted = np.isin(spans, enclosing(tr, spans, restarts))
-    return spans, ids, restarted
 
 
 def _run_wide(info: DynamoInfo) -> tuple[list[CompileEvent], str]:
@@ -212,6 +181,28 @@ def _meta_metrics(info: DynamoInfo, re_events: list[CompileEvent]) -> dict:
     }
 
 
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """GPU idle during recompiles that recur (a one-off recompile is no per-step cost)."""
+    if ctx.device.kind == "mtia" or not ctx.gpu_timeline:
+        return {}
+    spans = compiles(ctx)[0]
+    if not len(spans):
+        return {}
+    step, again = recompiled(ctx)
+    re_spans = spans[again]
+    if not len(re_spans) or _one_off(ctx, step, again):
+        return {}
+    tr = ctx.trace
+    return {"compile-recompile": iv.intersect(iv.merge(tr.ts[re_spans], tr.end[re_spans]),
+                                              ctx.attribution["other"])}
+
+
+def _one_off(ctx: Context, step: np.ndarray, again: np.ndarray) -> bool:
+    # One step of several: typically automatic dynamic shapes settling after a first shape
+    # change; later steps ran from the cache, so it is not a per-step cost.
+    return len(np.unique(step[again])) == 1 and ctx.n_steps >= ONE_OFF_STEPS
+
+
 def check(ctx: Context) -> list[Finding]:
     if ctx.device.kind == "mtia":
         return []
@@ -220,12 +211,7 @@ def check(ctx: Context) -> list[Finding]:
     if not len(spans):
         return _from_meta(ctx, info) if info is not None else []
     tr = ctx.trace
-    step = np.searchsorted(ctx.steps.start, tr.ts[spans], side="right") - 1
-    again = np.array(
-        [any(c >= 1 for _, c in got) if got else s > 0
-         for got, s in zip(ids, step.tolist(), strict=True)],
-        bool,
-    )
+    step, again = recompiled(ctx)
     re_spans = spans[again]
     if not len(re_spans):
         return _from_meta(ctx, info) if info is not None else []
@@ -258,14 +244,11 @@ def check(ctx: Context) -> list[Finding]:
     if n_first:
         evidence += f" {n_first} first compiles (warm-up) in the window are not counted."
     severity = None
-    if steps_hit == 1 and ctx.n_steps >= ONE_OFF_STEPS:
-        # One step of several: typically automatic dynamic shapes settling after a first
-        # shape change; later steps ran from the cache, so it is not a per-step cost.
+    if _one_off(ctx, step, again):
         saving, severity = 0.0, "low"
         evidence += " It did not recur in the other steps: no per-step saving is claimed."
     elif ctx.gpu_timeline:
-        idle = iv.intersect(busy, ctx.attribution["other"])
-        claim(ctx, "compile-recompile", idle)
+        idle = ledger(ctx).share("compile-recompile")
         saving = ctx.per_step(iv.total(idle))
         evidence += f" GPU idle during them: {ms(saving)}/step."
     elif ctx.device.kind == "cpu":
@@ -312,5 +295,5 @@ RULE = Rule(
     detects="torch.compile recompiling (failed guards, graph breaks) inside the training loop.",
     fix="TORCH_LOGS=recompiles; mark_dynamic / dynamic=True / fixed shapes; fix graph breaks.",
     check=check,
-    order=30,
+    explains=explains,
 )

@@ -143,5 +143,4 @@ RULE = Rule(
     detects="Convolutions with bias=True feeding straight into BatchNorm (the bias is cancelled).",
     fix="nn.Conv2d(..., bias=False) before BatchNorm.",
     check=check,
-    order=70,
 )

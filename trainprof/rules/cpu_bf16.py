@@ -124,5 +124,4 @@ RULE = Rule(
     detects="Convolutions/matmuls in fp32 on a CPU with bf16 matrix units (AMX, AVX512-BF16).",
     fix='torch.autocast(device_type="cpu", dtype=torch.bfloat16) + channels_last.',
     check=check,
-    order=62,
 )

@@ -28,11 +28,11 @@ from collections import Counter
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.launched import span_gpu
 from trainprof.analysis.model import Finding
 from trainprof.analysis.precision import kernel_budget_us, savings
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
-from trainprof.rules.optimizer_foreach import span_gpu
 from trainprof.trace.model import Kind
 
 CONV_FWD = r"^aten::(cudnn|miopen)_convolution(_transpose)?$"
@@ -155,5 +155,4 @@ RULE = Rule(
     detects="Convolutions with the same shapes every step while cudnn.benchmark is off.",
     fix="torch.backends.cudnn.benchmark = True",
     check=check,
-    order=60,
 )

@@ -170,5 +170,4 @@ RULE = Rule(
     detects="The step waits for the DataLoader (num_workers=0, too few workers, slow transforms).",
     fix="num_workers>0, persistent_workers=True, pin_memory=True; lighter CPU transforms.",
     check=check,
-    order=10,
 )

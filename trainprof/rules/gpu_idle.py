@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.dispatch import compiled, split_other, unclaimed
+from trainprof.analysis.dispatch import compiled
 from trainprof.analysis.hoststack import common_frame, stack_at
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
@@ -184,7 +185,7 @@ def _label(grp: Group) -> str:
 def check(ctx: Context) -> list[Finding]:
     if not ctx.gpu_timeline or not ctx.on_gpu:
         return []
-    gaps = unclaimed(ctx, split_other(ctx).host)
+    gaps = ledger(ctx).host
     total = ctx.per_step(float((gaps[1] - gaps[0]).sum()))
     if ctx.pct(total) < MIN_REST_PCT:
         return []
@@ -229,5 +230,4 @@ RULE = Rule(
     detects="The GPU idles while the CPU runs other code (preprocessing, Python, CPU ops).",
     fix="Move that CPU work off the step: DataLoader workers, a background thread, the GPU.",
     check=check,
-    order=95,
 )

@@ -25,16 +25,17 @@ and shipping the tensor while the GPU has nothing to do. The blocking wait of a 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainprof.analysis.context import COPY_OPS, Context, memcpy_direction
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
-from trainprof.rules.optimizer_foreach import claim
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import END_SLACK, enclosing
@@ -92,6 +93,10 @@ def _created_by(tr, pool: np.ndarray, parent: int, q: int, creation: set, skip: 
 
 
 def sites(ctx: Context) -> list[Site]:
+    return ctx.memo(_sites)
+
+
+def _sites(ctx: Context) -> list[Site]:
     tr = ctx.trace
     mem = tr.where_name(r"^Memcpy HtoD", Kind.MEMCPY)
     mem = mem[tr.corr[mem] >= 0]
@@ -136,22 +141,43 @@ def sites(ctx: Context) -> list[Site]:
     return sorted(out.values(), key=lambda s: -len(s.copies))
 
 
+def _spans(ctx: Context, site: Site) -> iv.Intervals | None:
+    """Host time from making each tensor to the end of its copy; None below MIN_PER_STEP."""
+    tr = ctx.trace
+    if len(site.copies) / max(ctx.n_steps, 1) < MIN_PER_STEP:
+        return None
+    c = np.array(site.copies, np.int64)
+    src = np.array(site.creators, np.int64)
+    return iv.merge(np.minimum(tr.ts[src], tr.ts[c]), tr.end[c])
+
+
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """GPU idle while the host built and shipped the tensors, per call site."""
+    if not ctx.gpu_timeline or not ctx.on_gpu:
+        return {}
+    out = {}
+    for site in sites(ctx):
+        spans = _spans(ctx, site)
+        if spans is not None:
+            out[f"h2d-in-loop:{site.location}"] = iv.intersect(spans, ctx.attribution["other"])
+    return out
+
+
 def check(ctx: Context) -> list[Finding]:
     if not ctx.gpu_timeline or not ctx.on_gpu:
         return []
     tr = ctx.trace
     out = []
     for site in sites(ctx):
+        spans = _spans(ctx, site)
+        if spans is None:
+            continue
         c = np.array(site.copies, np.int64)
         src = np.array(site.creators, np.int64)
         m = np.array(site.memcpys, np.int64)
-        spans = iv.merge(np.minimum(tr.ts[src], tr.ts[c]), tr.end[c])
         n = len(c)
         per_step = n / max(ctx.n_steps, 1)
-        if per_step < MIN_PER_STEP:
-            continue
-        idle = iv.intersect(spans, ctx.attribution["other"])
-        claim(ctx, f"h2d-in-loop:{site.location}", idle)
+        idle = ledger(ctx).share(f"h2d-in-loop:{site.location}")
         saving = ctx.per_step(iv.total(idle))
         nbytes = int(np.clip(tr.nbytes[m], 0, None).sum())
         pageable = sum(memcpy_direction(tr.name(i)) == "pageable_htod" for i in m.tolist())
@@ -194,5 +220,5 @@ RULE = Rule(
     ".to(device)).",
     fix="Create it on the device (device=...) or once outside the loop.",
     check=check,
-    order=30,
+    explains=explains,
 )

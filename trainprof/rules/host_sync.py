@@ -151,5 +151,4 @@ RULE = Rule(
     "synchronize).",
     fix="Keep values on the device; read them every N steps.",
     check=check,
-    order=20,
 )

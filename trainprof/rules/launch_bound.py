@@ -44,8 +44,8 @@ from trainprof.analysis.dispatch import (
     compiled,
     launch_stats,
     split_other,
-    unclaimed,
 )
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
@@ -101,7 +101,7 @@ def _top_ops(ctx: Context, idle: iv.Intervals) -> list[tuple[str, float]]:
 
 def _gpu(ctx: Context) -> list[Finding]:
     split = split_other(ctx)
-    idle = unclaimed(ctx, split.launch)
+    idle = ledger(ctx).launch
     saving = ctx.per_step(iv.total(idle))
     if ctx.pct(saving) < MIN_PCT:
         return []
@@ -226,5 +226,4 @@ RULE = Rule(
     fix='torch.compile(model) (mode="reduce-overhead" for CUDA graphs), larger batch, fused '
     "optimizers.",
     check=check,
-    order=80,
 )

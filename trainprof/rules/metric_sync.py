@@ -80,5 +80,4 @@ RULE = Rule(
     detects="TorchMetrics update/compute syncing the GPU every step (nan checks, float updates).",
     fix='MeanMetric(nan_strategy="disable"), tensor updates on device, compute every N steps.',
     check=check,
-    order=20,
 )

@@ -128,5 +128,4 @@ RULE = Rule(
     fix='torch.autocast(device_type="cuda", dtype=torch.bfloat16) (fp16 + GradScaler before '
     "Ampere).",
     check=check,
-    order=61,
 )

@@ -33,159 +33,38 @@ by the optimizer's own time, the update without the closure (on CPU also by the 
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
-import numpy as np
+from collections.abc import Mapping
 
 from trainprof.analysis.breakdown import closure_spans, update_spans
 from trainprof.analysis.context import Context
+from trainprof.analysis.launched import span_gpu
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
-from trainprof.analysis.syncs import outermost
+from trainprof.analysis.optimizers import (
+    STEP_SPAN,
+    Loop,
+    class_of,
+    loops,
+    single_frame_us,
+)
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.runmeta import OptimizerInfo
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
 
-STEP_SPAN = r"^Optimizer\.step#"
-PER_TENSOR = (
-    r"^aten::(add|sub|mul|div|addcdiv|addcmul|lerp|sqrt|rsqrt|maximum|neg|clamp|sign|exp|pow)_?$"
-)
-MULTI_TENSOR_OP = r"^aten::_(foreach|fused)_"
-MULTI_TENSOR_KERNEL = r"multi_tensor_apply"
-SINGLE_TENSOR_FRAME = r"_single_tensor_\w+$"
-MIN_OPS = 8  # per-tensor ops per step span below which a loop is not worth a finding
 CPU_FUSED_FACTOR = 0.25  # share of Optimizer.step time fused=True saves on CPU (docstring)
 FUSED_OK = ("Adam", "AdamW", "SGD", "Adagrad")  # classes with a fused kernel (CUDA and CPU)
-CLAIMS = "claimed_idle"  # ctx._cache key: GPU idle explained by a cause-specific rule
 
 
-def claim(ctx: Context, rule: str, idle: iv.Intervals) -> None:
-    """Record the GPU idle a rule explains, so that catch-all rules (launch-bound, gpu-idle) can
-    leave it out of theirs: `iv.union(*ctx._cache.get(CLAIMS, {}).values())`."""
-    if len(idle[0]):
-        ctx._cache.setdefault(CLAIMS, {})[rule] = idle
-
-
-@dataclass
-class SpanGpu:
-    """The GPU work launched from inside a set of host spans."""
-
-    busy_us: float  # GPU time of that work (union)
-    idle: iv.Intervals  # `other` idle between the first and last of it, per span
-    launched: np.ndarray  # GPU event indices
-
-
-def span_gpu(ctx: Context, spans: np.ndarray, exclude: iv.Intervals = iv.EMPTY) -> SpanGpu:
-    """GPU kernels/copies/memsets launched by runtime calls inside `spans` (by correlation id),
-    and the `other`-attributed GPU idle between the first and the last of them in each span.
-    Runtime calls inside `exclude` (an optimizer's closure) are left out."""
-    tr = ctx.trace
-    rt = tr.where_kind(Kind.RUNTIME)
-    rt = rt[tr.corr[rt] >= 0]
-    rt = rt[~iv.contains(exclude, tr.ts[rt])]
-    owner = enclosing(tr, spans, rt)
-    rt, owner = rt[owner >= 0], owner[owner >= 0]
-    g = ctx.gpu_events
-    g = g[tr.corr[g] >= 0]
-    empty = SpanGpu(0.0, iv.EMPTY, np.zeros(0, np.int64))
-    if not len(rt) or not len(g):
-        return empty
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, tr.corr[g]), 0, len(rc) - 1)
-    hit = rc[pos] == tr.corr[g]
-    g, g_span = g[hit], owner[order][pos[hit]]
-    if not len(g):
-        return empty
-    lo, hi = [], []
-    for s in np.unique(g_span).tolist():
-        mine = g[g_span == s]
-        lo.append(float(tr.ts[mine].min()))
-        hi.append(float(tr.end[mine].max()))
-    gaps = iv.intersect(iv.merge(np.array(lo), np.array(hi)), ctx.attribution["other"])
-    busy = iv.total(iv.merge(tr.ts[g], tr.end[g]))
-    return SpanGpu(busy, gaps, g)
-
-
-@dataclass
-class Loop:
-    cls: str
-    spans: np.ndarray
-    per_tensor_ops: int
-    single_frames: list[str]
-    meta: OptimizerInfo | None
-
-
-def _class_of(name: str) -> str:
-    m = re.match(r"^Optimizer\.step#([\w.]+?)\.step$", name)
-    return m.group(1) if m else name.split("#", 1)[-1]
-
-
-def _meta_for(ctx: Context, cls: str) -> OptimizerInfo | None:
-    for o in ctx.meta.optimizers if ctx.meta else []:
-        if o.cls.rsplit(".", 1)[-1] == cls:
-            return o
-    return None
-
-
-def _single_frames(ctx: Context, spans: np.ndarray) -> list[str]:
-    tr = ctx.trace
-    py = tr.where_name(SINGLE_TENSOR_FRAME, Kind.PYTHON)
-    if not len(py):
-        return []
-    inside = enclosing(tr, spans, py) >= 0
-    return sorted({tr.name(i).split(": ")[-1] for i in py[inside]})
-
-
-def _single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
-    """Time in `_single_tensor_<name>` Python frames inside `spans` (None: no Python stacks)."""
-    tr = ctx.trace
-    py = tr.where_name(SINGLE_TENSOR_FRAME, Kind.PYTHON)
-    py = py[enclosing(tr, spans, py) >= 0] if len(py) else py
-    if not len(py):
-        return None
-    return iv.total(iv.merge(tr.ts[py], tr.end[py]))
-
-
-def loops(ctx: Context) -> list[Loop]:
-    """Optimizer classes whose steps loop over the parameters, one tensor at a time."""
-    tr = ctx.trace
-    host = (Kind.CPU_OP, Kind.ANNOTATION)
-    spans = tr.where_name(STEP_SPAN, *host)
-    spans = outermost(tr, spans[ctx.in_windows(spans)])
-    if not len(spans):
-        return []
-    # The closure's forward/backward (and gradient clipping) run inside step(): not the update.
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """The launch gaps of each looping optimizer class (its cause in the ledger)."""
+    if not ctx.gpu_timeline or ctx.device.kind == "mtia":
+        return {}
     closure = closure_spans(ctx)
-    # Outermost only: some profilers record an op twice, nested (binding and dispatcher).
-    ops = outermost(tr, tr.where_name(PER_TENSOR, Kind.CPU_OP))
-    ops = ops[~iv.contains(closure, tr.ts[ops])]
-    op_owner = enclosing(tr, spans, ops)
-    multi = tr.where_name(MULTI_TENSOR_OP, Kind.CPU_OP)
-    multi = multi[~iv.contains(closure, tr.ts[multi])]
-    multi_owner = enclosing(tr, spans, multi)
-    kernels = tr.where_name(MULTI_TENSOR_KERNEL, Kind.KERNEL)
-    classes: dict[str, list[int]] = {}
-    for s in spans.tolist():
-        classes.setdefault(_class_of(tr.name(s)), []).append(s)
-    out = []
-    for cls, members in classes.items():
-        sp = np.array(members, np.int64)
-        meta = _meta_for(ctx, cls)
-        if "Fused" in cls or (meta and (meta.fused or meta.foreach)):
-            continue
-        if np.isin(multi_owner, sp).any():
-            continue
-        if len(kernels) and np.isin(span_gpu(ctx, sp, closure).launched, kernels).any():
-            continue  # a custom optimizer already on multi-tensor kernels
-        n_ops = int(np.isin(op_owner, sp).sum())
-        frames = _single_frames(ctx, sp)
-        if n_ops / len(sp) >= MIN_OPS or frames:
-            out.append(Loop(cls, sp, n_ops, frames, meta))
-    return out
+    return {
+        f"optimizer-foreach:{lp.cls}": span_gpu(ctx, lp.spans, closure).idle for lp in loops(ctx)
+    }
 
 
 def _fix(cls: str, gpu: bool, meta: OptimizerInfo | None) -> str:
@@ -228,8 +107,8 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
     severity = None
     if ctx.gpu_timeline:
         gpu = span_gpu(ctx, lp.spans, closure_spans(ctx))
-        claim(ctx, f"optimizer-foreach:{lp.cls}", gpu.idle)
-        saving = min(ctx.per_step(iv.total(gpu.idle)), host)
+        gaps = ledger(ctx).share(f"optimizer-foreach:{lp.cls}")
+        saving = min(ctx.per_step(iv.total(gaps)), host)
         kern = ctx.per_step(gpu.busy_us)
         evidence += (
             f" On the GPU: {len(gpu.launched) / n:.0f} ops per step, {ms(kern)} of kernel time "
@@ -243,7 +122,7 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
         )
     elif ctx.device.kind == "cpu" and lp.cls in FUSED_OK:
         saving = CPU_FUSED_FACTOR * host
-        loop = _single_frame_us(ctx, lp.spans)
+        loop = single_frame_us(ctx, lp.spans)
         if loop is not None:  # never more than the per-tensor loop itself, which fused replaces
             saving = min(saving, ctx.per_step(loop))
         evidence += (
@@ -305,7 +184,7 @@ def check(ctx: Context) -> list[Finding]:
         found = [lp for lp in found if lp.cls in FUSED_OK]
     out = [_finding(ctx, lp) for lp in found]
     tr = ctx.trace
-    seen = {_class_of(tr.name(i)) for i in tr.where_name(STEP_SPAN, Kind.CPU_OP, Kind.ANNOTATION)}
+    seen = {class_of(tr.name(i)) for i in tr.where_name(STEP_SPAN, Kind.CPU_OP, Kind.ANNOTATION)}
     return out + _meta_only(ctx, seen)
 
 
@@ -315,5 +194,5 @@ RULE = Rule(
     "CPU params).",
     fix="fused=True (Adam, AdamW, SGD, Adagrad) or foreach=True.",
     check=check,
-    order=30,
+    explains=explains,
 )

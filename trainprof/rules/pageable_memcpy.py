@@ -95,5 +95,4 @@ RULE = Rule(
     detects="Host-to-device copies from pageable memory (synchronous, slow).",
     fix="pin_memory=True on the DataLoader and .to(device, non_blocking=True).",
     check=check,
-    order=20,
 )

@@ -25,17 +25,18 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Mapping
 
 import numpy as np
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import sync_fix
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.logreads import MIN_PER_STEP, logged_reads
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
 from trainprof.rules import Rule
 from trainprof.rules._util import GPU_ONLY_NOTE, finding, ms
-from trainprof.rules.optimizer_foreach import claim
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import parse_frame
 
@@ -72,18 +73,43 @@ def check(ctx: Context) -> list[Finding]:
     return out
 
 
-def _site_finding(ctx: Context, site: SyncSite) -> Finding | None:
-    tr = ctx.trace
+def _logged(ctx: Context, site: SyncSite) -> list | None:
+    """The site's reads handed to logging, None when the site is not reported."""
     if ctx.gpu_timeline and not site.calls:
         return None  # no blocking call: a CPU tensor's value, no GPU value
     if not ctx.gpu_timeline and site.in_optimizer:
         return None  # torch's own reads of CPU-resident optimizer state
     logs = logged_reads(ctx, site)
-    if not logs:
+    if not logs or len(logs) / max(ctx.n_steps, 1) < MIN_PER_STEP:
+        return None
+    return logs
+
+
+def _call_spans(ctx: Context, logs: list) -> iv.Intervals:
+    tr = ctx.trace
+    calls = np.array([c for _, c in logs], np.int64)
+    return iv.merge(tr.ts[calls], tr.end[calls])
+
+
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """GPU idle during the logging calls, per read site."""
+    if not ctx.stacks or not ctx.on_gpu or not ctx.gpu_timeline:
+        return {}
+    out = {}
+    for site in sync_sites(ctx):
+        logs = _logged(ctx, site)
+        if logs is not None:
+            spans = _call_spans(ctx, logs)
+            out[f"per-step-logging:{site.location}"] = iv.intersect(spans, ctx.attribution["other"])
+    return out
+
+
+def _site_finding(ctx: Context, site: SyncSite) -> Finding | None:
+    tr = ctx.trace
+    logs = _logged(ctx, site)
+    if logs is None:
         return None
     per_step = len(logs) / max(ctx.n_steps, 1)
-    if per_step < MIN_PER_STEP:
-        return None
     calls = np.array([c for _, c in logs], np.int64)
     spans = iv.merge(tr.ts[calls], tr.end[calls])
     log_us = ctx.per_step(iv.total(spans))
@@ -94,8 +120,7 @@ def _site_finding(ctx: Context, site: SyncSite) -> Finding | None:
         f"straight to logging ({what}); the logging calls take {_t(log_us)}/step."
     )
     if ctx.gpu_timeline:
-        idle = iv.intersect(spans, ctx.attribution["other"])
-        claim(ctx, f"per-step-logging:{site.location}", idle)
+        idle = ledger(ctx).share(f"per-step-logging:{site.location}")
         sync = ctx.per_step(site.cost_us)
         logging = ctx.per_step(iv.total(idle))
         saving = sync + logging
@@ -135,5 +160,5 @@ RULE = Rule(
     "add_scalar, append).",
     fix="Accumulate on the device; read and log every N steps.",
     check=check,
-    order=25,
+    explains=explains,
 )

@@ -121,5 +121,4 @@ RULE = Rule(
     detects="fp32 matmuls on CUDA cores of an Ampere+ GPU because TF32 is disabled.",
     fix='torch.set_float32_matmul_precision("high")',
     check=check,
-    order=60,
 )

@@ -19,15 +19,18 @@ over the parameters remains with `set_to_none=True`, so it is not claimed).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.analysis.launched import span_gpu
+from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
-from trainprof.rules.optimizer_foreach import claim, span_gpu
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import enclosing
@@ -40,22 +43,46 @@ FIX = (
 )
 
 
-def check(ctx: Context) -> list[Finding]:
-    if ctx.device.kind == "mtia":
-        return []
+@dataclass(frozen=True)
+class ZeroGrad:
+    used: np.ndarray  # zero_grad spans that zero gradients
+    zeros: np.ndarray  # the zero ops inside them
+
+
+def zero_grads(ctx: Context) -> ZeroGrad | None:
+    return ctx.memo(_zero_grads)
+
+
+def _zero_grads(ctx: Context) -> ZeroGrad | None:
     tr = ctx.trace
     spans = tr.where_name(ZERO_GRAD_SPAN, Kind.CPU_OP, Kind.ANNOTATION)
     spans = outermost(tr, spans[ctx.in_windows(spans)])
     if not len(spans):
-        return []
+        return None
     zeros = outermost(tr, tr.where_name(ZERO_OPS, Kind.CPU_OP))
     owner = enclosing(tr, spans, zeros)
     zeros = zeros[owner >= 0]
     if not len(zeros):
+        return None
+    return ZeroGrad(np.unique(owner[owner >= 0]), zeros)
+
+
+def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
+    """The launch gaps between the zero-fills (the rule's cause in the ledger)."""
+    zg = zero_grads(ctx) if ctx.gpu_timeline and ctx.device.kind != "mtia" else None
+    return {"zero-grad-not-none": span_gpu(ctx, zg.used).idle} if zg is not None else {}
+
+
+def check(ctx: Context) -> list[Finding]:
+    if ctx.device.kind == "mtia":
         return []
+    tr = ctx.trace
+    zg = zero_grads(ctx)
+    if zg is None:
+        return []
+    used, zeros = zg.used, zg.zeros
     n = len(zeros)
     per_step = n / max(ctx.n_steps, 1)
-    used = np.unique(owner[owner >= 0])
     m = re.match(r"^Optimizer\.zero_grad#([\w.]+?)\.zero_grad$", tr.name(int(used[0])))
     cls = m.group(1) if m else "optimizer"
     host = ctx.per_step(iv.total(iv.merge(tr.ts[used], tr.end[used])))
@@ -74,9 +101,8 @@ def check(ctx: Context) -> list[Finding]:
     severity = None
     if ctx.gpu_timeline:
         gpu = span_gpu(ctx, used)
-        claim(ctx, "zero-grad-not-none", gpu.idle)
         kern = ctx.per_step(gpu.busy_us)
-        gaps = ctx.per_step(iv.total(gpu.idle))
+        gaps = ctx.per_step(iv.total(ledger(ctx).share("zero-grad-not-none")))
         saving = min(kern + gaps, host)
         evidence += (
             f" On the GPU: {len(gpu.launched) / max(ctx.n_steps, 1):.0f} ops per step, "
@@ -109,5 +135,5 @@ RULE = Rule(
     detects="optimizer.zero_grad(set_to_none=False): one zero-fill per gradient every step.",
     fix="optimizer.zero_grad() (set_to_none=True, the default since torch 2.0).",
     check=check,
-    order=30,
+    explains=explains,
 )

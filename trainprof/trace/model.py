@@ -159,10 +159,21 @@ class Trace:
     def name(self, i: int) -> str:
         return self.names[self.name_id[i]]
 
+    @cached_property
+    def by_start(self) -> np.ndarray:
+        """Every event index, by start time (ties in index order): sorted once per trace."""
+        return np.argsort(self.ts, kind="stable")
+
+    def _in_start_order(self, mask: np.ndarray) -> np.ndarray:
+        idx = np.flatnonzero(mask)
+        if 8 * len(idx) < len(mask):  # a few events: sorting them beats a pass over all
+            return idx[np.argsort(self.ts[idx], kind="stable")]
+        order = self.by_start
+        return order[mask[order]]
+
     def where_kind(self, *kinds: int) -> np.ndarray:
         """Indices of events of these kinds, sorted by start time."""
-        idx = np.flatnonzero(np.isin(self.kind, kinds))
-        return idx[np.argsort(self.ts[idx], kind="stable")]
+        return self._in_start_order(np.isin(self.kind, kinds))
 
     def name_ids(self, pattern: str) -> np.ndarray:
         """Ids of interned names matching a regex (searched, not full-matched)."""
@@ -178,8 +189,7 @@ class Trace:
         mask = np.isin(self.name_id, self.name_ids(pattern))
         if kinds:
             mask &= np.isin(self.kind, kinds)
-        idx = np.flatnonzero(mask)
-        return idx[np.argsort(self.ts[idx], kind="stable")]
+        return self._in_start_order(mask)
 
     def count(self, pattern: str, *kinds: int) -> int:
         return len(self.where_name(pattern, *kinds))

@@ -30,14 +30,29 @@ def enclosing(trace: Trace, containers: np.ndarray, queries: np.ndarray) -> np.n
         c_ts, c_end = trace.ts[cs], trace.end[cs]
         q_ts, q_end = trace.ts[qs], trace.end[qs]
         k = np.searchsorted(c_ts, q_ts, side="right") - 1
-        # Walk back a few containers for the rare nested case where the latest-started one
-        # has already ended.
+        # Walk back a few containers (vectorised) for the nested case where the latest-started
+        # one has already ended; the rare query still open after that walks on alone, as far
+        # as an earlier container could still span it (the running maximum of their ends).
         for _ in range(4):
             kc = np.clip(k, 0, len(cs) - 1)
-            starts_inside = (q_ts < c_end[kc]) | ((q_ts == q_end) & (q_ts <= c_end[kc]))
-            ok = (k >= 0) & starts_inside & (c_end[kc] + END_SLACK >= q_end) & (out[qpos] < 0)
+            ok = (k >= 0) & _spans(c_end[kc], q_ts, q_end) & (out[qpos] < 0)
             out[qpos[ok]] = cs[kc[ok]]
             k = np.where(ok | (k < 0), -1, k - 1)
             if not (k >= 0).any():
                 break
+        reach = np.maximum.accumulate(c_end)
+        for j in np.flatnonzero(k >= 0).tolist():
+            kj = int(k[j])
+            while kj >= 0 and reach[kj] + END_SLACK >= q_end[j]:
+                if _spans(c_end[kj], q_ts[j], q_end[j]):
+                    out[qpos[j]] = cs[kj]
+                    break
+                kj -= 1
     return out
+
+
+def _spans(c_end: np.ndarray, q_ts: np.ndarray, q_end: np.ndarray) -> np.ndarray:
+    """Whether a container that started at or before the query and ends at `c_end` spans it
+    (a zero-length query on the container's end counts)."""
+    starts_inside = (q_ts < c_end) | ((q_ts == q_end) & (q_ts <= c_end))
+    return starts_inside & (c_end + END_SLACK >= q_end)
