@@ -63,3 +63,22 @@ def test_example_runs_and_prints_summary(
 
 def test_every_example_is_tested() -> None:
     assert sorted(p.stem for p in EXAMPLES.glob("[!_]*.py")) == sorted(SCRIPTS)
+
+
+FRAMEWORKS = ["lightning_train", "hf_trainer"]  # examples/frameworks: real Lightning and HF runs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixed", MODES, ids=["broken", "fixed"])
+@pytest.mark.parametrize("script", FRAMEWORKS)
+def test_framework_example_runs(script: str, fixed: bool) -> None:
+    cmd = [sys.executable, str(EXAMPLES / "frameworks" / f"{script}.py"), "--steps", "4"]
+    if fixed:
+        cmd.append("--fixed")
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout}\n{proc.stderr}"
+
+
+def test_every_framework_example_is_tested() -> None:
+    found = sorted(p.stem for p in (EXAMPLES / "frameworks").glob("[!_]*.py"))
+    assert found == sorted(FRAMEWORKS)

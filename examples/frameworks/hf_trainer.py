@@ -4,8 +4,8 @@ PROBLEM 1: `TrainingArguments(dataloader_num_workers=0)` (the default) with a pe
 tokenisation-like cost in the dataset: the step waits for data.
 PROBLEM 2: `logging_steps=1`: the Trainer reads the loss on the host every step.
 
-    python examples/hf_trainer.py [--fixed] [--steps N]
-    trainprof run examples/hf_trainer.py
+    python examples/frameworks/hf_trainer.py [--fixed] [--steps N]
+    trainprof run examples/frameworks/hf_trainer.py
 """
 
 import argparse

@@ -6,8 +6,8 @@ PROBLEM 2: a per-sample augmentation in a DataLoader with `num_workers=0`: the s
 Validation runs every 20 steps inside `trainer.fit()` (trainprof keeps those steps out of the
 training-step statistics).
 
-    python examples/lightning_train.py [--fixed] [--steps N]
-    trainprof run examples/lightning_train.py
+    python examples/frameworks/lightning_train.py [--fixed] [--steps N]
+    trainprof run examples/frameworks/lightning_train.py
 """
 
 import argparse
