@@ -47,12 +47,6 @@ def collect(path: Path) -> tuple[list[ReportItem], RunMeta | None]:
     return items, run_meta or items[0].meta
 
 
-def _meta_for_trace(trace_file: Path) -> RunMeta | None:
-    from trainprof.pipeline import meta_for
-
-    return meta_for(trace_file)
-
-
 def _trace_of(d: Diagnosis) -> Trace | None:
     from trainprof.trace.load import load_trace
 
@@ -81,6 +75,8 @@ def write_run_reports(
 
     `meta` is the run's metadata; with several traces each rank's trainprof.rank<R>.json is
     used for that rank when present."""
+    from trainprof.pipeline import meta_for
+
     run_dir = Path(run_dir)
     if not diagnoses:
         return []
@@ -90,7 +86,7 @@ def write_run_reports(
     written = []
     xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
-        m = (_meta_for_trace(Path(d.trace)) if several else None) or meta
+        m = (meta_for(Path(d.trace)) if several else None) or meta
         trace = _trace_of(d)
         ps = per_step(Context(trace, m)) if trace is not None else None
         items.append(ReportItem(d, ps, m))
