@@ -8,7 +8,14 @@ Detection: what is left of the GPU idle inside the steps after every cause-speci
 share: DataLoader fetches, host waits and refills (Context.attribution) and dispatch gaps
 (`launch-bound`, see `analysis/dispatch.py`), and what `optimizer-foreach` / `zero-grad-not-none`
 claimed; idle between the kernels of one CUDA-graph replay is neither (no host work could fill
-it) and is left out. The longest idle gaps are sampled (a few points
+it) and is left out. So is idle whose next GPU work had already been launched (`queued`,
+`analysis/queued.py`): at the edge of a window when the GPU lags the CPU (work queued before the
+window or before the recording began), or when the host finished launching long before the GPU
+ran it (a graph replay, a deep queue) and the GPU stalled on something the trace does not show.
+No host code made the GPU wait there; the diagnosis says how much of it there was in a note, and
+names the steps that are GPU-bound (busy from their first GPU work to their end, but for
+switches between queued kernels: host-side fixes will not speed them up). The longest idle gaps
+are sampled (a few points
 each, on the training thread) and named by the deepest Python frame common to all samples of a
 gap (`with_stack` traces), else by the `Call stack` of the running operator (2021 traces), else
 by the host events open at that moment. Gaps with the same name are summed; each name above
