@@ -76,11 +76,15 @@ def test_timesformer_result_copy_waiting_on_a_busy_gpu_is_not_a_cost():
             assert f.severity not in ABOVE_LOW
 
 
-def test_blocking_copies_are_a_high_finding():
+def test_blocking_copies_waiting_on_work_queued_long_before_are_not_a_cost():
+    # The host waits in cudaMemcpyAsync for 43 % of the step while the GPU idles, but the work
+    # the GPU then runs was launched ~66 ms before (CUDA-graph replays): the GPU stalled on
+    # something the trace does not show, and making the copies non-blocking would not feed it.
     d = diagnosis(NEGQ)
-    top = d.findings[0]
-    assert (top.rule, top.severity) == ("host-sync", "high")
-    assert top.est_saving_pct == pytest.approx(43.0, abs=1.0)
+    syncs = by_rule(d, "host-sync")
+    assert syncs and all(f.severity not in ABOVE_LOW for f in syncs)
+    assert sum(f.est_saving_pct for f in syncs) < 3.0
+    assert any("already launched" in n for n in d.notes)
 
 
 def test_each_sync_kind_is_named():

@@ -68,8 +68,13 @@ def test_gpu_idle_and_dataloader_overlap_match_the_cost_view():
     assert 100 * iv.total(c.gpu_idle) / c.window_us == pytest.approx(44.0, abs=0.1)
     dl = 100 * iv.total(c.attribution["dataloader"]) / c.window_us
     assert dl == pytest.approx(33.9, abs=0.1)
-    q = context(NEGQ)  # 43.2 % of the step is cudaMemcpyAsync while the GPU idles
-    assert 100 * iv.total(q.attribution["host_wait"]) / q.window_us == pytest.approx(43.2, abs=0.5)
+    # 43.2 % of the step is cudaMemcpyAsync while the GPU idles: an overlap. The work that ends
+    # that idle had been launched long before (CUDA-graph replays), so the ledger gives it to
+    # `queued`, not to the copies (tests/rules/test_gpu_idle_edge.py).
+    q = context(NEGQ)
+    copies = q.trace.where_name(r"^cudaMemcpyAsync$", Kind.RUNTIME)
+    waits = iv.intersect(q.gpu_idle, iv.merge(q.trace.ts[copies], q.trace.end[copies]))
+    assert 100 * iv.total(waits) / q.window_us == pytest.approx(43.2, abs=0.5)
 
 
 def test_idle_attribution_partitions_idle_time():

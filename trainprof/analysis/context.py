@@ -3,6 +3,9 @@ idle time, and the attribution of every idle GPU interval to exactly one cause.
 
 Idle attribution (each idle instant inside a step goes to the first cause that covers it):
 
+0. `queued`: the work that ends the idle gap had already been launched, so no host activity
+   caused it: the GPU lagged the CPU or stalled on something the trace does not show
+   (analysis/queued.py); no rule claims it;
 1. `dataloader`: the host is inside a DataLoader fetch;
 2. `host_wait`: the host is blocked in a synchronising call (stream/device/event sync, a blocking
    copy such as pageable HtoD or DtoH);
@@ -26,6 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from trainprof.analysis.model import Device
+from trainprof.analysis.queued import queued_idle
 from trainprof.runmeta import RunMeta
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import PyStacks, event_frames, event_location
@@ -331,7 +335,8 @@ class Context:
     @cached_property
     def attribution(self) -> dict[str, iv.Intervals]:
         """Idle GPU time inside the steps, split by cause (see the module docstring)."""
-        idle = self.gpu_idle
+        queued = queued_idle(self)
+        idle = iv.subtract(self.gpu_idle, queued)
         tr = self.trace
         b_idx = self._blocking_raw[0]
         dl = iv.intersect(idle, self.dataloader_spans)
@@ -340,7 +345,7 @@ class Context:
         rest = iv.subtract(rest, hw)
         rf = iv.intersect(rest, iv.merge(tr.end[b_idx], self._refill_ends))
         other = iv.subtract(rest, rf)
-        return {"dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
+        return {"queued": queued, "dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
 
     @cached_property
     def _refill_ends(self) -> np.ndarray:

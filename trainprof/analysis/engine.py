@@ -14,7 +14,11 @@ from trainprof.analysis.model import (
     severity_for,
     severity_rank,
 )
+from trainprof.analysis.queued import gpu_bound
+from trainprof.trace import intervals as iv
 from trainprof.trace.steps import SOURCE_TEXT
+
+QUEUED_NOTE_PCT = 1.0  # queued GPU idle below this share of the step goes unmentioned
 
 
 def cap_savings(findings: list[Finding], step_ms: float) -> None:
@@ -103,7 +107,43 @@ def notes_for(ctx: Context) -> list[str]:
     elif not d.gpu_timeline:
         notes.append("The trace lists GPUs but holds no GPU kernels or copies: GPU idle "
                      "cannot be measured, so GPU costs are not estimated.")
-    return notes + eval_notes(ctx)
+    return notes + idle_notes(ctx) + eval_notes(ctx)
+
+
+def idle_notes(ctx: Context) -> list[str]:
+    """The GPU idle no finding claims because its work was already queued, and the GPU-bound
+    steps (analysis/queued.py)."""
+    if not ctx.gpu_timeline or not ctx.n_steps:
+        return []
+    notes = []
+    queued = ctx.per_step(iv.total(ctx.attribution["queued"]))
+    if ctx.pct(queued) >= QUEUED_NOTE_PCT:
+        notes.append(
+            f"GPU idle {queued / 1000:.1f} ms/step ({ctx.pct(queued):.1f} % of the step) with "
+            "its next work already launched: the GPU lagged the CPU (work queued before the "
+            "window or long before it ran) or waited on something the trace does not show "
+            "(another stream's or process's event, dropped events). No host-side finding "
+            "claims it."
+        )
+    gb = gpu_bound(ctx)
+    n = int(gb.steps.sum())
+    if n:
+        which = "every step" if n == ctx.n_steps else f"{n} of {ctx.n_steps} steps"
+        text = (
+            f"GPU-bound: in {which}, from the step's first GPU work to its end the GPU ran its "
+            f"queued work back to back (busy {gb.busy_pct:.1f} % of those steps): host-side "
+            "fixes will not speed that up, faster kernels will."
+        )
+        s = ctx.steps
+        host = iv.subtract(ctx.gpu_idle, ctx.attribution["queued"])
+        lead = iv.overlap_each(s.start[gb.steps], gb.first_work[gb.steps], host).sum() / n
+        if lead >= 0.01 * ctx.mean_step_us:
+            text += (
+                f" The {lead / 1000:.1f} ms/step of GPU idle before their first GPU work is the "
+                "host's."
+            )
+        notes.append(text)
+    return notes
 
 
 def eval_notes(ctx: Context) -> list[str]:

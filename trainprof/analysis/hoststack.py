@@ -5,6 +5,8 @@ host events open at that moment. Used to name the code that ran while the GPU id
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import numpy as np
 
 from trainprof.analysis.context import Context
@@ -12,6 +14,7 @@ from trainprof.trace.model import Kind
 from trainprof.trace.steps import PROFILER_STEP
 
 _HOST = (Kind.CPU_OP, Kind.ANNOTATION, Kind.RUNTIME)
+NO_OP = "Python code with no operator running"
 
 
 def _thread_events(ctx: Context, thread: int) -> np.ndarray:
@@ -93,3 +96,44 @@ def common_frame(stacks: list[list[str]]) -> tuple[str | None, list[str]]:
     if not shared:
         return None, []
     return shared[-1], shared[::-1]
+
+
+@dataclass
+class GapGroup:
+    """Idle gaps named by the same code: the deepest frame common to samples of each gap."""
+
+    label: str
+    source: str  # python | callstack | ops | none
+    idle_us: float = 0.0
+    gaps: list[int] = field(default_factory=list)  # positions in the gaps given
+    shared: list[str] = field(default_factory=list)  # common outer frames, innermost first
+
+
+def _samples(length: float) -> int:
+    return 7 if length >= 10_000 else 3
+
+
+def group_gaps(ctx: Context, gaps: tuple[np.ndarray, np.ndarray], most: int) -> list[GapGroup]:
+    """The `most` longest gaps, each sampled at a few points on the training thread and named by
+    the deepest frame common to its samples (NO_OP when none), grouped by name, the most idle
+    first."""
+    starts, ends = gaps
+    lengths = ends - starts
+    order = np.argsort(-lengths, kind="stable")[:most]
+    thread = ctx.steps.thread
+    groups: dict[str, GapGroup] = {}
+    for g in order.tolist():
+        n = _samples(float(lengths[g]))
+        pts = starts[g] + lengths[g] * (np.arange(1, n + 1) / (n + 1))
+        stacks, source = [], "none"
+        for t in pts.tolist():
+            fr, src = stack_at(ctx, thread, t)
+            stacks.append(fr)
+            source = src if fr else source
+        label, shared = common_frame(stacks)
+        if label is None:
+            label, source = NO_OP, "none"
+        grp = groups.setdefault(label, GapGroup(label, source, shared=shared))
+        grp.idle_us += float(lengths[g])
+        grp.gaps.append(g)
+    return sorted(groups.values(), key=lambda x: -x.idle_us)

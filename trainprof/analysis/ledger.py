@@ -1,6 +1,7 @@
 """The cost ledger: every idle GPU microsecond inside the steps goes to exactly one cause.
 
-Context.attribution splits the idle time into `dataloader`, `host_wait`, `refill` and `other`.
+Context.attribution splits the idle time into `queued` (the GPU already had the work: no host
+cause, no rule's; analysis/queued.py), `dataloader`, `host_wait`, `refill` and `other`.
 This module partitions `other` once, for the whole trace, among the causes rules declare
 (`Rule.explains(ctx) -> {cause: intervals}`: an optimizer's launch gaps, a logging call, a
 recompile, ...), then splits what no cause explains between dispatch (`launch`, for
@@ -33,7 +34,7 @@ Explains = Callable[["Context"], Mapping[str, iv.Intervals]]
 class Ledger:
     """The partition of GPU idle inside the step windows, by cause."""
 
-    attribution: dict[str, iv.Intervals]  # dataloader, host_wait, refill, other (Context)
+    attribution: dict[str, iv.Intervals]  # queued, dataloader, host_wait, refill, other
     claims: dict[str, iv.Intervals] = field(default_factory=dict)  # disjoint, inside `other`
     launch: iv.Intervals = iv.EMPTY  # unexplained idle while the host dispatched ops
     host: iv.Intervals = iv.EMPTY  # unexplained idle while the host did other work

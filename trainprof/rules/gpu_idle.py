@@ -8,7 +8,14 @@ Detection: what is left of the GPU idle inside the steps after every cause-speci
 share: DataLoader fetches, host waits and refills (Context.attribution) and dispatch gaps
 (`launch-bound`, see `analysis/dispatch.py`), and what `optimizer-foreach` / `zero-grad-not-none`
 claimed; idle between the kernels of one CUDA-graph replay is neither (no host work could fill
-it) and is left out. The longest idle gaps are sampled (a few points
+it) and is left out. So is idle whose next GPU work had already been launched (`queued`,
+`analysis/queued.py`): at the edge of a window when the GPU lags the CPU (work queued before the
+window or before the recording began), or when the host finished launching long before the GPU
+ran it (a graph replay, a deep queue) and the GPU stalled on something the trace does not show.
+No host code made the GPU wait there; the diagnosis says how much of it there was in a note, and
+names the steps that are GPU-bound (busy from their first GPU work to their end, but for
+switches between queued kernels: host-side fixes will not speed them up). The longest idle gaps
+are sampled (a few points
 each, on the training thread) and named by the deepest Python frame common to all samples of a
 gap (`with_stack` traces), else by the `Call stack` of the running operator (2021 traces), else
 by the host events open at that moment. Gaps with the same name are summed; each name above
@@ -21,13 +28,12 @@ Saving estimate: the idle time itself, per step: what moving that work off the c
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.dispatch import compiled
-from trainprof.analysis.hoststack import common_frame, stack_at
+from trainprof.analysis.hoststack import NO_OP, GapGroup, group_gaps
 from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
@@ -38,7 +44,6 @@ MIN_GROUP_PCT = 5.0
 MIN_REST_PCT = 3.0
 MAX_FINDINGS = 3
 SAMPLED_GAPS = 64
-NO_OP = "Python code with no operator running"
 
 PREPROCESS = re.compile(
     r"(?i)preprocess|transform|tokeni[sz]|decode|collate|augment|image_process|feature_extract"
@@ -77,42 +82,6 @@ FIX_NO_OP = (
 )
 
 
-@dataclass
-class Group:
-    label: str
-    source: str  # python | callstack | ops | none
-    idle_us: float = 0.0
-    gaps: list[int] = field(default_factory=list)
-    shared: list[str] = field(default_factory=list)  # common outer frames, innermost first
-
-
-def _samples(length: float) -> int:
-    return 7 if length >= 10_000 else 3
-
-
-def _groups(ctx: Context, gaps: tuple[np.ndarray, np.ndarray]) -> list[Group]:
-    starts, ends = gaps
-    lengths = ends - starts
-    order = np.argsort(-lengths, kind="stable")[:SAMPLED_GAPS]
-    thread = ctx.steps.thread
-    groups: dict[str, Group] = {}
-    for g in order.tolist():
-        n = _samples(float(lengths[g]))
-        pts = starts[g] + lengths[g] * (np.arange(1, n + 1) / (n + 1))
-        stacks, source = [], "none"
-        for t in pts.tolist():
-            fr, src = stack_at(ctx, thread, t)
-            stacks.append(fr)
-            source = src if fr else source
-        label, shared = common_frame(stacks)
-        if label is None:
-            label, source = NO_OP, "none"
-        grp = groups.setdefault(label, Group(label, source, shared=shared))
-        grp.idle_us += float(lengths[g])
-        grp.gaps.append(g)
-    return sorted(groups.values(), key=lambda x: -x.idle_us)
-
-
 def _pretty(label: str) -> str:
     p = parse_frame(label)
     if p:
@@ -124,7 +93,7 @@ def _generic(ctx: Context) -> str:
     return FIX_GENERIC_COMPILED if compiled(ctx) else FIX_GENERIC
 
 
-def _fix(ctx: Context, grp: Group) -> str:
+def _fix(ctx: Context, grp: GapGroup) -> str:
     # Function names only: a path such as `transformers/...` says nothing about the work.
     funcs = [p[2] for p in map(parse_frame, grp.shared[:3]) if p]
     text = " ".join(funcs) if funcs else grp.label
@@ -137,7 +106,7 @@ def _fix(ctx: Context, grp: Group) -> str:
     return _generic(ctx)
 
 
-def _finding(ctx: Context, grp: Group, gaps: tuple[np.ndarray, np.ndarray]) -> Finding:
+def _finding(ctx: Context, grp: GapGroup, gaps: tuple[np.ndarray, np.ndarray]) -> Finding:
     starts, ends = gaps
     idx = np.array(sorted(grp.gaps), np.int64)
     lengths = ends[idx] - starts[idx]
@@ -178,7 +147,7 @@ def _finding(ctx: Context, grp: Group, gaps: tuple[np.ndarray, np.ndarray]) -> F
     return f
 
 
-def _label(grp: Group) -> str:
+def _label(grp: GapGroup) -> str:
     return NO_OP.lower() if grp.source == "none" else f"`{grp.label}`"
 
 
@@ -190,7 +159,7 @@ def check(ctx: Context) -> list[Finding]:
     if ctx.pct(total) < MIN_REST_PCT:
         return []
     out: list[Finding] = []
-    groups = _groups(ctx, gaps)
+    groups = group_gaps(ctx, gaps, SAMPLED_GAPS)
     named = [g for g in groups[:MAX_FINDINGS] if ctx.pct(ctx.per_step(g.idle_us)) >= MIN_GROUP_PCT]
     out = [_finding(ctx, g, gaps) for g in named]
     rest = total - ctx.per_step(sum(g.idle_us for g in named))
