@@ -101,6 +101,8 @@ def _sites(ctx: Context) -> list[Site]:
     mem = tr.where_name(r"^Memcpy HtoD", Kind.MEMCPY)
     calls = tr.launch[mem]
     mem, calls = mem[calls >= 0], calls[calls >= 0]
+    if not len(mem):
+        return []
     keep = ctx.in_windows(calls) & ~iv.contains(ctx.dataloader_spans, tr.ts[calls])
     mem, calls = mem[keep], calls[keep]
     copies = outermost(tr, tr.where_name(COPY_OPS, Kind.CPU_OP))
