@@ -53,7 +53,7 @@ def _compiles(ctx: Context) -> tuple[np.ndarray, list[set[tuple[int, int]]], np.
 def recompiled(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
     """(the step of each compile span, whether it is a recompile)."""
     spans, ids, _ = compiles(ctx)
-    step = np.searchsorted(ctx.steps.start, ctx.trace.ts[spans], side="right") - 1
+    step = ctx.step_index[spans]
     again = np.array(
         [any(c >= 1 for _, c in got) if got else s > 0
          for got, s in zip(ids, step.tolist(), strict=True)],

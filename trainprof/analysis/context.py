@@ -244,6 +244,21 @@ class Context:
     def gpu_timeline(self) -> bool:
         return self.device.gpu_timeline
 
+    @cached_property
+    def step_index(self) -> np.ndarray:
+        """For every event, the index in `steps` of the step window that holds it, -1 outside
+        every window. Host events go by their start; GPU events by the start of the call that
+        launched them (`Trace.launch`): a kernel belongs to the step that issued it, however
+        late the GPU runs it (by its own start when it has no launch call)."""
+        tr, s = self.trace, self.steps
+        if not len(s):
+            return np.full(len(tr), -1, np.int64)
+        la = tr.launch
+        t = np.where(la >= 0, tr.ts[la], tr.ts)  # la = -1 reads the last event: not used
+        j = np.searchsorted(s.start, t, side="right") - 1
+        inside = (j >= 0) & (t < s.end[np.maximum(j, 0)])
+        return np.where(inside, j, -1)
+
     def in_windows(self, idx: np.ndarray) -> np.ndarray:
         """Mask: which events start inside a step window."""
         return iv.contains(self.windows, self.trace.ts[idx])
@@ -304,22 +319,17 @@ class Context:
 
     # ---- blocking calls and idle attribution -----------------------------------------------
     @cached_property
-    def memcpy_by_corr(self) -> dict[int, int]:
-        tr = self.trace
-        m = tr.where_kind(Kind.MEMCPY)
-        m = m[tr.corr[m] >= 0]
-        return dict(zip(tr.corr[m].tolist(), m.tolist(), strict=True))
-
-    @cached_property
     def _blocking_raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         tr = self.trace
         rt = (Kind.RUNTIME,)
         syncs = tr.where_name(SYNC_CALLS, *rt)
         copies = tr.where_name(ASYNC_COPY_CALLS, *rt)
-        by_corr = self.memcpy_by_corr
+        gm = tr.where_kind(Kind.MEMCPY)
+        gm = gm[tr.launch[gm] >= 0]
+        copy_of = dict(zip(tr.launch[gm].tolist(), gm.tolist(), strict=True))  # call -> copy
         keep, kinds, mem = [], [], []
         for i in copies.tolist():
-            m = by_corr.get(int(tr.corr[i]), -1)
+            m = copy_of.get(i, -1)
             d = memcpy_direction(tr.name(m)) if m >= 0 else ""
             # Copies from pageable memory and into pageable memory return only when done.
             if d in ("pageable_htod", "dtoh_pageable", "dtoh"):

@@ -33,7 +33,7 @@ import numpy as np
 from trainprof.analysis.context import LAUNCH_CALLS, Context
 from trainprof.analysis.syncs import outermost
 from trainprof.trace import intervals as iv
-from trainprof.trace.model import Kind
+from trainprof.trace.model import LAUNCH_KINDS, Kind
 from trainprof.trace.nesting import enclosing
 
 GLUE_US = 100.0  # Python between two dispatched ops (module __call__, arg parsing)
@@ -69,20 +69,17 @@ class LaunchStats:
 
 
 def graph_gpu_events(ctx: Context) -> np.ndarray:
-    """GPU events (kernels, copies, memsets) replayed by a graph launch, by correlation id."""
+    """GPU events (kernels, copies, memsets) replayed by a graph launch (their `launch`)."""
     return ctx.memo(_graph_gpu_events)
 
 
 def _graph_gpu_events(ctx: Context) -> np.ndarray:
     tr = ctx.trace
-    launches = tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER)
-    corr = tr.corr[launches]
-    corr = corr[corr >= 0]
-    out = np.zeros(0, np.int64)
-    if len(corr):
-        gpu = tr.where_kind(Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
-        out = gpu[np.isin(tr.corr[gpu], corr)]
-    return out
+    launches = tr.where_name(GRAPH_LAUNCH, *LAUNCH_KINDS)
+    if not len(launches):
+        return np.zeros(0, np.int64)
+    gpu = ctx.gpu_events
+    return gpu[np.isin(tr.launch[gpu], launches)]
 
 
 def graph_replays(ctx: Context) -> iv.Intervals:
@@ -91,8 +88,7 @@ def graph_replays(ctx: Context) -> iv.Intervals:
     ev = graph_gpu_events(ctx)
     if not len(ev):
         return np.zeros(0), np.zeros(0)
-    corr = tr.corr[ev]
-    ids, first = np.unique(corr, return_inverse=True)
+    ids, first = np.unique(tr.launch[ev], return_inverse=True)
     start = np.full(len(ids), np.inf)
     end = np.full(len(ids), -np.inf)
     np.minimum.at(start, first, tr.ts[ev])
@@ -109,21 +105,15 @@ def compiled(ctx: Context) -> bool:
 
 
 def launch_pairs(ctx: Context) -> tuple[np.ndarray, np.ndarray]:
-    """(kernel, launch call) index pairs linked by correlation id, kernels in the windows; graph
-    replays are left out (one launch call for many kernels says nothing of per-kernel cost)."""
+    """(kernel, launch call) index pairs (`Trace.launch`), kernels in the windows; graph replays
+    are left out (one launch call for many kernels says nothing of per-kernel cost)."""
     tr = ctx.trace
     k = tr.where_kind(Kind.KERNEL)
-    k = k[(tr.corr[k] >= 0) & ctx.in_windows(k) & ~np.isin(k, graph_gpu_events(ctx))]
-    rt = tr.where_name(r"Launch", Kind.RUNTIME, Kind.DRIVER)  # cuLaunchKernel is a driver call
-    rt = rt[~np.isin(rt, tr.where_name(GRAPH_LAUNCH, Kind.RUNTIME, Kind.DRIVER))]
-    rt = rt[tr.corr[rt] >= 0]
-    if not len(k) or not len(rt):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, tr.corr[k]), 0, len(rc) - 1)
-    hit = rc[pos] == tr.corr[k]
-    return k[hit], rt[order][pos[hit]]
+    rt = tr.launch[k]
+    keep = (rt >= 0) & ctx.in_windows(k) & ~np.isin(k, graph_gpu_events(ctx))
+    k, rt = k[keep], rt[keep]
+    keep = np.isin(tr.name_id[rt], tr.name_ids(r"Launch"))  # a copy or memset call: no launch
+    return k[keep], rt[keep]
 
 
 def launch_stats(ctx: Context) -> LaunchStats:

@@ -1,6 +1,6 @@
-"""The GPU work launched from inside host spans (an optimizer step, a zero_grad), by correlation
-id, and the GPU idle between the first and the last of it: the launch gaps a cause-specific rule
-explains (analysis/ledger.py)."""
+"""The GPU work launched from inside host spans (an optimizer step, a zero_grad), by the calls
+that launched it (`Trace.launch`), and the GPU idle between the first and the last of it: the
+launch gaps a cause-specific rule explains (analysis/ledger.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,6 @@ import numpy as np
 
 from trainprof.analysis.context import Context
 from trainprof.trace import intervals as iv
-from trainprof.trace.model import Kind
 from trainprof.trace.nesting import enclosing
 
 
@@ -24,27 +23,19 @@ class SpanGpu:
 
 
 def span_gpu(ctx: Context, spans: np.ndarray, exclude: iv.Intervals = iv.EMPTY) -> SpanGpu:
-    """GPU kernels/copies/memsets launched by runtime calls inside `spans` (by correlation id),
-    and the `other`-attributed GPU idle between the first and the last of them in each span.
-    Runtime calls inside `exclude` (an optimizer's closure) are left out."""
+    """GPU kernels/copies/memsets launched (`Trace.launch`) by calls inside `spans`, and the
+    `other`-attributed GPU idle between the first and the last of them in each span. Calls
+    inside `exclude` (an optimizer's closure) are left out."""
     tr = ctx.trace
-    rt = tr.where_kind(Kind.RUNTIME)
-    rt = rt[tr.corr[rt] >= 0]
-    rt = rt[~iv.contains(exclude, tr.ts[rt])]
-    owner = enclosing(tr, spans, rt)
-    rt, owner = rt[owner >= 0], owner[owner >= 0]
     g = ctx.gpu_events
-    g = g[tr.corr[g] >= 0]
-    empty = SpanGpu(0.0, iv.EMPTY, np.zeros(0, np.int64))
-    if not len(rt) or not len(g):
-        return empty
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, tr.corr[g]), 0, len(rc) - 1)
-    hit = rc[pos] == tr.corr[g]
-    g, g_span = g[hit], owner[order][pos[hit]]
+    call = tr.launch[g]
+    g, call = g[call >= 0], call[call >= 0]
+    keep = ~iv.contains(exclude, tr.ts[call])
+    g, call = g[keep], call[keep]
+    g_span = enclosing(tr, spans, call)
+    g, g_span = g[g_span >= 0], g_span[g_span >= 0]
     if not len(g):
-        return empty
+        return SpanGpu(0.0, iv.EMPTY, np.zeros(0, np.int64))
     lo, hi = [], []
     for s in np.unique(g_span).tolist():
         mine = g[g_span == s]

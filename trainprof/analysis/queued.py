@@ -67,20 +67,20 @@ def _launched_at(ctx: Context) -> np.ndarray:
     tr = ctx.trace
     g = ctx.gpu_events
     out = np.full(len(g), np.nan)
-    rt = tr.where_kind(Kind.RUNTIME, Kind.DRIVER)
-    rt = rt[tr.corr[rt] >= 0]
     corr = tr.corr[g]
-    if not len(rt) or not len(g):
+    if not len(g):
         return out
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, corr), 0, len(rc) - 1)
-    hit = (rc[pos] == corr) & (corr >= 0)
-    out[hit] = tr.end[rt[order][pos[hit]]]
+    launch = tr.launch[g]
+    hit = launch >= 0
+    if not hit.any():
+        return out
+    out[hit] = tr.end[launch[hit]]
     # Correlation ids grow with every call: an orphan below the first recorded call's id was
     # launched before the recording began.
     if hit.mean() >= MIN_LINKED_SHARE:
-        out[~hit & (corr >= 0) & (corr < rc[0])] = -np.inf
+        calls = tr.where_kind(Kind.RUNTIME, Kind.DRIVER)
+        first = tr.corr[calls][tr.corr[calls] >= 0].min()
+        out[~hit & (corr >= 0) & (corr < first)] = -np.inf
     return out
 
 

@@ -75,24 +75,6 @@ def file_rank(path: str | Path) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def _launch_times(tr, kernels: np.ndarray) -> np.ndarray:
-    """Host time of each kernel's launch (its runtime call, by correlation id), else its own
-    start: a kernel belongs to the step that launched it, however late it runs."""
-    from trainprof.trace.model import Kind
-
-    rt = np.flatnonzero((tr.kind == Kind.RUNTIME) & (tr.corr >= 0))
-    out = tr.ts[kernels].copy()
-    if not len(rt) or not len(kernels):
-        return out
-    order = np.argsort(tr.corr[rt], kind="stable")
-    corr_sorted = tr.corr[rt][order]
-    k_corr = tr.corr[kernels]
-    pos = np.clip(np.searchsorted(corr_sorted, k_corr), 0, len(corr_sorted) - 1)
-    hit = (corr_sorted[pos] == k_corr) & (k_corr >= 0)
-    out[hit] = tr.ts[rt[order[pos[hit]]]]
-    return out
-
-
 def _arrays(ctx) -> RankArrays:
     from trainprof.analysis.context import COMM_KERNEL, SYNC_CALLS
     from trainprof.ranks.comm import comm_stats
@@ -102,10 +84,6 @@ def _arrays(ctx) -> RankArrays:
     steps = ctx.steps
     k = tr.where_name(COMM_KERNEL, Kind.KERNEL) if ctx.gpu_timeline else np.zeros(0, np.int64)
     names, name_idx = np.unique(tr.name_id[k], return_inverse=True)
-    launch = _launch_times(tr, k)
-    j = np.searchsorted(steps.start, launch, side="right") - 1
-    jc = np.clip(j, 0, max(len(steps) - 1, 0))
-    in_step = (j >= 0) & (launch < steps.end[jc]) if len(steps) else np.zeros(len(k), bool)
     c = comm_stats(ctx)
     syncs = tr.where_name(SYNC_CALLS, Kind.RUNTIME)
     syncs = syncs[ctx.in_windows(syncs)]
@@ -124,7 +102,7 @@ def _arrays(ctx) -> RankArrays:
         comm_ts=tr.ts[k].copy(),
         comm_dur=tr.dur[k].copy(),
         comm_stream=tr.stream[k].copy(),
-        comm_step=np.where(in_step, j, -1).astype(np.int32),
+        comm_step=ctx.step_index[k].astype(np.int32),  # the step that launched it
         exposed=c.exposed,
         backend=c.backend,
         comm_us=c.comm_us,

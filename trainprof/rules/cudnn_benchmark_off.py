@@ -65,7 +65,7 @@ def repeated_shapes(ctx: Context, convs: np.ndarray) -> tuple[float, int, int] |
     keys = [_shape_key(tr.shapes.get(int(i))) for i in convs]
     if not keys or any(k is None for k in keys):
         return None
-    step = np.searchsorted(ctx.steps.start, tr.ts[convs], side="right") - 1
+    step = ctx.step_index[convs]
     by_step: dict[int, set[bytes]] = {}
     for s, k in zip(step.tolist(), keys, strict=True):
         by_step.setdefault(s, set()).add(k)  # type: ignore[arg-type]

@@ -99,16 +99,10 @@ def sites(ctx: Context) -> list[Site]:
 def _sites(ctx: Context) -> list[Site]:
     tr = ctx.trace
     mem = tr.where_name(r"^Memcpy HtoD", Kind.MEMCPY)
-    mem = mem[tr.corr[mem] >= 0]
+    calls = tr.launch[mem]
+    mem, calls = mem[calls >= 0], calls[calls >= 0]
     if not len(mem):
         return []
-    rt = tr.where_kind(Kind.RUNTIME)
-    rt = rt[tr.corr[rt] >= 0]
-    order = np.argsort(tr.corr[rt], kind="stable")
-    rc = tr.corr[rt][order]
-    pos = np.clip(np.searchsorted(rc, tr.corr[mem]), 0, max(len(rc) - 1, 0))
-    hit = rc[pos] == tr.corr[mem] if len(rc) else np.zeros(len(mem), bool)
-    mem, calls = mem[hit], rt[order][pos[hit]]
     keep = ctx.in_windows(calls) & ~iv.contains(ctx.dataloader_spans, tr.ts[calls])
     mem, calls = mem[keep], calls[keep]
     copies = outermost(tr, tr.where_name(COPY_OPS, Kind.CPU_OP))

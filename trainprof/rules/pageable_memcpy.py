@@ -41,9 +41,9 @@ def check(ctx: Context) -> list[Finding]:
     if not len(m):
         return []
     # GPU copies lag their launch: place each at its runtime call when there is one.
-    calls = {int(tr.corr[i]): int(i) for i in tr.where_kind(Kind.RUNTIME) if tr.corr[i] >= 0}
-    host_t = np.array([tr.ts[calls.get(int(tr.corr[i]), i)] for i in m])
-    inside = ctx.in_windows(np.array([calls.get(int(tr.corr[i]), i) for i in m]))
+    call = np.where(tr.launch[m] >= 0, tr.launch[m], m)
+    host_t = tr.ts[call]
+    inside = ctx.in_windows(call)
     m, host_t = m[inside], host_t[inside]
     if not len(m):
         return []

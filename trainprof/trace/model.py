@@ -15,6 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from trainprof.trace.links import link_by_corr
+from trainprof.trace.nesting import parents
+
 
 class Kind(IntEnum):
     OTHER = 0
@@ -56,6 +59,13 @@ KIND_BY_CAT: dict[str, int] = {
 
 HOST_KINDS = (Kind.CPU_OP, Kind.ANNOTATION, Kind.PYTHON, Kind.RUNTIME, Kind.DRIVER)
 GPU_KINDS = (Kind.KERNEL, Kind.MEMCPY, Kind.MEMSET)
+LAUNCH_KINDS = (Kind.RUNTIME, Kind.DRIVER)  # what issues GPU work (cuLaunchKernel is a driver call)
+# The call tree of `Trace.parent`: Python functions have their own (py_id / py_parent), and
+# mixing them in would make a launch's parent a Python frame rather than its operator.
+TREE_KINDS = (Kind.ANNOTATION, Kind.CPU_OP, Kind.RUNTIME, Kind.DRIVER)
+# Of two tree events with the same span, which is the parent: annotation, operator, call.
+_TREE_RANK = np.zeros(max(Kind) + 1, np.int8)
+_TREE_RANK[list(TREE_KINDS)] = np.arange(len(TREE_KINDS))
 
 
 class Sparse(Mapping[int, Any]):
@@ -193,6 +203,23 @@ class Trace:
 
     def count(self, pattern: str, *kinds: int) -> int:
         return len(self.where_name(pattern, *kinds))
+
+    # ---- derived columns, computed on first use (once per trace, never cached on disk) ----
+    @cached_property
+    def launch(self) -> np.ndarray:
+        """For each GPU event (kernel, memcpy, memset), the index of the runtime or driver call
+        that issued it (same correlation id), -1 when it has none and for every other event.
+        The kernels of one CUDA/HIP-graph replay all point at its `cudaGraphLaunch`."""
+        gpu = np.flatnonzero(np.isin(self.kind, GPU_KINDS))
+        return link_by_corr(self.corr, self.where_kind(*LAUNCH_KINDS), gpu)
+
+    @cached_property
+    def parent(self) -> np.ndarray:
+        """For each host event (operator, annotation, runtime or driver call), the index of the
+        innermost such event on its thread that spans it, -1 at top level, for Python functions
+        (see `py_parent`) and for GPU events (see `launch`). trace/nesting.py: `parents`."""
+        tree = np.flatnonzero(np.isin(self.kind, TREE_KINDS))
+        return parents(self.thread, self.ts, self.end, tree, _TREE_RANK[self.kind])
 
     @cached_property
     def has_gpu_activity(self) -> bool:
