@@ -139,7 +139,7 @@ def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
     from trainprof.capture.runner import RunOptions, run_script
 
     folder = tmp_path / "run"
-    scripts = Path(__file__).parent / "scripts"
+    scripts = Path(__file__).parent.parent / "scripts"
     opts = RunOptions(
         script=str(scripts / script),
         out=folder,
