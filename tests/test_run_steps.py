@@ -196,15 +196,14 @@ def test_sys_exit_forms(
 def test_summary_when_the_diagnosis_is_not_available(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
-
-    import trainprof.diagnose  # noqa: F401 - the module; trainprof.diagnose is the API function
+    import trainprof.pipeline
     from trainprof.errors import TrainprofError
 
     def unreadable(*args: object, **kwargs: object) -> int:
         raise TrainprofError("the trace cannot be read")
 
-    monkeypatch.setattr(sys.modules["trainprof.diagnose"], "diagnose_items", unreadable)
+    # What `run` diagnoses its folder with (pipeline.diagnose_keeping_contexts).
+    monkeypatch.setattr(trainprof.pipeline, "diagnose_keeping_contexts", unreadable)
     options = RunOptions(script=str(SCRIPTS / "steps_gan.py"), out=tmp_path / "r", overrides=SMALL)
     assert run_script(options) == 0
     err = capfd.readouterr().err
