@@ -57,6 +57,13 @@ def all_trace_files() -> list[str]:
     return sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
 
 
+def slow_except(rels: list[str], quick: set[str]) -> list:
+    """`rels` as pytest parameters, those not in `quick` marked slow: the inner loop
+    (`pytest -m "not slow"`) checks a few small traces, `make test` all of them."""
+    assert quick <= set(rels), quick - set(rels)
+    return [r if r in quick else pytest.param(r, marks=pytest.mark.slow) for r in rels]
+
+
 @cache
 def diagnosis(rel: str):
     """The Diagnosis of one shared trace, computed once per test session."""

@@ -113,6 +113,7 @@ def test_repeated_windows_make_one_job_each(tmp_path: Path):
     assert all(x.ranks_present == [0, 1] for x in items)
 
 
+@pytest.mark.slow
 def test_cli_outputs_for_a_job():
     runner = CliRunner()
     r = runner.invoke(app, ["diagnose", str(DLRM)], catch_exceptions=False)
@@ -168,6 +169,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_real_exception_is_recognised_and_the_fix_works():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

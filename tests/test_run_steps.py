@@ -45,6 +45,7 @@ def profiler_steps(names: Counter) -> list[int]:
     return sorted(int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#"))
 
 
+@pytest.mark.slow
 def test_two_optimizers_count_one_step_per_iteration(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_gan.py")
     assert meta["step_source"] == "optimizer"
@@ -54,6 +55,7 @@ def test_two_optimizers_count_one_step_per_iteration(tmp_path: Path) -> None:
     assert names["Optimizer.step#SGD.step"] == 2 and names["Optimizer.step#Adam.step"] == 2
 
 
+@pytest.mark.slow
 def test_lbfgs_closure_is_one_step(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_lbfgs.py")
     assert meta["step_source"] == "optimizer"
@@ -62,6 +64,7 @@ def test_lbfgs_closure_is_one_step(tmp_path: Path) -> None:
     assert names["trainprof/backward"] > 2 and profiler_steps(names) == [2, 3]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_steps_on_the_optimizer(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_accum.py")
     assert meta["step_source"] == "optimizer"
@@ -153,6 +156,7 @@ def test_everything_is_restored_after_a_run(tmp_path: Path) -> None:
     assert not S.enabled and not S.recording
 
 
+@pytest.mark.slow
 def test_flags_set_by_the_script_and_compile(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -193,6 +197,7 @@ def test_sys_exit_forms(
     assert meta["exit_code"] == code and meta["status"] == ("ok" if code == 0 else "error")
 
 
+@pytest.mark.slow
 def test_summary_when_the_diagnosis_is_not_available(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
