@@ -38,11 +38,11 @@ MEASURE = """
 import contextlib, io, resource, sys, time
 from pathlib import Path
 t0 = time.perf_counter()
-from trainprof.diagnose import _meta_for, find_traces
+from trainprof.pipeline import find_traces, meta_for
 from trainprof.ranks import diagnose_traces
 from trainprof.report.jsonout import render_items_json
 files = find_traces(Path(sys.argv[1]))
-items = diagnose_traces(files, [_meta_for(f) for f in files], workers=int(sys.argv[2]) or None)
+items = diagnose_traces(files, [meta_for(f) for f in files], workers=int(sys.argv[2]) or None)
 render_items_json(items)
 wall = time.perf_counter() - t0
 own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))

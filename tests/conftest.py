@@ -57,6 +57,13 @@ def all_trace_files() -> list[str]:
     return sorted(str(p.relative_to(TRACES)) for p in TRACES.rglob("*.json.gz"))
 
 
+def slow_except(rels: list[str], quick: set[str]) -> list:
+    """`rels` as pytest parameters, those not in `quick` marked slow: the inner loop
+    (`pytest -m "not slow"`) checks a few small traces, `make test` all of them."""
+    assert quick <= set(rels), quick - set(rels)
+    return [r if r in quick else pytest.param(r, marks=pytest.mark.slow) for r in rels]
+
+
 @cache
 def diagnosis(rel: str):
     """The Diagnosis of one shared trace, computed once per test session."""
@@ -72,6 +79,80 @@ def context(rel: str):
     from trainprof.trace.load import load_trace
 
     return Context(load_trace(trace_path(rel)))
+
+
+@cache
+def folder_diagnosis(folder: Path):
+    """The Diagnosis of the one trace in a folder recorded by a test (a CPU loop), once."""
+    from trainprof.diagnose import diagnose_path
+
+    (d,) = diagnose_path(folder)
+    return d
+
+
+@cache
+def job(folder: Path):
+    """The MultiRankDiagnosis of a folder of ranks (the shared DLRM set), once per session."""
+    from trainprof.analysis.model import MultiRankDiagnosis
+    from trainprof.diagnose import diagnose_items
+
+    (j,) = diagnose_items(folder)
+    assert isinstance(j, MultiRankDiagnosis)
+    return j
+
+
+def by_rule(d, rule: str) -> list:
+    """The findings of one rule, from a Diagnosis or a list of findings."""
+    return [f for f in getattr(d, "findings", d) if f.rule == rule]
+
+
+def only(d, rule: str):
+    """The one finding of `rule` (fails, listing the titles, when there are none or several)."""
+    got = by_rule(d, rule)
+    assert len(got) == 1, [f.title for f in getattr(d, "findings", d)]
+    return got[0]
+
+
+# Real CPU training loops recorded once per session (tests/cpu_loops.py): the rule tests of
+# several rules read the same recordings, each about a second to record.
+@pytest.fixture(scope="session")
+def cpu_bad(tmp_path_factory) -> Path:
+    from cpu_loops import BAD, bad_meta
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("bad"), BAD, meta=bad_meta())
+
+
+@pytest.fixture(scope="session")
+def cpu_good(tmp_path_factory) -> Path:
+    from cpu_loops import GOOD
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("good"), GOOD)
+
+
+@pytest.fixture(scope="session")
+def cpu_recompiling(tmp_path_factory) -> Path:
+    from cpu_loops import RECOMPILING
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("recompiling"), RECOMPILING, with_stack=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_settling(tmp_path_factory) -> Path:
+    from cpu_loops import SETTLING
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("settling"), SETTLING, with_stack=False)
+
+
+@pytest.fixture(scope="session")
+def cpu_stable(tmp_path_factory) -> Path:
+    from cpu_loops import STABLE
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("stable"), STABLE, with_stack=False)
 
 
 @pytest.fixture

@@ -80,3 +80,23 @@ def _run(script: Path, trace: Path, *, steps: int, warmup: int, with_stack: bool
             for i in range(warmup + steps):
                 step(i)
                 prof.step()
+
+
+def profile_loop(path: Path, model, x, y, steps: int = 7) -> Path:
+    """Train `model` on one batch (x, y) with SGD for `steps` steps under the CPU profiler
+    (schedule: 1 wait, 1 warm-up, the rest active; shapes recorded) and export the trace to
+    `path`. A loop of the test's own, without a script file: its frames are the test's."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    sched = schedule(wait=1, warmup=1, active=steps - 2)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, schedule=sched) as prof:
+        for _ in range(steps):
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            prof.step()
+    prof.export_chrome_trace(str(path))
+    return path

@@ -65,6 +65,7 @@ def two_runs(tmp_path_factory: pytest.TempPathFactory) -> list[trainprof.Profile
     return runs
 
 
+@pytest.mark.slow
 def test_profile_writes_a_run_folder_and_holds_the_diagnosis(two_runs) -> None:
     run = two_runs[0]
     assert run.folder is not None and (run.folder / "report.html").is_file()
@@ -77,6 +78,7 @@ def test_profile_writes_a_run_folder_and_holds_the_diagnosis(two_runs) -> None:
     assert sync and (sync[0].location or "").endswith(f"test_api.py:{ITEM_LINE}")
 
 
+@pytest.mark.slow
 def test_second_session_in_one_process_records_the_same(two_runs) -> None:
     """torch 2.14 on the CPU: the second profiler session records every op and probe the first
     did (GPU events after the first session, pytorch #175790, are not verified here)."""
@@ -105,6 +107,7 @@ def test_max_steps_ends_the_block_quietly(tmp_path: Path) -> None:
     assert len(run.meta.step_times_s) == 9
 
 
+@pytest.mark.slow
 def test_profile_refuses_a_folder_in_use(two_runs) -> None:
     with pytest.raises(TrainprofError):
         with trainprof.profile(two_runs[0].folder, **SMALL):
@@ -123,6 +126,7 @@ def test_nested_profile_is_refused_and_the_outer_one_completes(tmp_path: Path) -
     assert len(outer.meta.step_times_s) == 6 and outer.meta.window.recorded_steps == [2, 3]
 
 
+@pytest.mark.slow
 def test_diagnose_returns_what_the_cli_prints(two_runs) -> None:
     folder = two_runs[0].folder
     d = trainprof.diagnose(folder)
@@ -137,6 +141,7 @@ def test_diagnose_returns_what_the_cli_prints(two_runs) -> None:
         trainprof.diagnose(folder / "missing")
 
 
+@pytest.mark.slow
 def test_compare_returns_what_the_cli_prints(two_runs) -> None:
     a, b = (r.folder for r in two_runs)
     comp = trainprof.compare(a, b, fail_if_slower=1000)
@@ -150,6 +155,7 @@ def test_compare_returns_what_the_cli_prints(two_runs) -> None:
     assert 'class="trainprof-nb"' in html and comp.change.verdict in html
 
 
+@pytest.mark.slow
 def test_html_repr_shows_the_findings_offline(two_runs, tmp_path: Path) -> None:
     d = two_runs[0].diagnosis
     html = d._repr_html_()

@@ -190,6 +190,7 @@ def test_lbfgs_closure_is_forward_and_backward(tmp_path: Path) -> None:
 EVAL_WINDOW = {"wait": 2, "warmup": 1, "active": 4}  # records steps 3-6
 
 
+@pytest.mark.slow
 def test_plain_loop_evaluation_every_4_steps(tmp_path: Path) -> None:
     meta, d = _capture(tmp_path, "steps_eval.py", **EVAL_WINDOW)
     assert meta["eval_steps"] == [4, 8]  # the pass after step 11 is in the unfinished step 12
@@ -200,6 +201,7 @@ def test_plain_loop_evaluation_every_4_steps(tmp_path: Path) -> None:
     assert all(f.metrics["fetches_per_step"] == 1.0 for f in starve)
 
 
+@pytest.mark.slow
 def test_frozen_teacher_is_not_evaluation(tmp_path: Path) -> None:
     # A frozen teacher in eval mode runs without grad in every step: training, not evaluation.
     meta, d = _capture(tmp_path, "steps_eval.py", "--teacher", "--no-eval", **EVAL_WINDOW)

@@ -70,6 +70,7 @@ def _copy(run: Path, dest: Path, **edits) -> Path:
 
 
 # ---- what `trainprof run` records ----------------------------------------------------------
+@pytest.mark.slow
 def test_run_records_machine_and_load(real_run: Path) -> None:
     meta = _meta(real_run)
     assert meta["cpus_online"] == os.cpu_count()
@@ -128,6 +129,7 @@ def test_other_processes_cpu_is_seen() -> None:
 
 
 # ---- compare warns when the runs saw different machines or load --------------------------------
+@pytest.mark.slow
 def test_same_machine_same_load_no_warning(real_run: Path, tmp_path: Path) -> None:
     b = _copy(real_run, tmp_path / "b")
     r = invoke("compare", str(real_run), str(b), "--json")
@@ -138,6 +140,7 @@ def test_same_machine_same_load_no_warning(real_run: Path, tmp_path: Path) -> No
     assert c["a"]["machine"]["other_cpus"] == _meta(real_run)["load"]["other_cpus"]
 
 
+@pytest.mark.slow
 def test_different_cpu_model_and_load_warn(real_run: Path, tmp_path: Path) -> None:
     meta = _meta(real_run)
     cpus = meta["cpus_online"]
@@ -163,6 +166,7 @@ def test_different_cpu_model_and_load_warn(real_run: Path, tmp_path: Path) -> No
     assert "> **Warning:** Different load" in r.output
 
 
+@pytest.mark.slow
 def test_different_torch_and_gpu_warn(real_run: Path, tmp_path: Path) -> None:
     b = _copy(real_run, tmp_path / "b", torch_version="1.0.0", devices=["NVIDIA H100"])
     c = json.loads(invoke("compare", str(real_run), str(b), "--json").stdout)
@@ -170,6 +174,7 @@ def test_different_torch_and_gpu_warn(real_run: Path, tmp_path: Path) -> None:
     assert "torch (A: " in w and "B: 1.0.0)" in w and "B: NVIDIA H100" in w
 
 
+@pytest.mark.slow
 def test_load_average_when_other_cpus_unknown(real_run: Path, tmp_path: Path) -> None:
     """Without /proc/stat (other_cpus null) the load average decides, counting the run too."""
     cpus = _meta(real_run)["cpus_online"]

@@ -44,6 +44,7 @@ def runs():
         yield {(s, f): pool.submit(_run, s, f) for s in SCRIPTS for f in MODES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixed", MODES, ids=["broken", "fixed"])
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_example_runs_and_prints_summary(

@@ -120,6 +120,7 @@ def test_multi_rank_report_has_a_rank_chart(tmp_path: Path):
     assert page.count("<details") == 8 and page.count("<details open>") == 1
 
 
+@pytest.mark.slow
 def test_report_renders_in_chromium(nw0_report, tmp_path: Path):
     require_chromium()
     out, _, d = nw0_report
@@ -162,6 +163,7 @@ def _bar_fill(page: str, step: int) -> str:
     return m[1]
 
 
+@pytest.mark.slow
 def test_step_chart_marks_outlier_and_evaluation_steps(tmp_path: Path, capsys):
     """A real run: step 18 sleeps 1.5 s outside the profiler window (an outlier), step 12 holds
     an evaluation pass (`eval_steps`); the step chart colours and labels both, the legend and a

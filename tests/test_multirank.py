@@ -1,5 +1,6 @@
 """Multi-rank diagnosis on real multi-rank traces: ranks side by side, waiting in collectives,
-stragglers, folded findings, comm-bound; and the DDP metric pitfall explanation."""
+folded findings; and the DDP metric pitfall explanation. The job rules' own tests are in
+tests/rules/ (test_straggler, test_rank_imbalance, test_comm_bound)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,12 @@ import os
 import socket
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
-from conftest import TRACES, context, diagnosis
+from conftest import TRACES, by_rule, job
 from typer.testing import CliRunner
 
-from trainprof.analysis.comm import comm_stats
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.cli import app
 from trainprof.diagnose import diagnose_items
@@ -25,23 +24,9 @@ from trainprof.ranks.load import file_rank
 
 DLRM = TRACES / "param/et_replay/tests/inputs/dlrm_kineto"
 PAIR = TRACES / "HolisticTraceAnalysis/trace_filter"
-DF = "HolisticTraceAnalysis/df_index_resolver/df_index_resolver.json.gz"
-CPU_ONLY = "HolisticTraceAnalysis/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz"
-# README, per rank 0..7: step ms, cudaStreamSynchronize ms, NCCL kernel ms.
-STEP_MS = [14.5, 19.9, 13.0, 19.3, 18.0, 17.8, 13.1, 12.5]
+# README, per rank 0..7: cudaStreamSynchronize ms, NCCL kernel ms.
 STREAM_SYNC_MS = [1.14, 6.62, 0.06, 4.82, 3.89, 3.67, 0.06, 0.07]
 NCCL_MS = [5.8, 11.3, 3.5, 9.8, 6.6, 6.3, 3.6, 1.7]
-
-
-@cache
-def job(folder: Path) -> MultiRankDiagnosis:
-    (j,) = diagnose_items(folder)
-    assert isinstance(j, MultiRankDiagnosis)
-    return j
-
-
-def by_rule(findings, rule):
-    return [f for f in findings if f.rule == rule]
 
 
 # ---- the 8-rank DLRM set ---------------------------------------------------------------------
@@ -53,21 +38,6 @@ def test_dlrm_folder_is_one_job_of_eight_ranks():
     assert j.step_labels == ["ProfilerStep#10"]
     assert not any("only" in n and "present" in n for n in j.notes)
     assert [d.rank for d in j.diagnoses] == list(range(8))
-
-
-def test_dlrm_imbalance_matches_readme():
-    j = job(DLRM)
-    assert [round(r.mean_ms, 1) for r in j.ranks] == STEP_MS
-    means = sorted(r.mean_ms for r in j.ranks)
-    assert j.imbalance == pytest.approx(max(means) / ((means[3] + means[4]) / 2), abs=1e-3)
-    assert j.imbalance == pytest.approx(1.234, abs=1e-3)
-    slowest_two = [r.rank for r in sorted(j.ranks, key=lambda r: -r.mean_ms)[:2]]
-    assert slowest_two == [1, 3]
-    assert j.slowest_rank == [1]
-    assert j.step_spread_ms == [pytest.approx(19.9 - 12.5, abs=0.05)]
-    imb = by_rule(j.findings, "rank-imbalance")[0]
-    assert {1, 3} <= set(imb.ranks)
-    assert imb.metrics["imbalance"] == pytest.approx(j.imbalance, abs=1e-3)
 
 
 def test_dlrm_per_rank_syncs_nccl_and_op_counts_match_readme():
@@ -82,33 +52,6 @@ def test_dlrm_per_rank_syncs_nccl_and_op_counts_match_readme():
     # 57 aten::item per rank: reads of CPU tensors, counted but never reported as syncs.
     assert {r.ops["aten::item"].count for r in j.ranks} == {57}
     assert not [f for f in j.findings if "aten::item" in f.title]
-
-
-def test_dlrm_collectives_waiting_and_stragglers():
-    j = job(DLRM)
-    assert j.collectives_matched == 8
-    rows = {r.rank: r for r in j.ranks}
-    # Rank 1 entered the step first and waits longest; nobody waits more than its NCCL time.
-    assert max(rows, key=lambda r: rows[r].comm_wait_ms) == 1
-    assert rows[1].comm_wait_ms == pytest.approx(11.12, abs=0.01)
-    assert all(r.comm_wait_ms <= r.comm_ms for r in j.ranks)
-    # Rank 7 reaches the first five collectives last, ranks 5 and 4 the other three.
-    assert [rows[r].last_arrivals for r in range(8)] == [0, 0, 0, 0, 1, 2, 0, 5]
-    # HTA's method: the last AllReduce of the step starts ~0.83 ms late on ranks 4 and 5.
-    assert j.straggler_collective.startswith("ncclKernel_AllReduce")
-    (s,) = by_rule(j.findings, "straggler")
-    assert s.ranks == [4, 5]
-    assert rows[4].late_ms == pytest.approx(0.83, abs=0.01)
-    assert rows[5].late_ms == pytest.approx(0.82, abs=0.01)
-    assert s.est_saving_ms_per_step == pytest.approx(0.83, abs=0.01)
-    assert "rank 7" in s.evidence  # the rank the others wait for longest over all collectives
-
-
-def test_dlrm_comm_bound_is_waiting_so_the_job_view_drops_it():
-    j = job(DLRM)
-    assert all(by_rule(d.findings, "comm-bound") for d in j.diagnoses)
-    assert by_rule(j.findings, "comm-bound") == []
-    assert any(n.startswith("comm-bound dropped on ranks 0–7") for n in j.notes)
 
 
 def test_dlrm_findings_on_all_ranks_fold_into_one_row():
@@ -142,32 +85,6 @@ def test_hta_pair_is_two_ranks_of_a_128_rank_job():
     assert s.ranks == [1]
 
 
-# ---- comm-bound on a single trace --------------------------------------------------------------
-
-
-def test_df_index_resolver_comm_bound():
-    d = diagnosis(DF)
-    (f,) = by_rule(d.findings, "comm-bound")
-    assert f.metrics["count"] == 2020 and f.metrics["per_step"] == 404
-    assert f.metrics["comm_ms_per_step"] == pytest.approx(71.47, abs=0.01)  # 357.3 ms / 5 steps
-    # No compute kernel overlaps any AllReduce: all of it is exposed.
-    assert f.metrics["exposed_ms_per_step"] == f.metrics["comm_ms_per_step"]
-    assert f.est_saving_ms_per_step == pytest.approx(
-        min(f.metrics["exposed_ms_per_step"], f.metrics["free_compute_ms_per_step"]), abs=1e-3
-    )
-    assert f.severity == "high" and f.est_saving_pct == pytest.approx(20.56, abs=0.01)
-    assert "bucket_cap_mb" in f.fix and "no_sync()" in f.fix
-
-
-def test_gloo_collectives_on_cpu_are_host_ops():
-    c = comm_stats(context(CPU_ONLY))
-    assert c.backend == "cpu" and len(c.idx) == 10  # the 10 c10d::allreduce_ of the loop
-    assert not by_rule(diagnosis(CPU_ONLY).findings, "comm-bound")  # ~30 µs of 257 ms
-
-
-# ---- routing, output, folding helpers ----------------------------------------------------------
-
-
 def test_single_trace_and_rankless_folders_keep_the_per_trace_view(tmp_path: Path):
     one = sorted(DLRM.glob("*.gz"))[0]
     (tmp_path / one.name).symlink_to(one)
@@ -196,6 +113,7 @@ def test_repeated_windows_make_one_job_each(tmp_path: Path):
     assert all(x.ranks_present == [0, 1] for x in items)
 
 
+@pytest.mark.slow
 def test_cli_outputs_for_a_job():
     runner = CliRunner()
     r = runner.invoke(app, ["diagnose", str(DLRM)], catch_exceptions=False)
@@ -251,6 +169,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_the_real_exception_is_recognised_and_the_fix_works():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

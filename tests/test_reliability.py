@@ -164,6 +164,7 @@ def test_two_runs_on_one_out_folder_cannot_both_claim_it(tmp_path: Path) -> None
         prepare_run_dir(out, "s", force=False, files=RunFiles())
 
 
+@pytest.mark.slow
 def test_disk_full_keeps_the_exit_code_and_leaves_no_truncated_file(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
@@ -244,6 +245,7 @@ def test_unreadable_folders_are_one_line(tmp_path: Path) -> None:
     one_line_error(invoke("diagnose", link))
 
 
+@pytest.mark.slow
 def test_json_output_of_a_non_utf8_file_name(tmp_path: Path) -> None:
     name = os.fsdecode(b"bad\xffname.pt.trace.json")
     path = write_trace(tmp_path / name, events())
@@ -273,6 +275,7 @@ def test_rules_docs_into_an_unwritable_place(tmp_path: Path) -> None:
         one_line_error(invoke("rules", "--docs", "/sys/trainprof-docs"))
 
 
+@pytest.mark.slow
 def test_unwritable_out_is_one_line(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
@@ -364,6 +367,7 @@ def test_zero_length_steps_are_left_out(tmp_path: Path) -> None:
 
 
 # ---- smaller ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_scripts_own_excepthook_is_called(tmp_path: Path) -> None:
     script = tmp_path / "hooked.py"
     script.write_text(
@@ -380,6 +384,7 @@ def test_the_scripts_own_excepthook_is_called(tmp_path: Path) -> None:
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_syntax_error_and_missing_module_print_as_python_does(tmp_path: Path) -> None:
     script = tmp_path / "bad.py"
     script.write_text("x = 1\ndef f(:\n    pass\n")

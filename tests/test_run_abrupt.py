@@ -9,6 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test runs a script under `trainprof run` in a subprocess (4-11 s each here).
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).parent.parent
 SMALL = ["--wait", "1", "--warmup", "1", "--active", "2"]
 

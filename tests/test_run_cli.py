@@ -80,6 +80,7 @@ def basic(tmp_path_factory) -> Run:
     return run(folder, *SMALL, str(SCRIPTS / "train_basic.py"), "8", diagnose=True)
 
 
+@pytest.mark.slow
 def test_basic_exit_and_output(basic: Run) -> None:
     assert basic.code == 0, basic.stderr
     assert "done loss=" in basic.stdout
@@ -90,11 +91,13 @@ def test_basic_exit_and_output(basic: Run) -> None:
     assert any(basic.folder.glob("plugins/profile/trainprof/*.xplane.pb"))  # XProf's trace
 
 
+@pytest.mark.slow
 def test_basic_trace_has_the_window(basic: Run) -> None:
     assert len(basic.traces()) == 1
     assert basic.profiler_steps() == [2, 3]
 
 
+@pytest.mark.slow
 def test_basic_probes(basic: Run) -> None:
     names = basic.annotations()
     for probe in ("trainprof/fetch", "trainprof/forward", "trainprof/backward"):
@@ -108,6 +111,7 @@ def test_basic_probes(basic: Run) -> None:
     assert names[cond] == 2, names
 
 
+@pytest.mark.slow
 def test_basic_metadata(basic: Run) -> None:
     meta = basic.meta
     script = SCRIPTS / "train_basic.py"
@@ -129,6 +133,7 @@ def test_basic_metadata(basic: Run) -> None:
     assert meta["flags"]["float32_matmul_precision"] == "highest"
 
 
+@pytest.mark.slow
 def test_basic_noise_goes_to_the_log(basic: Run) -> None:
     # The script's own stderr, from Python and from fd 2, reaches the terminal...
     assert "user stderr line" in basic.stderr and "user fd2 line" in basic.stderr
@@ -151,6 +156,7 @@ def introspect(tmp_path_factory) -> tuple[Run, dict]:
     return result, json.loads(view.read_text())
 
 
+@pytest.mark.slow
 def test_argv_and_main(introspect) -> None:
     result, view = introspect
     assert view["argv"][1:] == [view["argv"][1], "--out", "x", "--wait", "9"]
@@ -158,12 +164,14 @@ def test_argv_and_main(introspect) -> None:
     assert view["file"] == str(SCRIPTS / "train_introspect.py")
 
 
+@pytest.mark.slow
 def test_script_folder_first_on_path_and_cwd_unchanged(introspect) -> None:
     result, view = introspect
     assert view["path0"] == str(SCRIPTS)  # so `from helper_mod import HIDDEN` worked
     assert view["cwd"] == str(result.folder.parent)
 
 
+@pytest.mark.slow
 def test_workers_metadata(introspect) -> None:
     result, _ = introspect
     (loader,) = result.meta["dataloaders"]
@@ -177,6 +185,7 @@ def test_workers_metadata(introspect) -> None:
     assert result.annotations()["trainprof/fetch"] == 2
 
 
+@pytest.mark.slow
 def test_torchmetrics(introspect) -> None:
     result, view = introspect
     assert view["mean_loss"] > 0
@@ -197,6 +206,7 @@ def module_exit(tmp_path_factory) -> Run:
     return run(folder, *SMALL, *cuda_flags, "-m", "exit_code", "3", "--flag", cwd=SCRIPTS)
 
 
+@pytest.mark.slow
 def test_module_runs_as_main_with_its_args(module_exit: Run) -> None:
     assert "NAME __main__ ARGV ['3', '--flag']" in module_exit.stdout
     assert module_exit.meta["module"] == "exit_code"
@@ -204,6 +214,7 @@ def test_module_runs_as_main_with_its_args(module_exit: Run) -> None:
     assert module_exit.meta["script"] == str(SCRIPTS / "exit_code.py")
 
 
+@pytest.mark.slow
 def test_cuda_flags_are_ignored_on_cpu_with_a_note(module_exit: Run) -> None:
     for flag in ("--sync-debug", "--cuda-sync-events"):
         note = f"{flag} ignored: CUDA is not available"
@@ -211,6 +222,7 @@ def test_cuda_flags_are_ignored_on_cpu_with_a_note(module_exit: Run) -> None:
         assert any(note in n for n in module_exit.meta["notes"])
 
 
+@pytest.mark.slow
 def test_sys_exit_code_kept_and_trace_saved(module_exit: Run) -> None:
     assert module_exit.code == 3
     assert module_exit.meta["exit_code"] == 3 and module_exit.meta["status"] == "error"
@@ -225,6 +237,7 @@ def crash(tmp_path_factory) -> Run:
     return run(folder, *SMALL, str(SCRIPTS / "raise_error.py"))
 
 
+@pytest.mark.slow
 def test_exception_traceback_like_python(crash: Run) -> None:
     assert crash.code == 1
     assert "Traceback (most recent call last):" in crash.stderr
@@ -234,6 +247,7 @@ def test_exception_traceback_like_python(crash: Run) -> None:
     assert "runpy" not in crash.stderr and "trainprof/capture" not in crash.stderr
 
 
+@pytest.mark.slow
 def test_exception_keeps_trace_and_metadata(crash: Run) -> None:
     assert crash.meta["status"] == "error" and crash.meta["exit_code"] == 1
     assert crash.profiler_steps() == [2, 3]
@@ -253,6 +267,7 @@ def manual(tmp_path_factory) -> Run:
                str(SCRIPTS / "train_manual.py"))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_hand_written_update_steps_on_backward(manual: Run) -> None:
     assert manual.code == 0, manual.stderr
     assert manual.meta["step_source"] == "backward"
@@ -261,6 +276,7 @@ def test_hand_written_update_steps_on_backward(manual: Run) -> None:
     assert names["trainprof/backward"] == 6 and names["trainprof/forward"] == 6
 
 
+@pytest.mark.slow
 def test_window_that_never_fills_is_saved(manual: Run) -> None:
     assert manual.profiler_steps() == [2, 3, 4, 5, 6, 7]
     window = manual.meta["window"]
@@ -270,6 +286,7 @@ def test_window_that_never_fills_is_saved(manual: Run) -> None:
     assert "window incomplete" in manual.stderr
 
 
+@pytest.mark.slow
 def test_force_replaces_only_trainprofs_files(manual: Run) -> None:
     assert (manual.folder / "notes.txt").read_text() == "mine"
     assert not (manual.folder / "old.1.pt.trace.json.gz").exists()
@@ -277,6 +294,7 @@ def test_force_replaces_only_trainprofs_files(manual: Run) -> None:
 
 
 # ----- Ctrl-C ------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ctrl_c_saves_and_exits_130(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc = subprocess.Popen(

@@ -80,6 +80,7 @@ def ddp(tmp_path_factory) -> Job:
     return trainprof_run(folder, "--nproc-per-node", "2", *SMALL, DDP)
 
 
+@pytest.mark.slow
 def test_ddp_job_succeeds_through_torchrun(ddp: Job) -> None:
     assert ddp.code == 0, ddp.stderr
     assert "rank 0 done: 15 steps" in ddp.stdout and "rank 1 done: 15 steps" in ddp.stdout
@@ -89,6 +90,7 @@ def test_ddp_job_succeeds_through_torchrun(ddp: Job) -> None:
     assert launched.endswith(" " + DDP)
 
 
+@pytest.mark.slow
 def test_ddp_one_folder_with_a_trace_and_metadata_per_rank(ddp: Job) -> None:
     names = {p.name for p in ddp.folder.iterdir() if p.is_file()}
     assert {"trainprof.rank0.json", "trainprof.rank1.json", "report.html"} <= names
@@ -103,10 +105,12 @@ def test_ddp_one_folder_with_a_trace_and_metadata_per_rank(ddp: Job) -> None:
         assert list((ddp.folder / f"rank{rank}").glob("events.out.tfevents.*"))  # TensorBoard
 
 
+@pytest.mark.slow
 def test_ddp_ranks_record_the_same_steps(ddp: Job) -> None:
     assert ddp.profiler_steps(0) == ddp.profiler_steps(1) == [2, 3]
 
 
+@pytest.mark.slow
 def test_ddp_merged_diagnosis_printed_once_by_the_parent(ddp: Job) -> None:
     assert ddp.stdout.count(HEADER) == 1
     assert ddp.stderr.count("trainprof: run folder:") == 1  # the ranks stay quiet
@@ -124,6 +128,7 @@ def failed(tmp_path_factory) -> Job:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_failed_rank_reported_with_its_exit_code(failed: Job) -> None:
     assert failed.code == 3, failed.stderr  # the code of the rank that failed first
     assert "Root Cause (first observed failure)" in failed.stderr  # torchrun's own summary
@@ -133,6 +138,7 @@ def test_failed_rank_reported_with_its_exit_code(failed: Job) -> None:
     assert (failed.meta(1)["exit_code"], failed.meta(1)["status"]) == (3, "error")
 
 
+@pytest.mark.slow
 def test_failed_job_keeps_every_rank_trace(failed: Job) -> None:
     assert failed.profiler_steps(0) == failed.profiler_steps(1) == [2, 3]
     assert "trainprof: rank 1: 5 steps (step source: optimizer.step())" in failed.stderr
@@ -150,6 +156,7 @@ def direct(tmp_path_factory) -> Job:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_worker_under_torchrun_leaves_the_rank_traces(direct: Job) -> None:
     assert direct.code == 0, direct.stderr
     assert direct.profiler_steps(0) == direct.profiler_steps(1) == [2, 3]
@@ -159,6 +166,7 @@ def test_worker_under_torchrun_leaves_the_rank_traces(direct: Job) -> None:
     assert direct.stderr.count("trainprof diagnose") == 1
 
 
+@pytest.mark.slow
 def test_worker_traces_diagnose_as_one_job(direct: Job) -> None:
     from trainprof.analysis.model import MultiRankDiagnosis
     from trainprof.diagnose import diagnose_items
@@ -168,6 +176,7 @@ def test_worker_traces_diagnose_as_one_job(direct: Job) -> None:
 
 
 # ----- the DDP TorchMetrics pitfall: explained after the traceback --------------------------------
+@pytest.mark.slow
 def test_metric_on_cpu_exception_is_explained(tmp_path: Path) -> None:
     script = str(SCRIPTS / "ddp_metric_cpu.py")
     job = trainprof_run(tmp_path / "run", "--no-diagnose", *SMALL, script)
@@ -180,6 +189,7 @@ def test_metric_on_cpu_exception_is_explained(tmp_path: Path) -> None:
 
 
 # ----- SIGTERM (what torchrun sends the other ranks' process groups) still saves the trace --------
+@pytest.mark.slow
 def test_sigterm_to_the_process_group_saves_the_trace_and_exits_143(tmp_path: Path) -> None:
     folder = tmp_path / "run"
     proc = subprocess.Popen(

@@ -1,7 +1,8 @@
 """Problems inside Lightning and the Hugging Face Trainer (issue #10 item 3), on real CPU runs:
 the finding names the user's line and the library frames that do it (`via`), its fix is said in
-the framework's terms, and a library's own sync is marked upstream. The Lightning and HF runs
-take 15-35 s here (marked slow), the accelerate one a few seconds."""
+the framework's terms, and a library's own sync is marked upstream. Every test runs a real
+framework under `trainprof run` (marked slow): the Lightning and HF runs take 15-35 s here, the
+accelerate one a few seconds."""
 
 from __future__ import annotations
 
@@ -101,6 +102,7 @@ def test_hf_library_sync_is_upstream(hf: Run) -> None:
     assert f["via"][-1].startswith("transformers/masking_utils.py:"), f["via"]
 
 
+@pytest.mark.slow
 def test_accelerate_fixes_in_accelerate_terms(tmp_path: Path) -> None:
     r = run(tmp_path / "run", "--wait", "2", "--warmup", "1", "--active", "3",
             str(SCRIPTS / "train_accelerate.py"))

@@ -21,6 +21,7 @@ def stopped(tmp_path_factory) -> Run:
     return run(folder, "--max-steps", "20", LONG, "100000", "2", diagnose=True)
 
 
+@pytest.mark.slow
 def test_max_steps_ends_the_run_cleanly(stopped: Run) -> None:
     assert stopped.code == 0, stopped.stderr
     assert "finished all steps" not in stopped.stdout
@@ -31,6 +32,7 @@ def test_max_steps_ends_the_run_cleanly(stopped: Run) -> None:
     assert "stopped by --max-steps after 20 steps" in meta["notes"]
 
 
+@pytest.mark.slow
 def test_max_steps_keeps_the_trace_and_diagnoses(stopped: Run) -> None:
     (trace,) = stopped.traces()
     assert stopped.meta["traces"] == [trace.name]
@@ -39,10 +41,12 @@ def test_max_steps_keeps_the_trace_and_diagnoses(stopped: Run) -> None:
     assert trace.name in stopped.stdout and (stopped.folder / "report.html").is_file()
 
 
+@pytest.mark.slow
 def test_window_line_says_when_stopping_is_safe(stopped: Run) -> None:
     assert "trainprof: window recorded (steps 7-9); the run ends after 20 steps" in stopped.stderr
 
 
+@pytest.mark.slow
 def test_without_max_steps_the_window_line_says_ctrl_c_is_safe(tmp_path: Path) -> None:
     result = run(tmp_path / "run", *SMALL, LONG, "12")
     assert result.code == 0, result.stderr
@@ -54,6 +58,7 @@ def test_without_max_steps_the_window_line_says_ctrl_c_is_safe(tmp_path: Path) -
     assert len(result.meta["step_times_s"]) == 12
 
 
+@pytest.mark.slow
 def test_max_steps_from_the_config_is_raised_past_the_window(tmp_path: Path) -> None:
     config = tmp_path / "long.toml"
     config.write_text("[run]\nmax_steps = 3\n")

@@ -45,6 +45,7 @@ def profiler_steps(names: Counter) -> list[int]:
     return sorted(int(n.split("#")[1]) for n in names if n.startswith("ProfilerStep#"))
 
 
+@pytest.mark.slow
 def test_two_optimizers_count_one_step_per_iteration(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_gan.py")
     assert meta["step_source"] == "optimizer"
@@ -54,6 +55,7 @@ def test_two_optimizers_count_one_step_per_iteration(tmp_path: Path) -> None:
     assert names["Optimizer.step#SGD.step"] == 2 and names["Optimizer.step#Adam.step"] == 2
 
 
+@pytest.mark.slow
 def test_lbfgs_closure_is_one_step(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_lbfgs.py")
     assert meta["step_source"] == "optimizer"
@@ -62,6 +64,7 @@ def test_lbfgs_closure_is_one_step(tmp_path: Path) -> None:
     assert names["trainprof/backward"] > 2 and profiler_steps(names) == [2, 3]
 
 
+@pytest.mark.slow
 def test_gradient_accumulation_steps_on_the_optimizer(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_accum.py")
     assert meta["step_source"] == "optimizer"
@@ -153,6 +156,7 @@ def test_everything_is_restored_after_a_run(tmp_path: Path) -> None:
     assert not S.enabled and not S.recording
 
 
+@pytest.mark.slow
 def test_flags_set_by_the_script_and_compile(
     tmp_path: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
@@ -193,18 +197,18 @@ def test_sys_exit_forms(
     assert meta["exit_code"] == code and meta["status"] == ("ok" if code == 0 else "error")
 
 
+@pytest.mark.slow
 def test_summary_when_the_diagnosis_is_not_available(
     tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sys
-
-    import trainprof.diagnose  # noqa: F401 - the module; trainprof.diagnose is the API function
+    import trainprof.pipeline
     from trainprof.errors import TrainprofError
 
     def unreadable(*args: object, **kwargs: object) -> int:
         raise TrainprofError("the trace cannot be read")
 
-    monkeypatch.setattr(sys.modules["trainprof.diagnose"], "diagnose_items", unreadable)
+    # What `run` diagnoses its folder with (pipeline.diagnose_keeping_contexts).
+    monkeypatch.setattr(trainprof.pipeline, "diagnose_keeping_contexts", unreadable)
     options = RunOptions(script=str(SCRIPTS / "steps_gan.py"), out=tmp_path / "r", overrides=SMALL)
     assert run_script(options) == 0
     err = capfd.readouterr().err

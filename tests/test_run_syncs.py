@@ -36,6 +36,7 @@ def toplevel(tmp_path_factory) -> tuple[Run, list[dict]]:
     return r, _diagnose(r)
 
 
+@pytest.mark.slow
 def test_module_level_loop_findings_name_the_line_that_runs(toplevel) -> None:
     # Kineto keeps the module frame at the line where the window opened (`opt.step()`).
     _, findings = toplevel
@@ -47,6 +48,7 @@ def test_module_level_loop_findings_name_the_line_that_runs(toplevel) -> None:
     assert not [f for f in findings if (f["location"] or "").endswith(stale)], findings
 
 
+@pytest.mark.slow
 def test_a_preempted_profiler_start_still_finds_the_stale_frame(toplevel, tmp_path: Path) -> None:
     # Kineto records the frames already running one after another; when the process is
     # preempted in that burst, a gap of any length opens between two of them. The same run's
@@ -74,6 +76,7 @@ def test_a_preempted_profiler_start_still_finds_the_stale_frame(toplevel, tmp_pa
     assert not [f for f in findings if (f["location"] or "").endswith(stale)], findings
 
 
+@pytest.mark.slow
 def test_reads_of_cpu_tensors_by_the_data_pipeline_are_no_syncs(toplevel) -> None:
     r, findings = toplevel
     # The dataset's `target.item()` runs inside a DataLoader fetch: not even recorded.
@@ -85,6 +88,7 @@ def test_reads_of_cpu_tensors_by_the_data_pipeline_are_no_syncs(toplevel) -> Non
     assert syncs[0]["location"].endswith(_at("PRINT_LINE"))
 
 
+@pytest.mark.slow
 def test_a_logged_read_is_one_row(toplevel) -> None:
     _, findings = toplevel
     at_print = [f["rule"] for f in findings if (f["location"] or "").endswith(_at("PRINT_LINE"))]

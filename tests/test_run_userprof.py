@@ -41,6 +41,7 @@ def tb(tmp_path_factory) -> tuple[Run, Path]:
     return run(base / "run", *SMALL, script, str(logdir), "12", diagnose=True), logdir
 
 
+@pytest.mark.slow
 def test_tb_handler_script_runs_to_its_end(tb) -> None:
     result, _ = tb
     assert result.code == 0, result.stderr
@@ -50,6 +51,7 @@ def test_tb_handler_script_runs_to_its_end(tb) -> None:
     assert meta["step_source"] == "optimizer"
 
 
+@pytest.mark.slow
 def test_tb_handler_trace_is_the_scripts_own(tb) -> None:
     result, logdir = tb
     (trace,) = logdir.glob("*.pt.trace.json")
@@ -65,6 +67,7 @@ def test_tb_handler_trace_is_the_scripts_own(tb) -> None:
     assert result.meta["user_traces"] == [str(trace)]
 
 
+@pytest.mark.slow
 def test_tb_handler_diagnosis_reads_the_scripts_trace(tb) -> None:
     result, logdir = tb
     (trace,) = logdir.glob("*.pt.trace.json")
@@ -86,6 +89,7 @@ def export(tmp_path_factory) -> tuple[Run, Path]:
     return run(base / "run", *SMALL, script, str(path), "6", diagnose=True), path
 
 
+@pytest.mark.slow
 def test_export_script_and_both_traces_kept(export) -> None:
     result, path = export
     assert result.code == 0, result.stderr
@@ -111,6 +115,7 @@ def test_export_script_and_both_traces_kept(export) -> None:
 
 
 # ----- the legacy torch.autograd.profiler.profile --------------------------------------------
+@pytest.mark.slow
 def test_legacy_autograd_profiler_gets_its_events(tmp_path: Path) -> None:
     result = run(tmp_path / "run", *SMALL, str(SCRIPTS / "userprof_legacy.py"), "6")
     assert result.code == 0, result.stderr

@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 from browser import page_text, require_chromium
 from conftest import context, diagnosis, trace_path
 from typer.testing import CliRunner
@@ -225,6 +226,7 @@ def _read_url(proc: subprocess.Popen, timeout: float) -> str:
     return text.split()[2]
 
 
+@pytest.mark.slow
 def test_tensorboard_serves_trainprof_views_to_a_browser(tmp_path: Path):
     require_chromium()
     logdir = tmp_path / "runs"

@@ -72,6 +72,7 @@ def test_piped_output_has_no_ansi_escapes():
         assert max(len(line) for line in rest) <= 100
 
 
+@pytest.mark.slow
 def test_no_color_on_a_terminal():
     args = [TRAINPROF, "diagnose", str(trace_path(MANY))]
     coloured = _on_a_tty(args, _env())
@@ -82,6 +83,7 @@ def test_no_color_on_a_terminal():
     assert b"ranked by est. saving per step" in plain
 
 
+@pytest.mark.slow
 def test_json_is_byte_stable():
     outs = [
         subprocess.run([TRAINPROF, "diagnose", str(trace_path(MANY)), "--json"],

@@ -10,8 +10,8 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import trace_path
-from test_trace_stream import _events, assert_same
+from conftest import slow_except, trace_path
+from test_trace_stream import assert_same, synthetic_events
 
 from trainprof.cli import app
 from trainprof.diagnose import diagnose_path
@@ -44,7 +44,11 @@ def test_the_test_session_caches_under_tmp() -> None:
     assert home not in d.parents and d != home / "trainprof", d
 
 
-@pytest.mark.parametrize("rel", SHARED)
+# The small ones in the inner loop; the large ones with `make test`.
+QUICK = {SHARED[3], SHARED[4], SHARED[5]}
+
+
+@pytest.mark.parametrize("rel", slow_except(SHARED, QUICK))
 def test_diagnosis_identical_with_and_without_cache(
     rel: str, cache_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -61,7 +65,7 @@ def test_diagnosis_identical_with_and_without_cache(
 
 
 def _trace(tmp_path: Path, name_suffix: str = "") -> Path:
-    evs = _events()
+    evs = synthetic_events()
     evs[1]["name"] += name_suffix
     p = tmp_path / "t.pt.trace.json"
     p.write_text(json.dumps({"traceEvents": evs}))

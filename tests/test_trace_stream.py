@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import all_trace_files, trace_path
+from conftest import all_trace_files, slow_except, trace_path
 
 from trainprof.errors import TrainprofError
 from trainprof.trace.load import load_streaming, load_trace, load_whole
@@ -45,7 +45,14 @@ def _json_size(p: Path) -> int:
     return len(gzip.decompress(raw)) if raw[:2] == b"\x1f\x8b" else len(raw)
 
 
-@pytest.mark.parametrize("rel", all_trace_files())
+# In the inner loop: two small traces (a CPU-only one, a ROCm one); all of them in `make test`.
+QUICK = {
+    "HolisticTraceAnalysis/cpu_only/rank-34.Jul_15_10_52_41.1074.pt.trace.json.gz",
+    "HolisticTraceAnalysis/amd_trace/mi250_minitoy_train_ROCm6_2_kineto.json.gz",
+}
+
+
+@pytest.mark.parametrize("rel", slow_except(all_trace_files(), QUICK))
 def test_streaming_equals_one_shot_on_shared_traces(rel: str) -> None:
     p = trace_path(rel)
     whole = load_whole(p)
@@ -55,7 +62,7 @@ def test_streaming_equals_one_shot_on_shared_traces(rel: str) -> None:
     assert_same(whole, load_streaming(p, chunk))  # NotStreamable would fail the test
 
 
-def _events() -> list[dict]:
+def synthetic_events() -> list[dict]:
     tricky = ['a "quoted" }, {"ph": "X"', "back\\slash\\", "}, ", "\u00e9\u4e2d\U0001f600",
               "{[", "\\\""]
     evs: list[dict] = [{"ph": "M", "name": "process_name", "pid": 1, "tid": 0,
@@ -79,10 +86,12 @@ def _events() -> list[dict]:
     return evs
 
 
-@pytest.mark.parametrize("layout", ["indented", "compact", "array", "keys-after"])
+@pytest.mark.parametrize(
+    "layout", slow_except(["indented", "compact", "array", "keys-after"], {"indented"})
+)
 def test_chunk_boundaries_anywhere(tmp_path: Path, layout: str) -> None:
     """Every chunk size from 1 to 97 bytes: cuts inside strings, escapes, nested objects."""
-    evs = _events()
+    evs = synthetic_events()
     if layout == "array":
         text = json.dumps(evs)
     elif layout == "indented":
@@ -104,7 +113,7 @@ def test_chunk_boundaries_anywhere(tmp_path: Path, layout: str) -> None:
 def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:
     """A ROCm-style string id in one event: the batch takes the slow path, and the result does
     not depend on which events share its batch."""
-    evs = _events()
+    evs = synthetic_events()
     evs[10]["args"]["External id"] = "12"  # a string where an int is expected
     evs[20]["args"]["bytes"] = "N/A"
     p = tmp_path / "t.json"
@@ -115,7 +124,7 @@ def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:
 
 
 def test_dropped_events_are_counted_the_same(tmp_path: Path) -> None:
-    evs = _events()
+    evs = synthetic_events()
     evs[5:5] = [42, "text", {"ph": "X", "name": "no-ts", "dur": 1}, {"name": "no-ph", "ts": 1}]
     evs[30]["dur"] = -1
     p = tmp_path / "t.json"
@@ -139,7 +148,7 @@ def test_dropped_events_are_counted_the_same(tmp_path: Path) -> None:
 )
 def test_invalid_json_falls_back_to_the_whole_file_reader(tmp_path: Path, body) -> None:
     p = tmp_path / "t.json"
-    p.write_bytes(body(json.dumps({"traceEvents": _events()}, indent=1).encode()))
+    p.write_bytes(body(json.dumps({"traceEvents": synthetic_events()}, indent=1).encode()))
     whole = load_whole(p)
     with pytest.raises(NotStreamable):
         load_streaming(p, 256)
@@ -148,7 +157,7 @@ def test_invalid_json_falls_back_to_the_whole_file_reader(tmp_path: Path, body) 
 
 def test_truncated_gzip_keeps_its_message(tmp_path: Path) -> None:
     p = tmp_path / "cut.json.gz"
-    p.write_bytes(gzip.compress(json.dumps({"traceEvents": _events()}).encode())[:-200])
+    p.write_bytes(gzip.compress(json.dumps({"traceEvents": synthetic_events()}).encode())[:-200])
     with pytest.raises(TrainprofError, match="corrupt or truncated gzip"):
         load_trace(p, chunk_bytes=128, use_cache=False)
 
@@ -177,7 +186,7 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch, tty: bool)
     from trainprof.trace import progress
 
     p = tmp_path / "t.json"
-    p.write_text(json.dumps({"traceEvents": _events()}))
+    p.write_text(json.dumps({"traceEvents": synthetic_events()}))
     monkeypatch.setattr(progress, "LARGE_BYTES", 100)  # this small trace counts as large
     err = _Terminal(tty)
     monkeypatch.setattr(sys, "stderr", err)

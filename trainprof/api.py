@@ -127,15 +127,16 @@ class Profile:
             say(step_summary(self.meta))
             return
         try:
-            from trainprof.diagnose import diagnose_items, flat_diagnoses, render_items
+            from trainprof.diagnose import flat_diagnoses, render_items
+            from trainprof.pipeline import diagnose_keeping_contexts
             from trainprof.report.run_reports import write_run_reports
 
-            items = diagnose_items(self.folder)
+            items, contexts = diagnose_keeping_contexts(self.folder)  # each trace loaded once
             self.diagnosis = items[0]
             if self._show:
                 sys.stdout.flush()
                 render_items(items)
-            write_run_reports(self.folder, flat_diagnoses(items), self.meta)
+            write_run_reports(self.folder, flat_diagnoses(items), self.meta, contexts)
         except TrainprofError as err:
             self.error = f"diagnosis not available: {err}"
         except OSError as err:

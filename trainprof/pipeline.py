@@ -9,10 +9,14 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import META_NAME, RunMeta, read_meta
+
+if TYPE_CHECKING:
+    from trainprof.analysis.context import Context
 
 _TRACE = re.compile(r"\.json(\.gz)?$")
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
@@ -122,3 +126,21 @@ def diagnose_items(
     from trainprof.ranks import diagnose_traces
 
     return diagnose_traces(files, [meta_for(f) for f in files], select, ignore, dask=dask)
+
+
+def diagnose_keeping_contexts(
+    path: Path | str,
+) -> tuple[list[Diagnosis | MultiRankDiagnosis], dict[str, Context]]:
+    """diagnose_items, plus the Context of each trace diagnosed in this process, by trace path,
+    so that `run` writes its reports (per-step figures, the Trace Viewer's file) from the trace
+    it loaded once. A single trace is diagnosed here; the traces of several ranks are loaded
+    in worker processes, which keep them (the reports load those again)."""
+    files = find_traces(path)
+    if len(files) != 1:
+        return diagnose_items(path), {}
+    from trainprof.engine import analyze_context, context
+    from trainprof.trace.load import load_trace
+
+    ctx = context(load_trace(files[0], progress=True), meta_for(files[0]))
+    d = analyze_context(ctx)
+    return [d], {d.trace: ctx}

@@ -1,13 +1,38 @@
-"""straggler from the per-rank breakdown (gloo: no collective matched), on small JobContexts."""
+"""straggler: from matched collectives on the 8-rank DLRM set (HTA's method), and from the
+per-rank breakdown (gloo: no collective matched) on small JobContexts."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+from conftest import TRACES, by_rule, job
 
 from trainprof.analysis.job import JobContext, Stragglers, breakdown_straggler
 from trainprof.analysis.model import Device, Diagnosis, RankSummary, Steps
 from trainprof.rules.rank_imbalance import check as imbalance
 from trainprof.rules.straggler import check as straggler
+
+DLRM = TRACES / "param/et_replay/tests/inputs/dlrm_kineto"
+
+
+def test_dlrm_collectives_waiting_and_stragglers():
+    j = job(DLRM)
+    assert j.collectives_matched == 8
+    rows = {r.rank: r for r in j.ranks}
+    # Rank 1 entered the step first and waits longest; nobody waits more than its NCCL time.
+    assert max(rows, key=lambda r: rows[r].comm_wait_ms) == 1
+    assert rows[1].comm_wait_ms == pytest.approx(11.12, abs=0.01)
+    assert all(r.comm_wait_ms <= r.comm_ms for r in j.ranks)
+    # Rank 7 reaches the first five collectives last, ranks 5 and 4 the other three.
+    assert [rows[r].last_arrivals for r in range(8)] == [0, 0, 0, 0, 1, 2, 0, 5]
+    # HTA's method: the last AllReduce of the step starts ~0.83 ms late on ranks 4 and 5.
+    assert j.straggler_collective.startswith("ncclKernel_AllReduce")
+    (s,) = by_rule(j.findings, "straggler")
+    assert s.ranks == [4, 5]
+    assert rows[4].late_ms == pytest.approx(0.83, abs=0.01)
+    assert rows[5].late_ms == pytest.approx(0.82, abs=0.01)
+    assert s.est_saving_ms_per_step == pytest.approx(0.83, abs=0.01)
+    assert "rank 7" in s.evidence  # the rank the others wait for longest over all collectives
 
 
 def _diagnosis(r: RankSummary) -> Diagnosis:

@@ -229,13 +229,14 @@ def diagnose_run(
             say(line)
         return
     try:
-        from trainprof.diagnose import diagnose_items, flat_diagnoses, render_items
+        from trainprof.diagnose import flat_diagnoses, render_items
+        from trainprof.pipeline import diagnose_keeping_contexts
         from trainprof.report.run_reports import write_run_reports
 
         sys.stdout.flush()
-        items = diagnose_items(trace or folder)
+        items, contexts = diagnose_keeping_contexts(trace or folder)  # each trace loaded once
         render_items(items, brief=brief)
-        write_run_reports(folder, flat_diagnoses(items), meta)
+        write_run_reports(folder, flat_diagnoses(items), meta, contexts)
     except TrainprofError as err:
         say(f"diagnosis not available: {err}")
         for line in summaries:

@@ -27,7 +27,7 @@ import msgspec
 
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.errors import TrainprofError
-from trainprof.trace.load import _lenient, read_bytes
+from trainprof.trace.load import lenient_json, read_bytes
 
 CATEGORY = "trainprof"
 PROCESS_NAME = "trainprof findings"
@@ -63,7 +63,7 @@ def _load(path: Path) -> tuple[Any, list, list]:
         events = msgspec.json.decode(array, type=list[msgspec.Raw])
         pids = [e.pid for e in msgspec.json.decode(array, type=list[_Pid])]
     except (msgspec.DecodeError, msgspec.ValidationError):
-        obj = _lenient(raw, path)  # Kineto's invalid JSON (bare N/A, control characters)
+        obj = lenient_json(raw, path)  # Kineto's invalid JSON (bare N/A, control characters)
         events = obj.get("traceEvents") if isinstance(obj, dict) else obj
         if not isinstance(events, list):
             raise TrainprofError(

@@ -5,6 +5,7 @@ report of any run folder or trace."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from trainprof.analysis.context import Context
@@ -67,14 +68,29 @@ def _tb_dirs(run_dir: Path, diagnoses: list[Diagnosis]) -> list[Path]:
     return [run_dir / f"trace{i}" for i in range(len(diagnoses))]
 
 
+def _context_of(d: Diagnosis, meta: RunMeta | None, kept: Mapping[str, Context]) -> Context | None:
+    """The Context the diagnosis was made from when the caller kept it (the trace loaded once);
+    else the trace loaded again (diagnosed in a worker process). A new Context on the kept
+    trace when the reports' metadata is not the diagnosis's."""
+    ctx = kept.get(d.trace)
+    if ctx is not None:
+        return ctx if ctx.meta == meta else Context(ctx.trace, meta)
+    trace = _trace_of(d)
+    return Context(trace, meta) if trace is not None else None
+
+
 def write_run_reports(
-    run_dir: Path, diagnoses: list[Diagnosis], meta: RunMeta | None
+    run_dir: Path,
+    diagnoses: list[Diagnosis],
+    meta: RunMeta | None,
+    contexts: Mapping[str, Context] | None = None,
 ) -> list[Path]:
     """Write TensorBoard event files, XProf's trace files (plugins/profile/) and report.html
     into `run_dir`; return the files written.
 
     `meta` is the run's metadata; with several traces each rank's trainprof.rank<R>.json is
-    used for that rank when present."""
+    used for that rank when present. `contexts` (trace path -> the Context it was diagnosed
+    from, pipeline.diagnose_keeping_contexts) spares loading those traces again."""
     from trainprof.pipeline import meta_for
 
     run_dir = Path(run_dir)
@@ -87,12 +103,12 @@ def write_run_reports(
     xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
         m = (meta_for(Path(d.trace)) if several else None) or meta
-        trace = _trace_of(d)
-        ps = per_step(Context(trace, m)) if trace is not None else None
+        ctx = _context_of(d, m, contexts or {})
+        ps = per_step(ctx) if ctx is not None else None
         items.append(ReportItem(d, ps, m))
         written.append(write_tensorboard(tb, d, ps, m, measured))
-        if trace is not None:
-            written += xplanes.write(Path(d.trace), trace)
+        if ctx is not None:
+            written += xplanes.write(Path(d.trace), ctx.trace)
     html_path = run_dir / REPORT_NAME
     write_atomic(html_path, render_html(items, run_dir.name, meta, measured).encode("utf-8"))
     written.append(html_path)

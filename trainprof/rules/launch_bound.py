@@ -34,24 +34,16 @@ remove part of it.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.dispatch import (
-    OP_PATTERN,
-    compiled,
-    launch_stats,
-    split_other,
-)
+from trainprof.analysis.dispatch import compiled, launch_stats, split_other
 from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
-from trainprof.analysis.syncs import outermost
+from trainprof.analysis.overhead import busiest_location, cpu_ops, idle_by_op
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
-from trainprof.trace.model import Kind
 
 MIN_PCT = 3.0  # % of the step below which launch overhead is not worth a finding
 STARVED_DELAY_US = 20.0  # a median launch delay under this: nothing queued, the GPU is starved
@@ -87,18 +79,6 @@ CPU_FIX_COMPILED = (
 )
 
 
-def _top_ops(ctx: Context, idle: iv.Intervals) -> list[tuple[str, float]]:
-    """Launch-bound idle per step, by the outermost operator dispatching at that moment."""
-    tr = ctx.trace
-    ops = split_other(ctx).outer_ops
-    if not len(ops) or not len(idle[0]):
-        return []
-    got = iv.overlap_each(tr.ts[ops], tr.end[ops], idle)
-    per_name = np.bincount(tr.name_id[ops], weights=got)
-    top = np.argsort(-per_name, kind="stable")[:3]
-    return [(tr.names[i], ctx.per_step(float(per_name[i]))) for i in top if per_name[i] > 0]
-
-
 def _gpu(ctx: Context) -> list[Finding]:
     split = split_other(ctx)
     idle = ledger(ctx).launch
@@ -108,8 +88,8 @@ def _gpu(ctx: Context) -> list[Finding]:
     st = launch_stats(ctx)
     per_step = st.kernels / max(ctx.n_steps, 1)
     gaps = int(len(idle[0]) / max(ctx.n_steps, 1))
-    tops = _top_ops(ctx, idle)
-    where = ", ".join(f"{n} {ms(v)}" for n, v in tops)
+    by_op = idle_by_op(ctx, idle)
+    where = ", ".join(f"{n} {ms(v)}" for n, v in by_op.top)
     evidence = (
         f"GPU idle {ms(saving)}/step ({ctx.pct(saving):.1f} % of the step) in ~{gaps} short gaps "
         f"while the CPU dispatched ops; {per_step:.0f} kernels/step, median kernel "
@@ -137,11 +117,6 @@ def _gpu(ctx: Context) -> list[Finding]:
         fix = FIX_GRAPHED
     elif compiled(ctx):
         fix = FIX_COMPILED
-    loc = None
-    if len(split.outer_ops):
-        by_op = iv.overlap_each(ctx.trace.ts[split.outer_ops], ctx.trace.end[split.outer_ops], idle)
-        if by_op.max() > 0:
-            loc = ctx.location(int(split.outer_ops[int(np.argmax(by_op))]))
     f = finding(
         ctx,
         rule="launch-bound",
@@ -150,7 +125,7 @@ def _gpu(ctx: Context) -> list[Finding]:
         evidence=evidence,
         fix=fix,
         saving_us_per_step=saving,
-        location=loc,
+        location=by_op.location,
         metrics={
             "idle_ms_per_step": round(saving / 1000, 3),
             "kernels_per_step": round(per_step, 1),
@@ -171,23 +146,10 @@ def _gpu(ctx: Context) -> list[Finding]:
 
 
 def _cpu(ctx: Context) -> list[Finding]:
-    tr = ctx.trace
-    ops = tr.where_name(OP_PATTERN, Kind.CPU_OP)
-    if ctx.steps.thread is not None:
-        ops = ops[tr.thread[ops] == ctx.steps.thread]
-    ops = outermost(tr, ops[ctx.in_windows(ops)])
-    if not len(ops):
+    c = cpu_ops(ctx)
+    if c is None or c.median_op_us >= CPU_TINY_OP_US or c.slot_us > CPU_OP_SLOT_US:
         return []
-    per_step = len(ops) / max(ctx.n_steps, 1)
-    med = float(np.median(tr.dur[ops]))
-    # The median step: one slow step (a GC pause, the profiler flushing) must not hide the rest.
-    step_us = float(np.median(ctx.steps.durations))
-    slot = step_us / per_step
-    if med >= CPU_TINY_OP_US or slot > CPU_OP_SLOT_US:
-        return []
-    # Where the loop spends its ops: the user frame issuing the most of them.
-    locs = Counter(ctx.location(int(i)) for i in ops[:: max(1, len(ops) // 200)])
-    locs.pop(None, None)
+    per_step, med, step_us, slot = c.per_step, c.median_op_us, c.median_step_us, c.slot_us
     return [
         finding(
             ctx,
@@ -200,14 +162,14 @@ def _cpu(ctx: Context) -> list[Finding]:
             fix=CPU_FIX_COMPILED if compiled(ctx) else CPU_FIX,
             saving_us_per_step=0.0,
             severity="low",
-            location=locs.most_common(1)[0][0] if locs else None,
+            location=busiest_location(ctx, c.ops),
             metrics={
                 "ops_per_step": round(per_step, 1),
                 "median_op_us": round(med, 2),
                 "us_per_op": round(slot, 1),
                 "median_step_ms": round(step_us / 1000, 3),
             },
-            at=ops.tolist(),
+            at=c.ops.tolist(),
         )
     ]
 

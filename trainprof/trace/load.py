@@ -151,7 +151,7 @@ def _json_loads(text: str, path: Path) -> Any:
         raise TrainprofError(f"{path}: not a trace (its JSON is nested too deeply)") from None
 
 
-def _lenient(data: bytes, path: Path) -> Any:
+def lenient_json(data: bytes, path: Path) -> Any:
     """Kineto sometimes writes control characters in strings, a bare N/A or an unescaped quote
     in `CallFrom`; accept those as torch-tb-profiler did (invalid UTF-8 becomes U+FFFD), else
     say what is wrong in one line."""
@@ -199,7 +199,7 @@ def _loose(data: bytes, path: Path) -> Any:
     try:
         return msgspec.json.decode(data)
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return _lenient(data, path)
+        return lenient_json(data, path)
 
 
 def _chunks(f: _RawFile, path: Path | str, drops: Counter) -> Iterator[list[_Event]]:
@@ -266,7 +266,7 @@ def _decode(data: bytes, path: Path, drops: Counter) -> _File | _RawFile:
     except msgspec.ValidationError:
         return _coerce(_loose(data, path), path, drops)
     except (msgspec.DecodeError, UnicodeDecodeError):
-        return _coerce(_lenient(data, path), path, drops)
+        return _coerce(lenient_json(data, path), path, drops)
 
 
 def load_trace(

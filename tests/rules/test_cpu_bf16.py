@@ -126,12 +126,14 @@ def test_probe_skips_gpu_and_autocast_runs():
     assert cpumath.probe(cuda_used=False, autocast_used=True) is None
 
 
+@pytest.mark.slow
 def test_probe_times_only_the_layers_the_model_has():
     assert cpumath.probe(cuda_used=False, autocast_used=False, conv=False, matmul=False) is None
     conv, mm = cpumath.measure(convs=False, matmuls=True)
     assert conv == 1.0 and mm > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "conv"), [("train_basic.py", False), ("train_conv.py", True)]
 )
@@ -139,7 +141,7 @@ def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
     from trainprof.capture.runner import RunOptions, run_script
 
     folder = tmp_path / "run"
-    scripts = Path(__file__).parent / "scripts"
+    scripts = Path(__file__).parent.parent / "scripts"
     opts = RunOptions(
         script=str(scripts / script),
         out=folder,
@@ -155,6 +157,7 @@ def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
     assert (probe.conv_speedup != 1.0) is conv  # a Linear-only model: the conv is not timed
 
 
+@pytest.mark.slow
 def test_measure_times_both_paths():
     import torch
 
