@@ -318,6 +318,11 @@ class Context:
         return event_frames(self.trace, self.stacks, int(i))
 
     # ---- blocking calls and idle attribution -----------------------------------------------
+    @property
+    def blocking_calls(self) -> np.ndarray:
+        """Indices of the host calls that block on the GPU (syncs, blocking copies), by start."""
+        return self._blocking_raw[0]
+
     @cached_property
     def _blocking_raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         tr = self.trace

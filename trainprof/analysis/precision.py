@@ -177,7 +177,7 @@ def kernel_budget_us(ctx: Context) -> float:
 
 def _kernel_budget_us(ctx: Context) -> float:
     tr = ctx.trace
-    b = ctx._blocking_raw[0]
+    b = ctx.blocking_calls
     rt = tr.where_kind(Kind.RUNTIME)
     rt = rt[tr.dur[rt] > RUNTIME_WAIT_US]
     waits = iv.union(iv.merge(tr.ts[b], tr.end[b]), iv.merge(tr.ts[rt], tr.end[rt]))
