@@ -15,7 +15,7 @@ from conftest import all_trace_files, trace_path
 
 from trainprof.errors import TrainprofError
 from trainprof.trace.load import load_streaming, load_trace, load_whole
-from trainprof.trace.stream import NotStreamable
+from trainprof.trace.stream import Batches, NotStreamable
 
 
 def assert_same(a, b) -> None:
@@ -99,6 +99,30 @@ def test_chunk_boundaries_anywhere(tmp_path: Path, layout: str) -> None:
     assert len(whole) == 61
     for chunk in (*range(1, 98), 1000):
         assert_same(whole, load_streaming(p, chunk))
+
+
+def test_a_view_kept_after_decoding_does_not_stop_the_reader() -> None:
+    """Batches are decoded from views of one reused buffer. Something that keeps a view alive
+    (a debugger or a profiler holding the decoder's frames, a Raw kept by mistake) cannot
+    resize that buffer: the reader goes on in a copy, and every event still comes out once."""
+    kept: list[memoryview] = []
+
+    def decode(view: memoryview) -> list | None:
+        try:
+            evs = json.loads(bytes(view))
+        except ValueError:
+            return None  # the cut is not an event boundary
+        kept.append(view)
+        return evs
+
+    text = json.dumps({"traceEvents": _events()}, indent=1).encode()
+    for chunk in (7, 100, 1000):
+        kept.clear()
+        pieces = iter([text[i : i + chunk] for i in range(0, len(text), chunk)])
+        batches = Batches(pieces, decode, chunk)
+        got = [e for batch in batches for e in batch]
+        assert len(kept) > 1  # several batches, each view still alive
+        assert got + json.loads(batches.tail)["traceEvents"] == _events()
 
 
 def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:

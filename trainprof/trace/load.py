@@ -504,11 +504,13 @@ def _int_column(values: list, n: int) -> np.ndarray:
     """A column of integers, None (an explicit null) as -1."""
     if values.count(_NO) == n:  # absent everywhere (identity: the default is one object)
         return np.full(n, _NO, np.int64)
-    try:
-        return np.array(values, np.int64)  # the common case: no None at all
-    except (TypeError, OverflowError):
-        col = np.array(values, np.float64)  # None -> NaN; ids are far below 2**53
-        return np.nan_to_num(col, nan=_NO).astype(np.int64)
+    if not values.count(None):
+        try:
+            return np.array(values, np.int64)  # the common case
+        except OverflowError:
+            pass
+    col = np.array(values, np.float64)  # None -> NaN; ids are far below 2**53
+    return np.nan_to_num(col, nan=_NO).astype(np.int64)
 
 
 def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -525,9 +527,11 @@ class _Ids(dict):
 
 
 class _Grow:
-    """A column that grows in place by a quarter when full (amortised copies), then shrinks to
-    its length: about 1.25x the column at most, where a list of chunks joined at the end needs
-    twice the columns (and glibc keeps the freed chunks, fragmented, in the process)."""
+    """A column that grows in place by a quarter when full, then shrinks to its length. Both
+    are `realloc`s: glibc moves a large block's pages (mremap) instead of copying them, so the
+    column is never held twice, and is at most 1.25x its length (numpy zero-fills what it adds).
+    A list of chunks joined at the end would need twice the columns, and glibc keeps the freed
+    chunks, fragmented, in the process."""
 
     __slots__ = ("a", "n")
 
@@ -540,9 +544,7 @@ class _Grow:
         if self.a is None:
             self.a = np.empty(max(m, 1 << 16), x.dtype)
         elif m > len(self.a):
-            bigger = np.empty(max(m, len(self.a) + len(self.a) // 4), self.a.dtype)
-            bigger[: self.n] = self.a[: self.n]
-            self.a = bigger
+            self.a.resize(max(m, len(self.a) + len(self.a) // 4), refcheck=False)
         self.a[self.n : m] = x
         self.n = m
 

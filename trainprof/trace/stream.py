@@ -125,7 +125,7 @@ class Batches(Generic[T]):
         buf = bytearray(b"[")
         buf += rest
         for chunk in self._chunks:
-            buf += chunk
+            buf = _grown(buf, chunk)
             if len(buf) < self._want:
                 continue
             got = self._cut(buf)
@@ -135,12 +135,33 @@ class Batches(Generic[T]):
                 continue
             events, end = got
             yield events
-            # _END matched `}` + whitespace + `,`: that comma becomes the next batch's `[`
-            # (deleting from the front of a bytearray moves its start, without a copy).
-            comma = buf.index(b",", end)
-            del buf[:comma]
+            # _END matched `}` + whitespace + `,`: that comma becomes the next batch's `[`.
+            buf = _from(buf, buf.index(b",", end))
             buf[0] = _OPEN
         self.tail = prefix + bytes(memoryview(buf)[1:])
+
+
+# A bytearray cannot be resized while a view of it exists. The decoder's views are gone when it
+# returns, unless something keeps the frames that held them (a debugger, a Python-level
+# sampling profiler, a saved traceback): then the reader goes on in a copy.
+
+
+def _grown(buf: bytearray, chunk: bytes) -> bytearray:
+    try:
+        buf += chunk
+        return buf
+    except BufferError:
+        return buf + chunk
+
+
+def _from(buf: bytearray, k: int) -> bytearray:
+    """`buf` without its first k bytes (deleting from the front of a bytearray moves its start:
+    no copy)."""
+    try:
+        del buf[:k]
+        return buf
+    except BufferError:
+        return buf[k:]
 
 
 def open_batches(
