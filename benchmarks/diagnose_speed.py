@@ -146,7 +146,10 @@ def _children_cpu() -> float:
 def timed(cmd: list[str], env: dict[str, str] | None = None) -> Res:
     """Wall and CPU seconds and peak RSS (MB) of one fresh process."""
     c, t = _children_cpu(), time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    # Not run from the checkout: `python -c` puts its folder first on sys.path, which would
+    # shadow PYTHONPATH (and so --baseline).
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                         cwd=tempfile.gettempdir())
     wall, cpu = time.perf_counter() - t, _children_cpu() - c
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
@@ -377,7 +380,7 @@ def ranks(o: Opts, n: int) -> None:
                                              env), mb)
     c, t = _children_cpu(), time.perf_counter()
     out = subprocess.run([sys.executable, "-c", TRAINPROF_DASK, str(folder)], capture_output=True,
-                         text=True, env={**os.environ, **env})
+                         text=True, env={**os.environ, **env}, cwd=tempfile.gettempdir())
     wall, cpu = time.perf_counter() - t, _children_cpu() - c
     if out.returncode:
         sys.exit(out.stderr[-2000:])
