@@ -1,9 +1,10 @@
 """Read a Kineto / PyTorch-profiler chrome trace into a columnar `Trace`.
 
-msgspec decodes straight into small typed Structs holding only the fields trainprof uses (the rest
-of each event is skipped without being materialised), then each field becomes one numpy column.
-The JSON is streamed (`stream.py`): inflated and decoded a few MB at a time, so memory holds the
-columns and one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
+msgspec decodes straight into small typed Structs, picked by each event's phase, holding only the
+fields trainprof uses (the rest of each event, and every event of a phase it does not read, is
+skipped without being materialised), then each field becomes one numpy column. The JSON is
+streamed (`stream.py`): inflated and decoded 512 KiB at a time, so memory holds the columns and
+one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
 invalid JSON, a damaged file) are read whole by the original path, which says what is wrong.
 A loaded trace is kept in a columnar cache (`cache.py`) so that the next command reads it back.
 """
