@@ -3,23 +3,33 @@
     python benchmarks/diagnose_speed.py                 # everything below but the 4 GB trace
     python benchmarks/diagnose_speed.py --huge          # also a 4 GB trace (minutes)
     python benchmarks/diagnose_speed.py --only small    # one section: small, big, ranks, huge
-    python benchmarks/diagnose_speed.py --no-hta-big    # HTA on the 54 MB trace only
+    python benchmarks/diagnose_speed.py --hta-big none  # HTA on the 54 MB trace only
+    python benchmarks/diagnose_speed.py --baseline main # also an older trainprof (a git revision)
 
 Sections (each tool in its own fresh process, so start-up and imports count, and peak RSS is
 that process's own):
 
-- small: df_index_resolver (216,092 events, 54 MB JSON): HTA, trainprof (no cache), trainprof
-  reading its cache, and a "floor" (start, gunzip, one typed msgspec pass, nothing else).
-- big: two generated ~1 GB traces: the old schema (resnet50's steps repeated) and a
-  python_function-heavy modern one (df_index_resolver's steps repeated), each: trainprof's first
-  read, its cache re-read, and HTA (`--no-hta-big` to skip: HTA needs minutes and ~8 GB there).
-- huge: a generated 4 GB trace (python_function-heavy), trainprof only.
+- small: df_index_resolver (216,092 events, 54 MB JSON): HTA, trainprof (no cache), the read
+  alone, trainprof reading its cache, and a "floor" (start, gunzip, one typed msgspec pass).
+- big: three generated ~1 GB traces, a real trace's steps repeated: the old schema (resnet50),
+  a modern one (df_index_resolver: cpu_op, runtime, kernels, flows and memory instants; no
+  python_function events) and a python_function-heavy one (owlv2 from TraceLens: half of its
+  events are python_function), each: the read alone, the first diagnosis (writes the cache),
+  the read from the cache, the diagnosis from the cache, and HTA (`--hta-big`: on the modern
+  trace by default; it needs ~5 minutes and ~7.5 GB per GB of JSON).
+- huge: a generated 4 GB trace (df_index_resolver's steps), trainprof only.
 - ranks: 64 copied ranks (the 8 DLRM ranks, rewritten), the process pool vs a 2-worker Dask
   LocalCluster (processes, not threads).
 
-MB/s is MB of JSON per second of the whole process's wall time. HTA runs from `.venv-bench`
-(`make bench-deps`): "load + temporal breakdown + idle time breakdown", the closest it has to a
-diagnosis. Generated traces go to a temporary folder (--tmp, default /tmp) and are deleted.
+Each row: wall seconds, CPU seconds (user + system of the process and the children it waited
+for: the fairer figure when other work shares the cores), peak RSS (the process's own; its
+ratio to the JSON size), and MB of JSON per second of wall and of CPU time. `--baseline REV`
+adds the same rows for trainprof at a git revision of this repository (exported to a temporary
+folder), interleaved with the current code's. HTA runs from `.venv-bench` (`make bench-deps`;
+`--hta-python` to point elsewhere): "load + temporal breakdown + idle time breakdown", the
+closest it has to a diagnosis. Generated traces go to a temporary folder (--tmp, default /tmp)
+and are deleted; they are built in a child process, since a child's peak RSS starts from its
+parent's (Linux carries ru_maxrss across fork and exec), so this process stays small.
 """
 
 from __future__ import annotations
@@ -28,18 +38,21 @@ import argparse
 import gzip
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACES = ROOT.parent / "shared" / "traces"
 SMALL = TRACES / "HolisticTraceAnalysis/df_index_resolver/df_index_resolver.json.gz"
 OLD = TRACES / "kineto/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+OWL = TRACES / "TraceLens/h100/google_owlv2-large-patch14-ensemble__1016001.json.gz"
 DLRM = TRACES / "param/et_replay/tests/inputs/dlrm_kineto"
 HTA_PY = ROOT / ".venv-bench" / "bin" / "python"
 
@@ -118,39 +131,58 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 """
 
 
-def timed(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """Wall seconds and peak RSS (MB) of one fresh process."""
-    t = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})})
-    wall = time.perf_counter() - t
+@dataclass
+class Res:
+    wall: float  # s
+    cpu: float  # s, user + system, the process and its waited-for children
+    rss: float  # MB, the process's peak
+
+
+def _children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def timed(cmd: list[str], env: dict[str, str] | None = None) -> Res:
+    """Wall and CPU seconds and peak RSS (MB) of one fresh process."""
+    c, t = _children_cpu(), time.perf_counter()
+    # Not run from the checkout: `python -c` puts its folder first on sys.path, which would
+    # shadow PYTHONPATH (and so --baseline).
+    out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **(env or {})},
+                         cwd=tempfile.gettempdir())
+    wall, cpu = time.perf_counter() - t, _children_cpu() - c
     if out.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{out.stderr[-2000:]}")
-    return wall, int(out.stdout.strip().splitlines()[-1]) / 1024
+    return Res(wall, cpu, int(out.stdout.strip().splitlines()[-1]) / 1024)
 
 
-def trainprof(path: Path, cache: Path | None) -> tuple[float, float]:
-    """trainprof diagnose --json in a fresh process; with `cache`, that cache folder is used
-    (read if there, else written), without, the cache is off."""
+def _env(code: Path | None, cache: Path | None) -> dict[str, str]:
+    """The environment of a trainprof run: which code (default: this checkout) and cache."""
     env = {"TRAINPROF_CACHE_DIR": str(cache)} if cache else {"TRAINPROF_NO_CACHE": "1"}
-    return timed([sys.executable, "-c", TRAINPROF, str(path)], env)
+    return {**env, "PYTHONPATH": str(code or ROOT)}
 
 
-def load_only(path: Path, cache: Path | None) -> tuple[float, float]:
+def trainprof(path: Path, cache: Path | None, code: Path | None = None) -> Res:
+    """trainprof diagnose --json in a fresh process; with `cache`, that cache folder is used
+    (read if there, else written), without, the cache is off. `code`: another trainprof."""
+    return timed([sys.executable, "-c", TRAINPROF, str(path)], _env(code, cache))
+
+
+def load_only(path: Path, cache: Path | None, code: Path | None = None) -> Res:
     """Reading the trace into columns only (a fresh process), from the JSON (cache off, or
     written) or from the cache when `cache` holds it."""
-    env = {"TRAINPROF_CACHE_DIR": str(cache)} if cache else {"TRAINPROF_NO_CACHE": "1"}
-    return timed([sys.executable, "-c", LOAD, str(path)], env)
+    return timed([sys.executable, "-c", LOAD, str(path)], _env(code, cache))
 
 
-def hta(path: Path, tmp: Path) -> tuple[float, float] | None:
-    if not HTA_PY.exists():
+def hta(path: Path, tmp: Path, python: Path) -> Res | None:
+    if not python.exists():
         return None
     d = tmp / f"hta-{path.stem}"
     d.mkdir(exist_ok=True)
     link = d / path.name
     if not link.exists():
         link.symlink_to(path)  # HTA analyses a folder of traces
-    return timed([str(HTA_PY), "-c", HTA, str(d)])
+    return timed([str(python), "-c", HTA, str(d)])
 
 
 def json_mb(path: Path) -> float:
@@ -161,13 +193,29 @@ def json_mb(path: Path) -> float:
     return n / 1e6
 
 
-def row(label: str, res: tuple[float, float] | None, mb: float, note: str = "") -> None:
+def row(label: str, res: Res | None, mb: float, note: str = "") -> None:
     if res is None:
-        print(f"  {label:34s} (not run{': ' + note if note else ''})")
+        print(f"  {label:40s} (not run{': ' + note if note else ''})")
         return
-    w, m = res
-    print(f"  {label:34s} wall {w:7.2f} s  peak RSS {m:7.0f} MB ({m / mb:4.2f}x JSON)  "
-          f"{mb / w:6.1f} MB/s {note}")
+    print(f"  {label:40s} wall {res.wall:7.2f} s  CPU {res.cpu:7.2f} s  peak RSS {res.rss:6.0f} MB "
+          f"({res.rss / mb:4.2f}x JSON)  {mb / res.wall:5.0f} MB/s wall, {mb / res.cpu:5.0f} "
+          f"MB/s CPU {note}")
+
+
+def median(runs: list[Res]) -> Res:
+    return Res(statistics.median(r.wall for r in runs), statistics.median(r.cpu for r in runs),
+               max(r.rss for r in runs))
+
+
+def export(rev: str, tmp: Path) -> Path:
+    """trainprof at git revision `rev`, exported (and byte-compiled) into a temporary folder."""
+    out = tmp / f"baseline-{rev.replace('/', '_')}"
+    out.mkdir()
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "trainprof"],
+                             capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(out)], input=archive, check=True)
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(out / "trainprof")], check=True)
+    return out
 
 
 # -- generated traces -------------------------------------------------------------------------
@@ -233,72 +281,113 @@ def build_ranks(folder: Path, n: int) -> None:
         (folder / f"rank{k}.pt.trace.json.gz").write_bytes(gzip.compress(text, 1))
 
 
+def make_elsewhere(source: Path, target_bytes: int, out: Path) -> Path:
+    """make_big() in a child process (see the module's docstring: this one stays small)."""
+    subprocess.run([sys.executable, __file__, "--make", str(source), str(target_bytes), str(out)],
+                   check=True)
+    return out
+
+
+def build_elsewhere(folder: Path, n: int) -> None:
+    subprocess.run([sys.executable, __file__, "--ranks-into", str(folder), "--ranks", str(n)],
+                   check=True)
+
+
 # -- sections ---------------------------------------------------------------------------------
 
 
-def small(tmp: Path, rounds: int) -> None:
+@dataclass
+class Opts:
+    tmp: Path
+    rounds: int
+    hta_python: Path
+    baseline: Path | None  # an exported older trainprof, or None
+    baseline_rev: str
+
+
+def small(o: Opts) -> None:
     mb = json_mb(SMALL)
-    cache = tmp / "cache-small"
-    runs: dict[str, list[tuple[float, float]]] = {k: [] for k in
-                                                  ("HTA", "trainprof", "cached", "floor")}
+    cache = o.tmp / "cache-small"
+    runs: dict[str, list[Res]] = {}
+
+    def add(k: str, r: Res | None) -> None:
+        if r is not None:
+            runs.setdefault(k, []).append(r)
+
     trainprof(SMALL, cache)  # writes the cache
-    for _ in range(rounds):  # interleaved
-        if (h := hta(SMALL, tmp)) is not None:
-            runs["HTA"].append(h)
-        runs["trainprof"].append(trainprof(SMALL, None))
-        runs["cached"].append(trainprof(SMALL, cache))
-        runs["floor"].append(timed([sys.executable, "-c", FLOOR, str(SMALL)]))
-    med = {k: (statistics.median(w for w, _ in v), max(m for _, m in v)) for k, v in runs.items()
-           if v}
-    print(f"\n{SMALL.name}: {mb:.0f} MB JSON, medians of {rounds} interleaved rounds")
+    for _ in range(o.rounds):  # interleaved
+        add("HTA", hta(SMALL, o.tmp, o.hta_python))
+        add("trainprof", trainprof(SMALL, None))
+        if o.baseline:
+            add("baseline", trainprof(SMALL, None, o.baseline))
+        add("read", load_only(SMALL, None))
+        if o.baseline:
+            add("baseline read", load_only(SMALL, None, o.baseline))
+        add("cached", trainprof(SMALL, cache))
+        add("floor", timed([sys.executable, "-c", FLOOR, str(SMALL)]))
+    med = {k: median(v) for k, v in runs.items()}
+    print(f"\n{SMALL.name}: {mb:.0f} MB JSON, medians of {o.rounds} interleaved rounds")
     row("HTA", med.get("HTA"), mb, "" if "HTA" in med else "HTA not installed: make bench-deps")
-    row("trainprof (first read, no cache)", med["trainprof"], mb)
-    row("trainprof (from its cache)", med["cached"], mb)
+    row("trainprof diagnose (no cache)", med["trainprof"], mb)
+    if o.baseline:
+        row(f"  the same at {o.baseline_rev}", med["baseline"], mb)
+    row("trainprof read alone (JSON into columns)", med["read"], mb)
+    if o.baseline:
+        row(f"  the same at {o.baseline_rev}", med["baseline read"], mb)
+    row("trainprof diagnose (from its cache)", med["cached"], mb)
     row("floor (gunzip + one msgspec pass)", med["floor"], mb)
     if "HTA" in med:
-        (tw, tm), (hw, hm) = med["trainprof"], med["HTA"]
-        print(f"  trainprof is {hw / tw:.1f}x faster than HTA at {tm / hm:.2f}x its memory")
+        t, h = med["trainprof"], med["HTA"]
+        print(f"  trainprof is {h.wall / t.wall:.1f}x faster than HTA (wall; {h.cpu / t.cpu:.1f}x "
+              f"in CPU time) at {t.rss / h.rss:.2f}x its memory")
 
 
-def big(tmp: Path, label: str, source: Path, gb: float, with_hta: bool) -> None:
+def big(o: Opts, label: str, source: Path, gb: float, with_hta: bool) -> None:
     t = time.perf_counter()
-    path = make_big(source, int(gb * 1e9), tmp / f"{label}.pt.trace.json.gz")
+    path = make_elsewhere(source, int(gb * 1e9), o.tmp / f"{label}.pt.trace.json.gz")
     made = time.perf_counter() - t
     mb = json_mb(path)
-    cache = tmp / f"cache-{label}"
+    cache = o.tmp / f"cache-{label}"
     print(f"\n{label}: {mb / 1000:.2f} GB JSON ({path.stat().st_size / 1e6:.0f} MB gz, "
           f"{source.name}'s steps repeated; made in {made:.0f} s)")
     read = load_only(path, None)
-    row("read only: JSON into columns", read, mb)
+    row("read alone: JSON into columns", read, mb)
+    if o.baseline:
+        row(f"  the same at {o.baseline_rev}", load_only(path, None, o.baseline), mb)
     first = trainprof(path, cache)
     row("diagnose (first read, writes cache)", first, mb)
+    if o.baseline:
+        row(f"  the same at {o.baseline_rev} (no cache)", trainprof(path, None, o.baseline), mb)
     reread = load_only(path, cache)
-    row("read only: from the cache", reread, mb, f"= {reread[0] / read[0]:.3f}x the JSON read")
+    row("read alone: from the cache", reread, mb,
+        f"= {reread.wall / read.wall:.3f}x the JSON read (wall)")
     again = trainprof(path, cache)
-    row("diagnose (from the cache)", again, mb, f"= {again[0] / first[0]:.3f}x the first")
-    row("HTA", hta(path, tmp) if with_hta else None, mb,
-        "" if with_hta and HTA_PY.exists() else "--no-hta-big or HTA not installed")
+    row("diagnose (from the cache)", again, mb, f"= {again.wall / first.wall:.3f}x the first")
+    row("HTA", hta(path, o.tmp, o.hta_python) if with_hta else None, mb,
+        "" if with_hta and o.hta_python.exists() else "--hta-big, or HTA not installed")
     path.unlink()
     shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(o.tmp / f"hta-{path.stem}", ignore_errors=True)
 
 
-def ranks(tmp: Path, n: int) -> None:
-    folder = tmp / f"ranks{n}"
-    build_ranks(folder, n)
+def ranks(o: Opts, n: int) -> None:
+    folder = o.tmp / f"ranks{n}"
+    build_elsewhere(folder, n)
     mb = sum(json_mb(p) for p in folder.iterdir())
     print(f"\n{n} copied ranks ({mb:.0f} MB JSON in all), cache off, {os.cpu_count()} cores")
-    env = {"TRAINPROF_NO_CACHE": "1"}
+    env = _env(None, None)
     row("process pool (one per core)", timed([sys.executable, "-c", TRAINPROF, str(folder)],
                                              env), mb)
-    t = time.perf_counter()
+    c, t = _children_cpu(), time.perf_counter()
     out = subprocess.run([sys.executable, "-c", TRAINPROF_DASK, str(folder)], capture_output=True,
-                         text=True, env={**os.environ, **env})
-    wall = time.perf_counter() - t
+                         text=True, env={**os.environ, **env}, cwd=tempfile.gettempdir())
+    wall, cpu = time.perf_counter() - t, _children_cpu() - c
     if out.returncode:
         sys.exit(out.stderr[-2000:])
     diag = [ln for ln in out.stderr.splitlines() if ln.startswith("diagnosis ")]
-    row("Dask LocalCluster, 2 worker processes", (wall, int(out.stdout.split()[-1]) / 1024), mb,
-        f"(cluster start included; the diagnosis alone {diag[-1].split()[1]} s)")
+    row("Dask LocalCluster, 2 worker processes", Res(wall, cpu, int(out.stdout.split()[-1]) / 1024),
+        mb, f"(cluster start included; the diagnosis alone {diag[-1].split()[1]} s; CPU: the "
+        "client only, the workers are not its children)")
     shutil.rmtree(folder)
 
 
@@ -309,10 +398,23 @@ def main() -> None:
     ap.add_argument("--huge", action="store_true", help="also the 4 GB trace")
     ap.add_argument("--gb", type=float, default=1.0, help="size of the 'big' traces")
     ap.add_argument("--huge-gb", type=float, default=4.0)
-    ap.add_argument("--no-hta-big", action="store_true", help="HTA on the 54 MB trace only")
+    ap.add_argument("--hta-big", choices=["none", "modern", "all"], default="modern",
+                    help="which 1 GB traces HTA also reads (minutes and ~7.5 GB RAM each)")
+    ap.add_argument("--hta-python", type=Path, default=HTA_PY,
+                    help=f"the Python that has HolisticTraceAnalysis (default {HTA_PY})")
+    ap.add_argument("--baseline", metavar="REV",
+                    help="also time trainprof at this git revision (e.g. main), interleaved")
     ap.add_argument("--ranks", type=int, default=64)
     ap.add_argument("--tmp", type=Path, default=Path(tempfile.gettempdir()))
+    ap.add_argument("--make", nargs=3, help=argparse.SUPPRESS)
+    ap.add_argument("--ranks-into", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.make:
+        make_big(Path(args.make[0]), int(args.make[1]), Path(args.make[2]))
+        return
+    if args.ranks_into:
+        build_ranks(args.ranks_into, args.ranks)
+        return
     # An installed package has its bytecode; with PYTHONDONTWRITEBYTECODE set, as on these
     # machines, an editable checkout would recompile trainprof in every timed process.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "trainprof")], check=True)
@@ -320,15 +422,20 @@ def main() -> None:
     want = {args.only} if args.only else {"small", "big", "ranks"} | ({"huge"} if args.huge
                                                                         else set())
     try:
+        o = Opts(tmp, args.rounds, args.hta_python,
+                 export(args.baseline, tmp) if args.baseline else None, args.baseline or "")
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores at the start")
         if "small" in want:
-            small(tmp, args.rounds)
+            small(o)
         if "big" in want:
-            big(tmp, "old-schema-1g", OLD, args.gb, not args.no_hta_big)
-            big(tmp, "python-heavy-1g", SMALL, args.gb, not args.no_hta_big)
+            big(o, "old-schema-1g", OLD, args.gb, args.hta_big == "all")
+            big(o, "modern-1g", SMALL, args.gb, args.hta_big != "none")
+            big(o, "python-heavy-1g", OWL, args.gb, args.hta_big == "all")
         if "huge" in want:
-            big(tmp, "python-heavy-4g", SMALL, args.huge_gb, False)
+            big(o, "modern-4g", SMALL, args.huge_gb, False)
         if "ranks" in want:
-            ranks(tmp, args.ranks)
+            ranks(o, args.ranks)
+        print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

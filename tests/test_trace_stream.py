@@ -15,7 +15,7 @@ from conftest import all_trace_files, slow_except, trace_path
 
 from trainprof.errors import TrainprofError
 from trainprof.trace.load import load_streaming, load_trace, load_whole
-from trainprof.trace.stream import NotStreamable
+from trainprof.trace.stream import Batches, NotStreamable
 
 
 def assert_same(a, b) -> None:
@@ -108,6 +108,70 @@ def test_chunk_boundaries_anywhere(tmp_path: Path, layout: str) -> None:
     assert len(whole) == 61
     for chunk in (*range(1, 98), 1000):
         assert_same(whole, load_streaming(p, chunk))
+
+
+def test_a_view_kept_after_decoding_does_not_stop_the_reader() -> None:
+    """Batches are decoded from views of one reused buffer. Something that keeps a view alive
+    (a debugger or a profiler holding the decoder's frames, a Raw kept by mistake) cannot
+    resize that buffer: the reader goes on in a copy, and every event still comes out once."""
+    kept: list[memoryview] = []
+
+    def decode(view: memoryview) -> list | None:
+        try:
+            evs = json.loads(bytes(view))
+        except ValueError:
+            return None  # the cut is not an event boundary
+        kept.append(view)
+        return evs
+
+    text = json.dumps({"traceEvents": _events()}, indent=1).encode()
+    for chunk in (7, 100, 1000):
+        kept.clear()
+        pieces = iter([text[i : i + chunk] for i in range(0, len(text), chunk)])
+        batches = Batches(pieces, decode, chunk)
+        got = [e for batch in batches for e in batch]
+        assert len(kept) > 1  # several batches, each view still alive
+        assert got + json.loads(batches.tail)["traceEvents"] == _events()
+
+
+def test_what_each_phase_contributes(tmp_path: Path) -> None:
+    """Complete events become columns (shapes kept as their JSON text, a null id as -1),
+    `[memory]` instants the memory series, flows a count; phases the diagnosis does not read
+    are skipped without their fields being checked, a phase of several characters is read by
+    the slow path and ignored, and an empty "ph" is counted as dropped."""
+    evs = _events()
+    [e for e in evs if e["ph"] == "X"][3]["args"]["Python parent id"] = None  # a root frame
+    evs += [
+        {"ph": "C", "name": "counter", "pid": 1, "tid": 1, "ts": 1.0, "args": {"x": 1}},
+        {"ph": "b", "name": "async", "id": 3, "ts": "not a number"},
+        {"ph": "XX", "name": "odd", "ts": 1.0},
+        {"ph": "", "name": "empty", "ts": 1.0},
+        {"ph": "f", "id": 5, "pid": 1, "tid": 1, "ts": 1.0},
+    ]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    complete = [e for e in evs if e.get("ph") == "X"]
+    memory = [e for e in evs if e.get("ph") == "i"]
+    for chunk in (200, 1 << 20):
+        tr = load_streaming(p, chunk)
+        assert len(tr) == len(complete)
+        assert [tr.names[i] for i in tr.name_id] == [e["name"] for e in complete]
+        assert tr.py_parent.tolist() == [
+            -1 if e.get("args", {}).get("Python parent id") is None
+            else e["args"]["Python parent id"] for e in complete
+        ]
+        shaped = [i for i, e in enumerate(complete) if "Input Dims" in e.get("args", {})]
+        assert list(tr.shapes) == shaped
+        for i in shaped:
+            dims, types = tr.shapes[i]
+            assert json.loads(bytes(dims)) == complete[i]["args"]["Input Dims"]
+            assert json.loads(bytes(types)) == complete[i]["args"]["Input type"]
+        assert tr.memory.total_allocated.tolist() == [e["args"]["Total Allocated"]
+                                                      for e in memory]
+        assert tr.meta.flow_count == sum(e.get("ph") in ("s", "f") for e in evs)
+        assert tr.meta.dropped == f"1 of {len(evs)} events dropped as unusable: 1 events " \
+            "without 'ph'"
+        assert_same(load_whole(p), tr)
 
 
 def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:

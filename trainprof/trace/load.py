@@ -1,9 +1,10 @@
 """Read a Kineto / PyTorch-profiler chrome trace into a columnar `Trace`.
 
-msgspec decodes straight into small typed Structs holding only the fields trainprof uses (the rest
-of each event is skipped without being materialised), then each field becomes one numpy column.
-The JSON is streamed (`stream.py`): inflated and decoded a few MB at a time, so memory holds the
-columns and one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
+msgspec decodes straight into small typed Structs, picked by each event's phase, holding only the
+fields trainprof uses (the rest of each event, and every event of a phase it does not read, is
+skipped without being materialised), then each field becomes one numpy column. The JSON is
+streamed (`stream.py`): inflated and decoded 512 KiB at a time, so memory holds the columns and
+one batch of JSON, not the file. Files the streaming reader does not expect (Kineto's
 invalid JSON, a damaged file) are read whole by the original path, which says what is wrong.
 A loaded trace is kept in a columnar cache (`cache.py`) so that the next command reads it back.
 """
@@ -16,10 +17,10 @@ import re
 import zlib
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator
-from itertools import compress
-from operator import attrgetter
+from itertools import compress, repeat
+from operator import is_
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import msgspec
 import numpy as np
@@ -38,6 +39,8 @@ from trainprof.trace.stream import CHUNK_BYTES, NotStreamable, open_batches
 
 _NO = -1  # missing integer in a column
 _MISSING = float("nan")  # an absent ts or dur: the event is dropped (and the output says so)
+_NO_SHAPE = msgspec.Raw(b"")  # one object: a column of absent shapes is counted by identity
+_NUL = b"\0"
 
 
 class _Args(msgspec.Struct, frozen=True, gc=False):
@@ -53,8 +56,8 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     device: int | None = _NO
     call_stack: str | None = msgspec.field(name="Call stack", default=None)
     # Shapes and dtypes are only needed by a few rules: keep the raw JSON, decode on demand.
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=msgspec.Raw(b""))
-    input_type: msgspec.Raw = msgspec.field(name="Input type", default=msgspec.Raw(b""))
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_SHAPE)
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=_NO_SHAPE)
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
     device_id: int | None = msgspec.field(name="Device Id", default=None)
     device_type: int | None = msgspec.field(name="Device Type", default=None)
@@ -87,11 +90,88 @@ class _RawFile(_File):
     traceEvents: list[msgspec.Raw] | None = None  # type: ignore[assignment]  # noqa: N815
 
 
+# The fast path decodes each event into a struct picked by its "ph" (a tagged union), holding only
+# what the builder reads: complete events (X) the columns' fields, `[memory]` instants (i) their
+# time and two args, metadata (M) the process name, and every other phase (flows, counters...:
+# a third of a modern trace) nothing, so that msgspec skips their keys without building anything
+# (their fields are not checked either: a flow event with an unreadable `ts` is not counted as
+# dropped, as it was when every event was decoded whole). An event without "ph" (or with a
+# phase of several characters) fails the batch, which is then read event by event
+# (`_per_event`, through the general `_Event`).
+class _XArgs(msgspec.Struct, frozen=True, gc=False):
+    correlation: int | None = _NO
+    ext_id: int | None = msgspec.field(name="External id", default=_NO)
+    ext_id_old: int | None = msgspec.field(name="external id", default=_NO)
+    py_id: int | None = msgspec.field(name="Python id", default=_NO)
+    py_parent: int | None = msgspec.field(name="Python parent id", default=_NO)
+    nbytes: int | None = msgspec.field(name="bytes", default=_NO)
+    stream: int | None = _NO
+    call_stack: str | None = msgspec.field(name="Call stack", default=None)
+    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_SHAPE)
+    input_type: msgspec.Raw = msgspec.field(name="Input type", default=_NO_SHAPE)
+
+
+class _MemArgs(msgspec.Struct, frozen=True, gc=False):
+    total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
+    device_id: int | None = msgspec.field(name="Device Id", default=None)
+
+
+class _X(msgspec.Struct, tag_field="ph", tag="X", gc=False):
+    name: str = ""
+    cat: str = ""
+    pid: int | str = 0
+    tid: int | str = 0
+    ts: float = _MISSING
+    dur: float = _MISSING
+    args: _XArgs = _XArgs()
+
+
+class _I(msgspec.Struct, tag_field="ph", tag="i", gc=False):
+    name: str = ""
+    ts: float = _MISSING
+    args: _MemArgs = _MemArgs()
+
+
+class _M(msgspec.Struct, tag_field="ph", tag="M", gc=False):
+    name: str = ""
+    pid: int | str = 0
+
+
+class _NoPh(msgspec.Struct, tag_field="ph", tag="", gc=False):
+    """`"ph": ""` (or, from the slow path, no "ph" at all): counted as dropped."""
+
+
+class _Unknown(msgspec.Struct, gc=False):
+    """A phase of several characters (slow path only): ignored, as every unused phase is."""
+
+
+_SKIPPED = {
+    c: msgspec.defstruct(f"_Ph{ord(c)}", [], tag_field="ph", tag=c, gc=False)
+    for c in map(chr, range(33, 127))
+    if c not in "XiM"
+}
+_BY_PH: dict[str, type] = {"X": _X, "i": _I, "M": _M, "": _NoPh, **_SKIPPED}
+_FLOWS = (_SKIPPED["s"], _SKIPPED["f"])
+_Fast = Union[tuple(_BY_PH.values())]  # noqa: UP007 (a Union built from a tuple)
+
 _DECODER = msgspec.json.Decoder(_File)
 _RAW_DECODER = msgspec.json.Decoder(_RawFile)
-_LIST_DECODER = msgspec.json.Decoder(list[_Event])
+_FAST_DECODER = msgspec.json.Decoder(list[_Fast])  # type: ignore[valid-type]
+_ONE_DECODER = msgspec.json.Decoder(_Fast)  # type: ignore[valid-type]
 _EVENT_DECODER = msgspec.json.Decoder(_Event)
 _RAWS_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+def _specific(e: _Event) -> Any:
+    """The fast path's struct for an event the slow path read (the same fields, same values)."""
+    cls = _BY_PH.get(e.ph, _Unknown)
+    if cls is _X:
+        return _X(name=e.name, cat=e.cat, pid=e.pid, tid=e.tid, ts=e.ts, dur=e.dur, args=e.args)
+    if cls is _I:
+        return _I(name=e.name, ts=e.ts, args=e.args)
+    if cls is _M:
+        return _M(name=e.name, pid=e.pid)
+    return cls()
 
 # Events are decoded in chunks: the typed events of the whole file never exist at once, so peak
 # memory stays near the JSON size plus the columns, whatever the trace's size.
@@ -202,26 +282,26 @@ def _loose(data: bytes, path: Path) -> Any:
         return lenient_json(data, path)
 
 
-def _chunks(f: _RawFile, path: Path | str, drops: Counter) -> Iterator[list[_Event]]:
+def _chunks(f: _RawFile, path: Path | str, drops: Counter) -> Iterator[list[Any]]:
     raws = f.traceEvents or []
     for i in range(0, len(raws), CHUNK_EVENTS):
         part = raws[i : i + CHUNK_EVENTS]
         try:
-            yield _LIST_DECODER.decode(b"[" + b",".join(part) + b"]")
+            yield _FAST_DECODER.decode(b"[" + b",".join(part) + b"]")
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
             # e.g. ROCm writes some ids as strings; invalid UTF-8 in a name
             yield _per_event(part, path, drops)
 
 
-def _per_event(raws: list[msgspec.Raw], path: Path | str, drops: Counter) -> list[_Event]:
+def _per_event(raws: list[msgspec.Raw], path: Path | str, drops: Counter) -> list[Any]:
     """Events one by one: each is read as the fast path would read it when it can be, else
     leniently (so a batch's result does not depend on which other events share it)."""
-    out: list[_Event] = []
+    out: list[Any] = []
     for r in raws:
         try:
-            out.append(_EVENT_DECODER.decode(r))
+            out.append(_ONE_DECODER.decode(r))
         except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError):
-            out.extend(_coerce_events([_loose(bytes(r), path)], drops))
+            out.extend(map(_specific, _coerce_events([_loose(bytes(r), path)], drops)))
     return out
 
 
@@ -261,7 +341,7 @@ def _decode(data: bytes, path: Path, drops: Counter) -> _File | _RawFile:
             pass  # the slow, lenient path below says what is wrong
     try:
         if first == b"[":
-            return _File(traceEvents=_LIST_DECODER.decode(data))
+            return _RawFile(traceEvents=_RAWS_DECODER.decode(data))
         return _DECODER.decode(data)
     except msgspec.ValidationError:
         return _coerce(_loose(data, path), path, drops)
@@ -300,9 +380,22 @@ def load_trace(
                 tr = load_streaming(path, chunk_bytes or CHUNK_BYTES, on_read)
             except NotStreamable:
                 tr = load_whole(path)
+    _trim()
     if use_cache:
         cache.write(info, tr)
     return tr
+
+
+def _trim() -> None:
+    """Give the heap that the batches freed (decoded events, temporary arrays) back to the
+    system: glibc keeps it in the process otherwise (~7 % of the reader's peak RSS), and the
+    analyses come next. Linux/glibc only; elsewhere nothing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def load_whole(path: Path | str) -> Trace:
@@ -318,9 +411,9 @@ def load_whole(path: Path | str) -> Trace:
     builder = _Builder(drops)
     if isinstance(f, _RawFile):
         for chunk in _chunks(f, path, drops):
-            builder.add(chunk, own_buffers=True)
+            builder.add(chunk)
     else:
-        builder.add(f.traceEvents)
+        builder.add(list(map(_specific, f.traceEvents)))
     return builder.finish(f, path, total)
 
 
@@ -334,20 +427,27 @@ def _at_end(err: Exception, data: bytes) -> bool:
     return m is not None and int(m.group(1)) >= len(data) - 1
 
 
-def _batch_decoder(path: Path | str, drops: Counter, counted: list[int]):
-    """decode(body) -> the events of `[body]`, or None when `body` does not end on an event
-    boundary. Batches with odd types take the slow, per-event path; Kineto's invalid JSON (or
-    anything else) raises NotStreamable, so the file is read whole."""
+def _batch_decoder(path: Path | str, builder: _Builder, counted: list[int]):
+    """decode(view) -> True once the events of the JSON array `view` are in `builder`'s columns,
+    or None when the array does not parse because its end is not an event boundary. Batches with
+    odd types take the slow, per-event path; Kineto's invalid JSON (or anything else) raises
+    NotStreamable, so the file is read whole. Nothing decoded outlives the call (the view's
+    buffer is reused)."""
+    drops = builder.drops
 
-    def decode_batch(body: bytes) -> list[_Event] | None:
+    def decode_batch(data: memoryview) -> bool | None:
         try:
-            return _decode_batch(b"[" + body + b"]")
+            evs = _decode_batch(data)
         except RecursionError:
             raise NotStreamable("nested too deeply") from None
+        if evs is None:
+            return None
+        builder.add(evs)
+        return True
 
-    def _decode_batch(data: bytes) -> list[_Event] | None:
+    def _decode_batch(data: memoryview) -> list[Any] | None:
         try:
-            evs = _LIST_DECODER.decode(data)
+            evs = _FAST_DECODER.decode(data)
             counted[0] += len(evs)
             return evs
         except msgspec.ValidationError:
@@ -375,23 +475,22 @@ def load_streaming(
 ) -> Trace:
     """The streaming reader (`chunk_bytes` of JSON at a time); NotStreamable when the file is not
     what it expects (the caller then reads it whole)."""
-    drops: Counter = Counter()
+    builder = _Builder(Counter())
     counted = [0]  # events seen (usable or not), for the "N of M dropped" note
     batches, close = open_batches(
-        str(path), _batch_decoder(path, drops, counted), chunk_bytes, on_read
+        str(path), _batch_decoder(path, builder, counted), chunk_bytes, on_read
     )
-    builder = _Builder(drops)
     try:
-        for evs in batches:
-            builder.add(evs, own_buffers=True)
+        for _ in batches:
+            pass  # each batch went into the builder's columns as it was decoded
     finally:
         close()
     f = _tail(batches, path)
     if f.traceEvents is None:
         raise NotStreamable("no traceEvents")
     total = counted[0] + len(f.traceEvents)
-    for chunk in _chunks(f, path, drops):
-        builder.add(chunk, own_buffers=True)
+    for chunk in _chunks(f, path, builder.drops):
+        builder.add(chunk)
     if not total:
         raise NotStreamable("no events")  # the whole-file reader says so in its own words
     return builder.finish(f, path, total)
@@ -412,37 +511,41 @@ def _drop_text(drops: Counter) -> str:
     return ", ".join(f"{n} {why}" for why, n in drops.most_common())
 
 
-def _col(values, dtype, n: int) -> np.ndarray:
-    return np.fromiter(values, dtype, n)
-
-
-_NAME, _CAT, _PID, _TID, _PH = (attrgetter(a) for a in ("name", "cat", "pid", "tid", "ph"))
-_TS, _DUR, _ARGS = attrgetter("ts"), attrgetter("dur"), attrgetter("args")
-_STACK, _TYPES = attrgetter("args.call_stack"), attrgetter("args.input_type")
 _KIND: defaultdict[str, int] = defaultdict(lambda: Kind.OTHER, KIND_BY_CAT)
 
 
-def _int_column(objs: list, get: attrgetter, n: int) -> np.ndarray:
-    """An integer attribute of each object, None (absent, or an explicit null) as -1."""
-    try:
-        return np.fromiter(map(get, objs), np.int64, n)  # the common case: no None at all
-    except (TypeError, OverflowError):
-        col = np.array(list(map(get, objs)), np.float64)  # None -> NaN; ids are far below 2**53
-        return np.nan_to_num(col, nan=_NO).astype(np.int64)
+def _int_column(values: list, n: int) -> np.ndarray:
+    """A column of integers, None (an explicit null) as -1."""
+    if values.count(_NO) == n:  # absent everywhere (identity: the default is one object)
+        return np.full(n, _NO, np.int64)
+    if not values.count(None):
+        try:
+            return np.array(values, np.int64)  # the common case
+        except OverflowError:
+            pass
+    col = np.array(values, np.float64)  # None -> NaN; ids are far below 2**53
+    return np.nan_to_num(col, nan=_NO).astype(np.int64)
 
 
-def _intern(table: dict, values: list, n: int) -> np.ndarray:
-    """Ids of `values` in `table`, adding new ones (C-speed: no Python-level loop per event)."""
-    for v in dict.fromkeys(values):
-        if v not in table:
-            table[v] = len(table)
-    return np.fromiter(map(table.__getitem__, values), np.int32, n)
+def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+    return np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+class _Ids(dict):
+    """Interned values, numbered in order of first appearance: `ids[v]` adds v when it is new,
+    so a column of ids is one C-level pass (`map(ids.__getitem__, values)`)."""
+
+    def __missing__(self, v: Any) -> int:
+        i = self[v] = len(self)
+        return i
 
 
 class _Grow:
-    """A column that grows in place by a quarter when full (amortised copies), then shrinks to
-    its length: about 1.25x the column at most, where a list of chunks joined at the end needs
-    twice the columns (and glibc keeps the freed chunks, fragmented, in the process)."""
+    """A column that grows in place by a quarter when full, then shrinks to its length. Both
+    are `realloc`s: glibc moves a large block's pages (mremap) instead of copying them, so the
+    column is never held twice, and is at most 1.25x its length (numpy zero-fills what it adds).
+    A list of chunks joined at the end would need twice the columns, and glibc keeps the freed
+    chunks, fragmented, in the process."""
 
     __slots__ = ("a", "n")
 
@@ -455,9 +558,7 @@ class _Grow:
         if self.a is None:
             self.a = np.empty(max(m, 1 << 16), x.dtype)
         elif m > len(self.a):
-            bigger = np.empty(max(m, len(self.a) + len(self.a) // 4), self.a.dtype)
-            bigger[: self.n] = self.a[: self.n]
-            self.a = bigger
+            self.a.resize(max(m, len(self.a) + len(self.a) // 4), refcheck=False)
         self.a[self.n : m] = x
         self.n = m
 
@@ -470,24 +571,22 @@ class _Grow:
 
 
 class _Builder:
-    """Turns decoded events into columns, chunk by chunk; names and threads interned across
-    chunks."""
-
-    _OPT = ("correlation", "ext_id", "ext_id_old", "py_id", "py_parent", "nbytes", "stream")
+    """Turns decoded events into columns, batch by batch; names and threads interned across
+    batches. The per-event work is list comprehensions over struct attributes (the interpreter's
+    fastest attribute access) turned into arrays in one numpy call each."""
 
     def __init__(self, drops: Counter | None = None) -> None:
         self.drops: Counter = Counter() if drops is None else drops
-        self.names: dict[str, int] = {}
-        # A thread is a (pid, tid) pair; pids and tids are interned apart (hashing a tuple per
-        # event costs more than the rest of the thread column).
-        self.pid_ids: dict[Any, int] = {}
-        self.tid_ids: dict[Any, int] = {}
-        self.threads: dict[tuple[int, int], int] = {}  # (pid id, tid id) -> thread id
+        self.names = _Ids()
+        self.cat_ids = _Ids()
+        self.kind_of_cat = np.zeros(0, np.int8)
+        self.threads = _Ids()  # (pid, tid) -> thread id
         self.cols: dict[str, _Grow] = {
-            k: _Grow() for k in ("name_id", "kind", "thread", "ts", "dur", *self._OPT)
+            k: _Grow()
+            for k in ("name_id", "kind", "thread", "ts", "dur", "correlation", "ext_id",
+                      "ext_id_old", "py_id", "py_parent", "nbytes", "stream")
         }
         self.mem: dict[str, list[np.ndarray]] = {"ts": [], "total": [], "device": []}
-        self.cats: set[str] = set()
         self.pids: set[Any] = set()
         self.flows = 0
         # Few events have a call stack or shapes, and their values repeat: event indices and
@@ -499,48 +598,68 @@ class _Builder:
         self.keep: np.ndarray | None = None  # events kept by _usable, when some are dropped
         self.new_index = np.zeros(0, np.int64)
 
-    def add(self, evs: list[_Event], own_buffers: bool = False) -> None:
-        phs = list(map(_PH, evs))
-        xs = list(compress(evs, map("X".__eq__, phs)))
+    def add(self, evs: list[Any]) -> None:
+        """One batch of the fast path's structs (`_X`, `_I`, `_M`, `_NoPh`, skipped phases)."""
+        types = list(map(type, evs))
+        xs = evs if types.count(_X) == len(evs) else list(compress(evs, map(is_, types,
+                                                                              repeat(_X))))
         n = len(xs)
         c = self.cols
-        c["name_id"].extend(_intern(self.names, list(map(_NAME, xs)), n))
-        c["kind"].extend(np.fromiter(map(_KIND.__getitem__, map(_CAT, xs)), np.int8, n))
+        c["name_id"].extend(np.fromiter(map(self.names.__getitem__, [e.name for e in xs]),
+                                        np.int32, n))
+        cats = np.fromiter(map(self.cat_ids.__getitem__, [e.cat for e in xs]), np.int32, n)
+        if len(self.kind_of_cat) < len(self.cat_ids):
+            self.kind_of_cat = np.array([_KIND[k] for k in self.cat_ids], np.int8)
+        c["kind"].extend(self.kind_of_cat[cats])
         c["thread"].extend(self._thread_ids(xs, n))
-        c["ts"].extend(np.fromiter(map(_TS, xs), np.float64, n))
-        c["dur"].extend(np.fromiter(map(_DUR, xs), np.float64, n))
-        args = list(map(_ARGS, xs))
-        new_ext = False
-        for attr in self._OPT:
-            if attr in c:
-                col = _int_column(args, attrgetter(attr), n)
-                c[attr].extend(col)
-                new_ext = new_ext or (attr == "ext_id" and bool((col != _NO).any()))
-        if new_ext and "ext_id_old" in c:
-            del c["ext_id_old"]  # the current schema's "External id" wins: the old one is unused
-        self.cats.update(map(_CAT, xs))
-        mem = [e for e in compress(evs, map("i".__eq__, phs)) if e.name == "[memory]"]
-        k = len(mem)
-        self.mem["ts"].append(_col((e.ts for e in mem), np.float64, k))
-        self.mem["total"].append(_col((e.args.total_allocated or 0 for e in mem), np.int64, k))
-        self.mem["device"].append(
-            _col((d if (d := e.args.device_id) is not None else _NO for e in mem), np.int64, k)
-        )
-        meta = compress(evs, map("M".__eq__, phs))
-        self.pids.update(e.pid for e in meta if e.name == "process_name")
-        self.flows += phs.count("s") + phs.count("f")
-        if no_ph := phs.count(""):
-            self.drops["events without 'ph'"] += no_ph
-        stacks = list(map(_STACK, xs))
-        sel = np.flatnonzero(np.fromiter(map(bool, stacks), bool, n))
-        self._sparse("stack", sel, [stacks[i] for i in sel.tolist()])
-        types = list(map(_TYPES, xs))
-        sel = np.flatnonzero(np.fromiter(map(len, types), np.int64, n))
-        # bytes(): a Raw would keep its whole source buffer (a batch of JSON) alive.
-        self._sparse("shape", sel, [
-            (bytes(xs[i].args.input_dims), bytes(types[i])) for i in sel.tolist()
-        ])
+        c["ts"].extend(np.array([e.ts for e in xs], np.float64))
+        c["dur"].extend(np.array([e.dur for e in xs], np.float64))
+        args = [e.args for e in xs]
+        c["correlation"].extend(_int_column([a.correlation for a in args], n))
+        c["py_id"].extend(_int_column([a.py_id for a in args], n))
+        c["py_parent"].extend(_int_column([a.py_parent for a in args], n))
+        c["nbytes"].extend(_int_column([a.nbytes for a in args], n))
+        c["stream"].extend(_int_column([a.stream for a in args], n))
+        ext = _int_column([a.ext_id for a in args], n)
+        c["ext_id"].extend(ext)
+        if "ext_id_old" in c:
+            if (ext != _NO).any():
+                del c["ext_id_old"]  # the current schema's "External id" wins: the old is unused
+            else:
+                c["ext_id_old"].extend(_int_column([a.ext_id_old for a in args], n))
+        if len(xs) < len(evs):
+            self._others(evs, types)
+        stacks = [a.call_stack for a in args]
+        if stacks.count(None) < n:
+            sel = [i for i, s in enumerate(stacks) if s]
+            self._sparse("stack", np.array(sel, np.int64), [stacks[i] for i in sel])
+        shapes = [a.input_type for a in args]
+        if shapes.count(_NO_SHAPE) < n:
+            sel = [i for i, t in enumerate(shapes) if len(t)]
+            # One bytes key per event (dims NUL types: valid JSON has no NUL byte), split in
+            # two at the end; a Raw would keep its whole source buffer (a batch) alive.
+            key = _NUL.join
+            self._sparse("shape", np.array(sel, np.int64), [
+                key((args[i].input_dims, shapes[i])) for i in sel
+            ])
         self.n += n
+
+    def _others(self, evs: list[Any], types: list[type]) -> None:
+        """What the events that are not complete events contribute: memory, processes, flows."""
+        if _I in types:
+            mem = [e for e in compress(evs, map(is_, types, repeat(_I))) if e.name == "[memory]"]
+            args = [e.args for e in mem]
+            self.mem["ts"].append(np.array([e.ts for e in mem], np.float64))
+            self.mem["total"].append(np.array([a.total_allocated or 0 for a in args], np.int64))
+            self.mem["device"].append(np.array(
+                [d if (d := a.device_id) is not None else _NO for a in args], np.int64
+            ))
+        if _M in types:
+            meta = compress(evs, map(is_, types, repeat(_M)))
+            self.pids.update(e.pid for e in meta if e.name == "process_name")
+        self.flows += types.count(_FLOWS[0]) + types.count(_FLOWS[1])
+        if no_ph := types.count(_NoPh):
+            self.drops["events without 'ph'"] += no_ph
 
     def _sparse(self, which: str, sel: np.ndarray, values: list) -> None:
         index, ids, table = self.sparse[which]
@@ -558,18 +677,12 @@ class _Builder:
             idx, vid = new_index[idx[m]], vid[m]
         values = list(table)
         if which == "shape":
-            values = [(msgspec.Raw(a), msgspec.Raw(b)) for a, b in values]
+            values = [tuple(map(msgspec.Raw, k.split(_NUL, 1))) for k in values]
         return Sparse(idx, vid, values)
 
-    def _thread_ids(self, xs: list[_Event], n: int) -> np.ndarray:
-        pid = _intern(self.pid_ids, list(map(_PID, xs)), n).astype(np.int64)
-        tid = _intern(self.tid_ids, list(map(_TID, xs)), n).astype(np.int64)
-        keys, first, inverse = np.unique((pid << 32) | tid, return_index=True, return_inverse=True)
-        ids = np.zeros(len(keys), np.int32)
-        for k in np.argsort(first, kind="stable").tolist():  # numbered in order of appearance
-            pair = (int(keys[k]) >> 32, int(keys[k]) & 0xFFFFFFFF)
-            ids[k] = self.threads.setdefault(pair, len(self.threads))
-        return ids[inverse.reshape(-1)]
+    def _thread_ids(self, xs: list[Any], n: int) -> np.ndarray:
+        pairs = zip([e.pid for e in xs], [e.tid for e in xs], strict=True)
+        return np.fromiter(map(self.threads.__getitem__, pairs), np.int32, n)
 
     def _usable(self, c: dict[str, np.ndarray], path: Path, total: int) -> None:
         """Drop (in place) the complete events whose times are absent, non-finite or negative:
@@ -603,13 +716,12 @@ class _Builder:
             "ext_id_old"
         ]
         props = f.deviceProperties if f.deviceProperties is not None else f.computeProperties
-        pids, tids = list(self.pid_ids), list(self.tid_ids)
         meta = TraceMeta(
             device_properties=props,
             distributed_info=f.distributedInfo or {},
             schema_version=f.schemaVersion,
             display_time_unit=f.displayTimeUnit,
-            categories=sorted(x for x in self.cats if x),
+            categories=sorted(x for x in self.cat_ids if x),
             flow_count=self.flows,
             process_count=len(self.pids),
             dropped=(
@@ -625,7 +737,7 @@ class _Builder:
             name_id=c["name_id"],
             kind=c["kind"],
             thread=c["thread"],
-            thread_keys=[(pids[p], tids[t]) for p, t in self.threads],
+            thread_keys=list(self.threads),
             ts=c["ts"],
             dur=c["dur"],
             corr=c["correlation"],
@@ -635,9 +747,9 @@ class _Builder:
             nbytes=c["nbytes"],
             stream=c["stream"],
             memory=Memory(
-                ts=np.concatenate(self.mem["ts"]),
-                total_allocated=np.concatenate(self.mem["total"]),
-                device=np.concatenate(self.mem["device"]),
+                ts=_joined(self.mem["ts"], np.float64),
+                total_allocated=_joined(self.mem["total"], np.int64),
+                device=_joined(self.mem["device"], np.int64),
             ),
             call_stacks=self._sparse_map("stack", self.keep, self.new_index),
             shapes=self._sparse_map("shape", self.keep, self.new_index),

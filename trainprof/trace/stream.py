@@ -5,6 +5,9 @@ Where a batch ends is found without a scan of every byte: a candidate cut is the
 followed by `,` in the buffer, and the caller's decoder says whether the cut is a real event
 boundary (a JSON parser fed `[` + the text up to a cut + `]` only succeeds when the cut falls
 between two top-level events; a cut inside a string or a nested object ends the input early).
+The JSON is not copied to make that array: the buffer (a bytearray) starts with `[`, the byte
+after the cut's `}` is overwritten with `]` while the decoder reads a view of the buffer, and
+after a batch the `,` before the next event becomes the new `[`.
 Anything this reader does not expect raises `NotStreamable`, and the caller reads the file whole
 (the path that gives the precise error messages).
 """
@@ -17,13 +20,14 @@ from typing import IO, Generic, TypeVar
 
 from trainprof.trace.source import open_binary
 
-CHUNK_BYTES = 4 << 20  # inflated JSON read at a time (batches are about this size)
+CHUNK_BYTES = 512 << 10  # inflated JSON read at a time (batches are about this size)
 MAX_BUFFER = 256 << 20  # one event (or a header) larger than this: read the file whole instead
 TRIES = 8  # candidate cuts tried per batch before reading more
 
 _EVENTS = re.compile(rb'"traceEvents"\s*:\s*\[')
 _END = re.compile(rb"\}\s*,")  # the end of an event, when followed by the next one
 _WS = b" \t\r\n"
+_OPEN, _CLOSE = ord("["), ord("]")
 
 T = TypeVar("T")
 
@@ -53,12 +57,17 @@ def inflated(raw: IO[bytes], chunk_bytes: int) -> Iterator[bytes]:
 class Batches(Generic[T]):
     """Iterate over decoded batches of events; afterwards `tail` holds the JSON the batches did
     not cover (for an object: the text before the events, then the last events, the closing `]`
-    and any keys after it, itself a complete JSON document) and `is_object` its form."""
+    and any keys after it, itself a complete JSON document) and `is_object` its form.
+
+    `decode(view)` gets a memoryview of a JSON array (`[` + events + `]`) and returns its result,
+    or None when the array does not parse because the cut was not an event boundary. The view is
+    only valid during the call: the result must not keep references into it (a `msgspec.Raw`
+    decoded from it does), or the buffer cannot grow afterwards (BufferError)."""
 
     def __init__(
         self,
         chunks: Iterator[bytes],
-        decode: Callable[[bytes], T | None],
+        decode: Callable[[memoryview], T | None],
         chunk_bytes: int = CHUNK_BYTES,
     ) -> None:
         self._chunks = chunks
@@ -87,23 +96,36 @@ class Batches(Generic[T]):
                 raise NotStreamable("no traceEvents array near the start")
         raise NotStreamable("no traceEvents array")
 
-    def _cut(self, buf: bytes) -> tuple[T, int] | None:
+    def _try(self, buf: bytearray, end: int) -> T | None:
+        """Decode `buf[:end + 1]` (it starts with `[`; `buf[end]` is a `}`) closed by a `]`."""
+        saved = buf[end + 1]  # whitespace or the `,` before the next event
+        buf[end + 1] = _CLOSE
+        view = memoryview(buf)
+        try:
+            return self._decode(view[: end + 2])
+        finally:
+            buf[end + 1] = saved
+            view.release()
+
+    def _cut(self, buf: bytearray) -> tuple[T, int] | None:
         """The decoded events up to the last cut that is an event boundary, and where it is."""
-        start = max(0, len(buf) - (1 << 16))
+        start = max(1, len(buf) - (1 << 16))
         while True:
             ends = [m.start() for m in _END.finditer(buf, start)]
             for end in ends[::-1][:TRIES]:
-                got = self._decode(buf[: end + 1])
+                got = self._try(buf, end)
                 if got is not None:
                     return got, end + 1
-            if start == 0 or len(ends) >= TRIES:
+            if start == 1 or len(ends) >= TRIES:
                 return None
-            start = 0  # one huge event near the end: look further back
+            start = 1  # one huge event near the end: look further back
 
     def __iter__(self) -> Iterator[T]:
-        prefix, buf = self._start()
+        prefix, rest = self._start()
+        buf = bytearray(b"[")
+        buf += rest
         for chunk in self._chunks:
-            buf += chunk
+            buf = _grown(buf, chunk)
             if len(buf) < self._want:
                 continue
             got = self._cut(buf)
@@ -113,14 +135,37 @@ class Batches(Generic[T]):
                 continue
             events, end = got
             yield events
-            buf = buf[end:].lstrip(_WS)
-            if buf[:1] == b",":
-                buf = buf[1:]
-        self.tail = prefix + buf
+            # _END matched `}` + whitespace + `,`: that comma becomes the next batch's `[`.
+            buf = _from(buf, buf.index(b",", end))
+            buf[0] = _OPEN
+        self.tail = prefix + bytes(memoryview(buf)[1:])
+
+
+# A bytearray cannot be resized while a view of it exists. The decoder's views are gone when it
+# returns, unless something keeps the frames that held them (a debugger, a Python-level
+# sampling profiler, a saved traceback): then the reader goes on in a copy.
+
+
+def _grown(buf: bytearray, chunk: bytes) -> bytearray:
+    try:
+        buf += chunk
+        return buf
+    except BufferError:
+        return buf + chunk
+
+
+def _from(buf: bytearray, k: int) -> bytearray:
+    """`buf` without its first k bytes (deleting from the front of a bytearray moves its start:
+    no copy)."""
+    try:
+        del buf[:k]
+        return buf
+    except BufferError:
+        return buf[k:]
 
 
 def open_batches(
-    path: str, decode: Callable[[bytes], T | None], chunk_bytes: int = CHUNK_BYTES,
+    path: str, decode: Callable[[memoryview], T | None], chunk_bytes: int = CHUNK_BYTES,
     on_read: Callable[[int], None] | None = None,
 ) -> tuple[Batches[T], Callable[[], None]]:
     """Batches over the trace at `path` (a local path or an fsspec URL), and a function that
