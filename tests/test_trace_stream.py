@@ -124,14 +124,14 @@ def test_a_view_kept_after_decoding_does_not_stop_the_reader() -> None:
         kept.append(view)
         return evs
 
-    text = json.dumps({"traceEvents": _events()}, indent=1).encode()
+    text = json.dumps({"traceEvents": synthetic_events()}, indent=1).encode()
     for chunk in (7, 100, 1000):
         kept.clear()
         pieces = iter([text[i : i + chunk] for i in range(0, len(text), chunk)])
         batches = Batches(pieces, decode, chunk)
         got = [e for batch in batches for e in batch]
         assert len(kept) > 1  # several batches, each view still alive
-        assert got + json.loads(batches.tail)["traceEvents"] == _events()
+        assert got + json.loads(batches.tail)["traceEvents"] == synthetic_events()
 
 
 def test_what_each_phase_contributes(tmp_path: Path) -> None:
@@ -139,7 +139,7 @@ def test_what_each_phase_contributes(tmp_path: Path) -> None:
     `[memory]` instants the memory series, flows a count; phases the diagnosis does not read
     are skipped without their fields being checked, a phase of several characters is read by
     the slow path and ignored, and an empty "ph" is counted as dropped."""
-    evs = _events()
+    evs = synthetic_events()
     [e for e in evs if e["ph"] == "X"][3]["args"]["Python parent id"] = None  # a root frame
     evs += [
         {"ph": "C", "name": "counter", "pid": 1, "tid": 1, "ts": 1.0, "args": {"x": 1}},
