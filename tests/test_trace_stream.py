@@ -265,3 +265,25 @@ def test_progress_bar_on_a_terminal_only(tmp_path: Path, monkeypatch, tty: bool)
         assert "reading t.json" in out and reads and reads[-1] == p.stat().st_size
     else:
         assert out == ""
+
+
+def test_id_columns_are_int32_until_an_id_needs_int64(tmp_path: Path) -> None:
+    """Ids are kept as int32 while they fit (half the memory of a multi-GB trace's id columns);
+    one too large for int32 in a later batch widens the whole column, with every value exact."""
+    evs = synthetic_events()
+    p = tmp_path / "small_ids.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    small = load_trace(p, chunk_bytes=512, use_cache=False)
+    assert small.ext.dtype == np.int32 and small.py_id.dtype == np.int32
+    big = 2**40 + 7
+    last = [e for e in evs if e["ph"] == "X" and e["cat"] == "cpu_op"][-1]
+    last["args"]["External id"] = big
+    last["args"]["correlation"] = -(2**35)  # out of int32's range below as well
+    p2 = tmp_path / "big_ids.json"
+    p2.write_text(json.dumps({"traceEvents": evs}))
+    tr = load_trace(p2, chunk_bytes=512, use_cache=False)
+    assert tr.ext.dtype == np.int64 and tr.corr.dtype == np.int64
+    assert big in tr.ext.tolist() and -(2**35) in tr.corr.tolist()
+    # every other value is what the int32 trace read
+    keep = tr.ext != big
+    assert np.array_equal(tr.ext[keep], small.ext[keep])

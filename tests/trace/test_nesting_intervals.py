@@ -200,3 +200,39 @@ def test_point_and_overlap_queries_on_empty_and_edges() -> None:
     starts, vals = np.array([1.0, 5.0]), np.array([7.0, 9.0])
     assert iv.first_after(starts, vals, np.array([0.0, 1.0, 2.0, 6.0])).tolist() == [
         7, 7, 9, np.inf]
+
+
+def _on_grid(s: iv.Intervals, n: int) -> np.ndarray:
+    """Which of the half-unit cells [k/2, k/2 + 1/2) the set covers (endpoints are integers)."""
+    cells = np.zeros(2 * n, bool)
+    for a, b in zip(s[0].tolist(), s[1].tolist(), strict=True):
+        cells[int(2 * a) : int(2 * b)] = True
+    return cells
+
+
+def test_intersect_and_subtract_match_a_cell_by_cell_reference() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        sets = []
+        for _ in range(2):
+            k = int(rng.integers(0, 10))
+            start = rng.integers(0, 40, k).astype(float)
+            sets.append(iv.merge(start, start + rng.integers(0, 8, k)))
+        a, b = sets
+        ga, gb = _on_grid(a, 50), _on_grid(b, 50)
+        for got, want in ((iv.intersect(a, b), ga & gb), (iv.subtract(a, b), ga & ~gb)):
+            assert np.array_equal(_on_grid(got, 50), want)
+            # a merged set: sorted, disjoint, no empty or touching pieces
+            assert np.all(got[1] > got[0]) and np.all(got[0][1:] > got[1][:-1])
+
+
+def test_a_piece_one_float_wide_is_rounding_not_time() -> None:
+    # At epoch-µs timestamps float64 steps by ~1 ns (or 0.25 µs at 1.7e15): `ts + dur` of one
+    # event and the next event's `ts` can differ by that step alone.
+    t = 6.8e12
+    ulp = float(np.spacing(t))
+    a = (np.array([t]), np.array([t + 100]))
+    b = (np.array([t + ulp]), np.array([t + 100]))
+    assert iv.total(iv.subtract(a, b)) == 0.0
+    c = (np.array([t + 2 * ulp]), np.array([t + 100]))
+    assert iv.total(iv.subtract(a, c)) == 2 * ulp  # two steps have a float inside: kept

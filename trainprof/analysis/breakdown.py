@@ -14,6 +14,8 @@ closure's forward and backward count as Forward and Backward, the rest of it as 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 from trainprof.analysis.context import COMM_KERNEL, METRIC_SPANS, Context
@@ -72,30 +74,29 @@ def update_spans(ctx: Context) -> iv.Intervals:
     return iv.subtract(_events(ctx, *host, pattern=_OPTIMIZER_STEP), closure_spans(ctx))
 
 
-def category_sets(ctx: Context) -> list[tuple[str, iv.Intervals]]:
-    """(category, time set) in priority order, 'Other' excluded."""
+def category_sets(ctx: Context) -> Iterator[tuple[str, iv.Intervals]]:
+    """(category, time set) in priority order, 'Other' excluded. Each set is built when the
+    caller reaches it, so only one is held at a time (a large trace's are millions of
+    intervals each)."""
     host = (Kind.CPU_OP, Kind.ANNOTATION)
     if ctx.gpu_timeline:
         tr = ctx.trace
         k = tr.where_kind(Kind.KERNEL)
         comm = np.isin(tr.name_id[k], tr.name_ids(COMM_KERNEL))
-        return [
-            ("Kernel", iv.merge(tr.ts[k[~comm]], tr.end[k[~comm]])),
-            ("Memcpy", _events(ctx, Kind.MEMCPY)),
-            ("Memset", _events(ctx, Kind.MEMSET)),
-            ("Communication", iv.merge(tr.ts[k[comm]], tr.end[k[comm]])),
-            ("Runtime", _events(ctx, Kind.RUNTIME)),
-            ("DataLoader", ctx.dataloader_spans),
-            ("CPU Exec", _host_cpu_ops(ctx)),
-        ]
-    return [
-        ("DataLoader", ctx.dataloader_spans),
-        ("Metrics", _events(ctx, *host, pattern=METRIC_SPANS)),
-        ("Optimizer", iv.union(update_spans(ctx), _events(ctx, *host, pattern=_ZERO_GRAD))),
-        ("Backward", _events(ctx, *host, pattern=_BACKWARD)),
-        ("Forward", _events(ctx, *host, pattern=_FORWARD)),
-        ("CPU Exec", _host_cpu_ops(ctx)),
-    ]
+        yield "Kernel", iv.merge(tr.ts[k[~comm]], tr.end[k[~comm]])
+        yield "Memcpy", _events(ctx, Kind.MEMCPY)
+        yield "Memset", _events(ctx, Kind.MEMSET)
+        yield "Communication", iv.merge(tr.ts[k[comm]], tr.end[k[comm]])
+        yield "Runtime", _events(ctx, Kind.RUNTIME)
+        yield "DataLoader", ctx.dataloader_spans
+        yield "CPU Exec", _host_cpu_ops(ctx)
+        return
+    yield "DataLoader", ctx.dataloader_spans
+    yield "Metrics", _events(ctx, *host, pattern=METRIC_SPANS)
+    yield "Optimizer", iv.union(update_spans(ctx), _events(ctx, *host, pattern=_ZERO_GRAD))
+    yield "Backward", _events(ctx, *host, pattern=_BACKWARD)
+    yield "Forward", _events(ctx, *host, pattern=_FORWARD)
+    yield "CPU Exec", _host_cpu_ops(ctx)
 
 
 def breakdown(ctx: Context) -> dict[str, float]:

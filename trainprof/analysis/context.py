@@ -252,12 +252,12 @@ class Context:
         late the GPU runs it (by its own start when it has no launch call)."""
         tr, s = self.trace, self.steps
         if not len(s):
-            return np.full(len(tr), -1, np.int64)
+            return np.full(len(tr), -1, np.int32)
         la = tr.launch
         t = np.where(la >= 0, tr.ts[la], tr.ts)  # la = -1 reads the last event: not used
         j = np.searchsorted(s.start, t, side="right") - 1
         inside = (j >= 0) & (t < s.end[np.maximum(j, 0)])
-        return np.where(inside, j, -1)
+        return np.where(inside, j, -1).astype(np.int32)  # steps: far fewer than 2**31
 
     def in_windows(self, idx: np.ndarray) -> np.ndarray:
         """Mask: which events start inside a step window."""

@@ -27,7 +27,7 @@ from trainprof import __version__
 from trainprof.trace.model import Memory, Sparse, Trace, TraceMeta
 from trainprof.trace.source import FileInfo, is_url, open_binary
 
-FORMAT = 2  # bump when the cache file's layout, Trace's, or what the reader keeps changes
+FORMAT = 3  # bump when the cache file's layout, Trace's, or what the reader keeps changes
 _EDGE = 1 << 16
 # The columns read from the JSON only: the derived ones (Trace.launch, Trace.parent) cost less
 # to recompute on use (1-2 ms and 10-35 ms on df_index_resolver's 123k events) than to compute

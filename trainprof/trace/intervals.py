@@ -71,31 +71,56 @@ def contains(iv: Intervals, x: np.ndarray) -> np.ndarray:
     return (k >= 0) & (x < e[kc])
 
 
-def _combine(a: Intervals, b: Intervals, keep_a: bool, keep_b: bool, both: bool) -> Intervals:
-    pts = np.unique(np.concatenate([a[0], a[1], b[0], b[1]]))
-    if len(pts) < 2:
+def _coalesce(lo: np.ndarray, hi: np.ndarray) -> Intervals:
+    """Sorted, disjoint pieces (possibly touching, possibly empty) as a merged set. A piece with
+    no float strictly inside it (one ulp: at epoch-µs timestamps, ~1 ns) is the rounding of two
+    `ts + dur` sums, not time, and is dropped."""
+    mid = lo + (hi - lo) / 2
+    keep = (mid > lo) & (mid < hi)
+    del mid
+    if not keep.all():
+        lo, hi = lo[keep], hi[keep]
+    if not len(lo):
         return EMPTY
-    lo, hi = pts[:-1], pts[1:]
-    mid = (lo + hi) / 2
-    in_a, in_b = contains(a, mid), contains(b, mid)
-    if both:
-        sel = in_a & in_b
-    else:
-        sel = (in_a if keep_a else ~in_a) & (in_b if keep_b else ~in_b)
-    return merge(lo[sel], hi[sel])
+    new = np.empty(len(lo), bool)
+    new[0] = True
+    np.greater(lo[1:], hi[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.r_[first[1:] - 1, len(lo) - 1]
+    return lo[first], hi[last]
 
 
 def intersect(a: Intervals, b: Intervals) -> Intervals:
-    if not len(a[0]) or not len(b[0]):
+    """The parts in both sets. Each interval of `b` meets a run of consecutive intervals of `a`
+    (both are sorted and disjoint), so the pairs that overlap number at most len(a) + len(b):
+    they are enumerated directly, with arrays no larger than the inputs and the result (a large
+    trace's sets hold millions of intervals; a sweep over every end point needs several times
+    that)."""
+    (a_s, a_e), (b_s, b_e) = a, b
+    if not len(a_s) or not len(b_s):
         return EMPTY
-    return _combine(a, b, True, True, both=True)
+    lo_i = np.searchsorted(a_e, b_s, side="right")  # first a ending after b starts
+    hi_i = np.searchsorted(a_s, b_e, side="left")  # first a starting at or after b ends
+    n = np.maximum(hi_i - lo_i, 0)
+    total_pairs = int(n.sum())
+    if not total_pairs:
+        return EMPTY
+    j = np.repeat(np.arange(len(b_s)), n)
+    # i runs from lo_i[j] to hi_i[j] - 1 within each group of j.
+    offs = np.arange(total_pairs) - np.repeat(np.cumsum(n) - n, n)
+    i = lo_i[j] + offs
+    del offs
+    lo = np.maximum(a_s[i], b_s[j])
+    hi = np.minimum(a_e[i], b_e[j])
+    return _coalesce(lo, hi)
 
 
 def subtract(a: Intervals, b: Intervals) -> Intervals:
-    """Parts of `a` not in `b`."""
+    """Parts of `a` not in `b`: `a` intersected with the gaps of `b`."""
     if not len(a[0]) or not len(b[0]):
         return a
-    return _combine(a, b, True, False, both=False)
+    gaps = (np.r_[-np.inf, b[1]], np.r_[b[0], np.inf])
+    return intersect(a, gaps)
 
 
 def union(*sets: Intervals) -> Intervals:

@@ -13,7 +13,8 @@ def link_by_corr(corr: np.ndarray, sources: np.ndarray, targets: np.ndarray) -> 
     the events of `targets` (-1 when none has it, and for every event outside `targets`).
     Several targets may link to one source (a graph replay); when several sources share an id
     (none of the shared traces has it), the first of `sources` in its given order is taken."""
-    out = np.full(len(corr), -1, np.int64)
+    # int32 indices while they fit: one per event of a multi-GB trace
+    out = np.full(len(corr), -1, np.int32 if len(corr) < 2**31 else np.int64)
     src = np.asarray(sources, np.int64)
     src = src[corr[src] >= 0]
     dst = np.asarray(targets, np.int64)

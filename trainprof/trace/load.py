@@ -515,16 +515,22 @@ _KIND: defaultdict[str, int] = defaultdict(lambda: Kind.OTHER, KIND_BY_CAT)
 
 
 def _int_column(values: list, n: int) -> np.ndarray:
-    """A column of integers, None (an explicit null) as -1."""
+    """A column of integers, None (an explicit null) as -1: int32 when every value fits (ids and
+    stream numbers nearly always do; half the memory of a multi-GB trace's id columns), else
+    int64 (_Grow then widens the whole column)."""
     if values.count(_NO) == n:  # absent everywhere (identity: the default is one object)
-        return np.full(n, _NO, np.int64)
+        return np.full(n, _NO, np.int32)
     if not values.count(None):
-        try:
-            return np.array(values, np.int64)  # the common case
-        except OverflowError:
-            pass
+        for dtype in (np.int32, np.int64):
+            try:
+                return np.array(values, dtype)  # the common case
+            except OverflowError:
+                pass
     col = np.array(values, np.float64)  # None -> NaN; ids are far below 2**53
-    return np.nan_to_num(col, nan=_NO).astype(np.int64)
+    col = np.nan_to_num(col, nan=_NO)
+    i32 = np.iinfo(np.int32)
+    fits = not len(col) or (col.min() >= i32.min and col.max() <= i32.max)
+    return col.astype(np.int32 if fits else np.int64)
 
 
 def _joined(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
@@ -555,6 +561,9 @@ class _Grow:
 
     def extend(self, x: np.ndarray) -> None:
         m = self.n + len(x)
+        if self.a is not None and not np.can_cast(x.dtype, self.a.dtype):
+            # int32 ids so far, then one that needs int64: the whole column widens, once.
+            self.a = self.a.astype(np.result_type(self.a.dtype, x.dtype))
         if self.a is None:
             self.a = np.empty(max(m, 1 << 16), x.dtype)
         elif m > len(self.a):

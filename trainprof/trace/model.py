@@ -172,7 +172,9 @@ class Trace:
     @cached_property
     def by_start(self) -> np.ndarray:
         """Every event index, by start time (ties in index order): sorted once per trace."""
-        return np.argsort(self.ts, kind="stable")
+        order = np.argsort(self.ts, kind="stable")
+        # int32 while it fits: held for the whole diagnosis, one per event
+        return order.astype(np.int32) if len(order) < 2**31 else order
 
     def _in_start_order(self, mask: np.ndarray) -> np.ndarray:
         idx = np.flatnonzero(mask)
