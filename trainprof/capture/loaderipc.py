@@ -9,8 +9,8 @@ For tiny samples that costs more than the fetch it replaces (here, on a loaded 2
 any of it, since the run had no workers.
 
 Measured once after the script ends, for CPU-only runs with a DataLoader at num_workers=0 whose
-fetches took at least MIN_FETCH_SHARE of the step time: one forked worker hands over batches of
-the shapes and dtypes of the script's first batch (capture/probes.batch_spec), fresh tensors
+fetches took at least MIN_FETCH_SHARE of the median step: one forked worker hands over batches
+of the shapes and dtypes of the script's first batch (capture/probes.batch_spec), fresh tensors
 every time as a collate makes. Figures: `startup_ms` (iter() to the first batch: the fork and
 the first hand-over), `worker_ms` (per batch, the rate at which batches arrive while the main
 process only waits: the worker's side, or the receiving where that is slower), `receive_ms`
@@ -54,9 +54,11 @@ def wanted(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> bool:
     it, and a batch of tensors seen."""
     if meta.devices or not spec or not any(d.num_workers == 0 for d in meta.dataloaders):
         return False
-    steps = sum(meta.step_times_s[1:])
-    fetch = sum(meta.fetch_times_s[1:])
-    return steps > 0 and fetch / steps >= MIN_FETCH_SHARE
+    # The median step's share, not the total's: a few stalled steps (a busy machine) must not
+    # hide a fetch that takes a fifth of every other step.
+    shares = [f / t for t, f in zip(meta.step_times_s[1:], meta.fetch_times_s[1:], strict=False)
+              if t > 0]
+    return bool(shares) and statistics.median(shares) >= MIN_FETCH_SHARE
 
 
 def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:

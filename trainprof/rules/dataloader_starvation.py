@@ -29,7 +29,9 @@ the fetch share). On a CPU trace the workers take the fetch off the loop, but:
 - not modelled: the thread change's own effect on M (fewer intra-op threads: slower on a quiet
   machine for a model that scales, faster on one whose cores other jobs share, where threads
   wait for a descheduled peer; `trainprof try` measures it separately), and the workers'
-  start-up (once per run with persistent_workers=True; given in the evidence).
+  start-up (once per run with persistent_workers=True; given in the evidence); nor other
+  processes' load: the cores are taken as the run's own (the evidence says when other processes
+  kept half a CPU or more busy during the run).
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
@@ -51,6 +53,7 @@ from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
 
 MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
+BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
 
 
 def _workers(ctx: Context) -> int | None:
@@ -124,7 +127,7 @@ def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | No
     )  # fmt: skip
 
 
-def _cpu_evidence(model: CpuModel, cores: int, threads: int) -> str:
+def _cpu_evidence(model: CpuModel, cores: int, threads: int, others: float | None) -> str:
     where = (
         "the run's steps outside the profiler" if model.measured
         else "the traced steps, the profiler's overhead taken out"
@@ -152,7 +155,14 @@ def _cpu_evidence(model: CpuModel, cores: int, threads: int) -> str:
     )
     if threads_text:
         text += " (the thread change's own effect depends on the machine's load: not estimated)"
-    return text + "."
+    text += "."
+    if others is not None and others >= BUSY_CPUS:
+        text += (
+            f" Other processes kept {others:.1f} of the {cores} CPUs busy during the run: the "
+            "workers would get less than the cores assumed here, and every figure of this run "
+            "moves with that load."
+        )
+    return text
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -196,7 +206,9 @@ def check(ctx: Context) -> list[Finding]:
     else:
         evidence += "; on CPU that time is not spent training."
         if model is not None:
-            evidence += _cpu_evidence(model, cpus or 1, threads or 1)
+            load = ctx.meta.load if ctx.meta else None
+            evidence += _cpu_evidence(model, cpus or 1, threads or 1,
+                                      load.other_cpus if load else None)
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
     no_gain = model is not None and model.saving <= 0

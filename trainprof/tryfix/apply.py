@@ -335,14 +335,31 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
         applied.skipped[rule] = f"autocast on {device} is not tried"
         return
     forward = module.forward
+    # On a CPU, oneDNN's bf16 convolutions want channels-last (cpu-bf16's fix says so, and its
+    # estimate's probe times them so): the model's weights and its 4-D inputs are converted.
+    cl = device == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    if cl:
+        module.to(memory_format=torch.channels_last)  # the parameters in place: the optimizer
+        # keeps the same tensors
+
+    def _cl(x: Any) -> Any:
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
+            return x.contiguous(memory_format=torch.channels_last)
+        return x
 
     @functools.wraps(forward)
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        if cl:
+            args = tuple(_cl(a) for a in args)
+            kwargs = {k: _cl(v) for k, v in kwargs.items()}
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
             return forward(*args, **kwargs)
 
     module.forward = autocast_forward  # instance attribute: only this model
-    applied.notes.append(f"bf16 autocast on {type(module).__name__}.forward ({device})")
+    applied.notes.append(
+        f"bf16 autocast on {type(module).__name__}.forward ({device})"
+        + (", channels-last weights and inputs" if cl else "")
+    )
     # the model is kept by the script; undone with the process (rounds are one process each)
 
 
