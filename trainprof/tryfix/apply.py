@@ -339,8 +339,10 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
     # estimate's probe times them so): the model's weights and its 4-D inputs are converted.
     cl = device == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
     if cl:
-        module.to(memory_format=torch.channels_last)  # the parameters in place: the optimizer
-        # keeps the same tensors
+        try:  # the parameters in place: the optimizer keeps the same tensors
+            module.to(memory_format=torch.channels_last)
+        except (ValueError, RuntimeError):  # lazy parameters not created yet: bf16 alone
+            cl = False
 
     def _cl(x: Any) -> Any:
         if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
