@@ -1,5 +1,7 @@
 """`trainprof try RUN`: run the recorded command again, profiler off, without and with each fix,
-interleaved (A B C A B C ...), and measure what each fix saves. Writes RUN/try.json.
+interleaved (A B C, then B C A, C A B, ...: each round starts one place further along, so that a
+drifting load does not favour a fixed position), and measure what each fix saves. Writes
+RUN/try.json.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
@@ -175,7 +177,12 @@ class Trial:
             f"{self.log}")
         try:
             for k in range(self.opts.rounds):
-                for v in [self.base, *todo]:
+                # Each round starts one place further along: on a machine whose load drifts,
+                # a fixed order would give the variants run last in every round a steady edge
+                # (or handicap) that the rounds' interval cannot see.
+                order = [self.base, *todo]
+                shift = k % len(order)
+                for v in order[shift:] + order[:shift]:
                     if v.error:
                         continue
                     self._round(v, k)
