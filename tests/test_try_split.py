@@ -60,12 +60,16 @@ def test_cpu_bf16_runs_a_cnn_channels_last():
     install([{"rule": "cpu-bf16"}], patches, applied)
     try:
         model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+        seen = []  # (dtype, channels-last) of the conv's output at each call
+        model[0].register_forward_hook(lambda m, i, o: seen.append(
+            (o.dtype, o.is_contiguous(memory_format=torch.channels_last))))
         x = torch.randn(2, 3, 8, 8)
         model(x)  # found during this call: the next calls are the fixed ones
         out = model(x)
     finally:
         patches.restore()
-    assert out.dtype == torch.bfloat16
+    assert seen[-1] == (torch.bfloat16, True)
+    assert out.dtype == torch.float32  # back to fp32 for the loss
     assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
     assert applied.notes == [
         "bf16 autocast on Sequential.forward (cpu), channels-last weights and inputs"

@@ -355,7 +355,10 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
             args = tuple(_cl(a) for a in args)
             kwargs = {k: _cl(v) for k, v in kwargs.items()}
         with torch.autocast(device_type=device, dtype=torch.bfloat16):
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+        # The loss runs outside this autocast region, in fp32 as autocast would run it (its
+        # fp32 list): bf16 logits beside an fp32 class weight make cross_entropy fail.
+        return _to_fp32(out)
 
     module.forward = autocast_forward  # instance attribute: only this model
     applied.notes.append(
@@ -363,6 +366,19 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
         + (", channels-last weights and inputs" if cl else "")
     )
     # the model is kept by the script; undone with the process (rounds are one process each)
+
+
+def _to_fp32(x: Any) -> Any:
+    """bf16 tensors in a model's output (tensors, tuples, lists, dicts) back to fp32."""
+    if isinstance(x, torch.Tensor):
+        return x.float() if x.dtype == torch.bfloat16 else x
+    if isinstance(x, tuple) and not hasattr(x, "_fields"):
+        return tuple(_to_fp32(v) for v in x)
+    if isinstance(x, list):
+        return [_to_fp32(v) for v in x]
+    if isinstance(x, dict) and type(x) is dict:
+        return {k: _to_fp32(v) for k, v in x.items()}
+    return x  # other containers (HF ModelOutput, named tuples) as they are
 
 
 def _compile(module: torch.nn.Module, applied: Applied) -> None:
