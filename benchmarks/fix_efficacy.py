@@ -4,14 +4,21 @@ saving `compare` measured.
 
     python benchmarks/fix_efficacy.py [--rounds N] [--steps N] [--only NAME ...] [--keep DIR]
                                       [--device cuda|cpu]
-    python benchmarks/fix_efficacy.py --try [--rounds N] [--only NAME ...] [--keep DIR]
+    python benchmarks/fix_efficacy.py --try [--rounds N] [--steps N] [--only NAME ...]
+                                      [--keep DIR]
 
 `--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an
 in-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
 files decoded and augmented per sample), `trainprof run` it, then `trainprof try` the run folder,
 and print per rule the estimate next to the measurement `try` made (profiler off, interleaved
 rounds), with its interval, verdict, and whether the estimate is within the target (±30 % of
-the measured saving, 2 points under 5 %).
+the measured saving, 2 points under 5 %). For a DataLoader worker variant that also lowered the
+intra-op threads (CPU runs), the workers' part and the thread change's part are printed below
+it, and the target is checked against the workers' part, which is what the estimate models.
+`--steps` is passed to `trainprof try` (steps per round, the first 5 not timed); `--threads N`
+sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The load
+average is printed at the start of the run, of the try and at its end: on a machine shared with
+other jobs the figures move with it.
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -156,31 +163,42 @@ TRY_WORKLOADS = [
 ]
 
 
+def loadavg() -> str:
+    try:
+        return Path("/proc/loadavg").read_text().split()[0]
+    except OSError:
+        return "?"
+
+
 def try_rows(name: str, script: str, args: list[str], max_steps: int, folder: Path,
-             rounds: int) -> list[dict]:
+             rounds: int, steps: int | None) -> list[dict]:
     """`trainprof run` the workload, `trainprof try` it; one row per fix of try.json."""
     out = folder / name
+    load0 = loadavg()
     trainprof("run", "--out", str(out), "--force", "--max-steps", str(max_steps), script, *args)
-    trainprof("try", str(out), "--rounds", str(rounds))
+    load1 = loadavg()
+    trainprof("try", str(out), "--rounds", str(rounds), *(["--steps", str(steps)] if steps else []))
+    load = f"{load0}/{load1}/{loadavg()}"  # load average: run start / try start / end
     doc = json.loads((out / "try.json").read_text())
     rows = []
     for f in doc["fixes"]:
-        rows.append({"workload": name, **f, "baseline_ms": doc["baseline"]["median_ms"]})
+        rows.append({"workload": name, **f, "baseline_ms": doc["baseline"]["median_ms"],
+                     "load": load})
     if doc.get("combined") and doc["combined"].get("rules"):
         rows.append({"workload": name, "rule": "(together)", **doc["combined"],
-                     "baseline_ms": doc["baseline"]["median_ms"]})
+                     "baseline_ms": doc["baseline"]["median_ms"], "load": load})
     return rows
 
 
 def try_main(args: argparse.Namespace) -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy_try-"))
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{'workload':18s} {'rule':22s} {'estimated':>9s} {'measured [95 % CI]':>26s} "
-          f"{'verdict':>14s} {'base ms':>8s}  target?  change")
+    print(f"{'workload':14s} {'rule':22s} {'estimated':>9s} {'measured [95 % CI]':>26s} "
+          f"{'verdict':>10s} {'base ms':>8s} target? load(run/try/end)  change")
     for name, script, wargs, max_steps in TRY_WORKLOADS:
         if args.only and name not in args.only:
             continue
-        for r in try_rows(name, script, wargs, max_steps, folder, args.rounds):
+        for r in try_rows(name, script, wargs, max_steps, folder, args.rounds, args.steps):
             est = "—" if r.get("estimated_pct") is None else f"{r['estimated_pct']:.1f} %"
             if r.get("measured_pct") is None:
                 meas = (r.get("error") or r.get("reason") or "not run")[:26]
@@ -189,9 +207,18 @@ def try_main(args: argparse.Namespace) -> None:
                 meas = f"{r['measured_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]"
             ok = r.get("estimate_within_target")
             target = "—" if ok is None else "yes" if ok else "NO"
-            print(f"{name:18s} {r['rule']:22s} {est:>9s} {meas:>26s} "
-                  f"{(r.get('verdict') or ''):>14s} {r['baseline_ms'] or 0:8.2f}  {target:7s}  "
-                  f"{r.get('change', ', '.join(r.get('rules', [])))}", flush=True)
+            print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "
+                  f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {target:7s} "
+                  f"{r['load']:17s} {r.get('change', ', '.join(r.get('rules', [])))}", flush=True)
+            if r.get("workers_pct") is not None:
+                # The worker variant also set the intra-op threads: its two parts (try.json).
+                wlo, whi = r["workers_ci_pct"]
+                tlo, thi = r["threads_only_ci_pct"]
+                print(f"{'':14s} {'  of which workers':22s} {'':>9s} "
+                      f"{r['workers_pct']:+.1f} % [{wlo:+.1f}, {whi:+.1f}]".ljust(75)
+                      + f"(estimate vs this: {target})", flush=True)
+                print(f"{'':14s} {'  of which threads only':22s} {'':>9s} "
+                      f"{r['threads_only_pct']:+.1f} % [{tlo:+.1f}, {thi:+.1f}]", flush=True)
     print(f"run folders: {folder}")
 
 
@@ -199,7 +226,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--try", dest="try_", action="store_true",
                     help="estimate vs `trainprof try` measurement, per rule")
-    ap.add_argument("--steps", type=int, default=None, help="override each example's --steps")
+    ap.add_argument("--steps", type=int, default=None,
+                    help="override each example's --steps; with --try: steps per try round")
     ap.add_argument("--rounds", type=int, default=3, help="broken/fixed pairs per example")
     ap.add_argument("--only", nargs="*", default=None)
     ap.add_argument(
@@ -207,9 +235,14 @@ def main() -> None:
         action="store_true",
         help="leave glibc malloc's adaptive thresholds on (see STEADY_MALLOC)",
     )
+    ap.add_argument("--threads", type=int, default=None,
+                    help="OMP_NUM_THREADS for every run (torch's intra-op threads): on a machine "
+                    "whose cores other jobs share, several threads stall at random")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     ap.add_argument("--device", default=None, help="passed to every example (default: theirs)")
     args = ap.parse_args()
+    if args.threads:
+        ENV["OMP_NUM_THREADS"] = str(args.threads)
     if args.try_:
         if not args.glibc_default:
             ENV.update(STEADY_MALLOC)

@@ -78,7 +78,22 @@ class CpuBf16(msgspec.Struct, kw_only=True):
 
     isa: str = ""  # AMX-BF16 | AVX512-BF16
     conv_speedup: float = 1.0  # forward + backward, bf16 channels-last vs fp32 NCHW
-    matmul_speedup: float = 1.0
+    matmul_speedup: float = 1.0  # (both at the largest size of the curves below)
+    # [forward FLOPs, speed-up] at several sizes, smallest first (empty in metadata written
+    # before trainprof measured curves: then the one speed-up above stands for every size).
+    conv_curve: list[list[float]] = []
+    matmul_curve: list[list[float]] = []
+
+
+class LoaderIpc(msgspec.Struct, kw_only=True):
+    """A DataLoader worker's costs on the run's machine, for batches like the script's, measured
+    after the script (capture/loaderipc): what `dataloader-starvation` adds back on a CPU run."""
+
+    startup_ms: float = 0.0  # iter() to the first batch with one worker
+    worker_ms: float = 0.0  # per batch, the worker's hand-over (shared memory, pickling)
+    receive_ms: float = 0.0  # per batch, the main process's receiving of a waiting batch
+    tensors: int = 0  # tensors per batch
+    batch_bytes: int = 0
 
 
 class CompileEvent(msgspec.Struct, kw_only=True):
@@ -138,6 +153,11 @@ class RunMeta(msgspec.Struct, kw_only=True):
     wall_time_s: float = 0.0
     step_source: str = "none"  # optimizer | backward | dataloader | none
     step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
+    # The part of each step (same indices) spent in DataLoader fetches on the script's thread,
+    # and in each optimizer class's step() (classes given a closure left out): outside the
+    # profiler window, these costs without the profiler. Empty in older metadata.
+    fetch_times_s: list[float] = []
+    optimizer_times_s: dict[str, list[float]] = {}
     window: Window = msgspec.field(default_factory=Window)
     # Steps (indices into step_times_s) that held an evaluation pass (Lightning validation, HF
     # Trainer.evaluate, a model.eval() forward without grad): not training, left out of statistics.
@@ -156,6 +176,7 @@ class RunMeta(msgspec.Struct, kw_only=True):
     notes: list[str] = []  # one-line remarks on the capture, e.g. "window incomplete: ..."
     sync_warnings: list[SyncWarning] = []
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
+    loader_ipc: LoaderIpc | None = None  # only for CPU-only runs fetching without workers
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
     dynamo: DynamoInfo | None = None  # only when the script called torch.compile

@@ -95,7 +95,11 @@ def test_share_of_the_unprofiled_step(cnn: Path, tmp_path: Path):
     meta = _meta(cpu_bf16=PROBE, step_times_s=[plain_s] * 20)
     (f,) = _finding(_with(cnn, tmp_path, meta))
     freed = f.metrics["time_freed_ms_per_step"] * 1000
-    assert f.est_saving_pct == pytest.approx(100 * freed / (plain_s * 1e6), abs=0.05)
+    # Slower without the profiler: not the profiler's doing (the machine was busier then), so
+    # the ops keep their share of the traced step (analysis/unprofiled), stated on that step.
+    assert f.est_saving_pct == pytest.approx(100 * freed / base.mean_step_us, abs=0.05)
+    assert f.est_saving_ms_per_step == pytest.approx(f.est_saving_pct / 100 * plain_s * 1e3,
+                                                     abs=0.002)
 
 
 @pytest.mark.parametrize(

@@ -58,7 +58,8 @@ def test_optimizer_foreach_real_cpu_training_trace():
     f = only(diagnosis(CPU_ONLY), "optimizer-foreach")
     assert f.metrics["class"] == "Adagrad" and f.metrics["per_tensor_ops_per_step"] == 80
     assert f.metrics["optimizer_ms_per_step"] == pytest.approx(10.6, abs=0.01)
-    assert f.est_saving_ms_per_step == pytest.approx(0.25 * 10.6, abs=0.01)
+    # Fused Adagrad took at most 0.55x the single-tensor time on CPU (the rule's docstring).
+    assert f.est_saving_ms_per_step == pytest.approx((1 - 0.55) * 10.6, abs=0.01)
     assert "fused=True" in f.fix
 
 
@@ -72,9 +73,9 @@ def test_optimizer_foreach_cpu_run_with_metadata(cpu_bad):
     f = one_titled(folder_diagnosis(cpu_bad), "optimizer-foreach", "SGD")
     assert f.metrics["per_tensor_ops_per_step"] == 18  # 6 tensors x 3 ops
     assert "_single_tensor_sgd" in f.evidence
-    # 25 %: the least gain fused=True showed over the loop on CPU (docstring).
+    # SGD with momentum: fused=True took at most 0.7x the loop's time on CPU (docstring).
     assert f.est_saving_ms_per_step == pytest.approx(
-        0.25 * f.metrics["optimizer_ms_per_step"], abs=0.002
+        0.3 * f.metrics["optimizer_ms_per_step"], abs=0.002
     )
     where = OPTIMIZER_AT
     assert f.location == where and f"foreach=False at {where}" in f.evidence  # trainprof.json

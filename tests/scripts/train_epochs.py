@@ -16,7 +16,9 @@ class Synthetic(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(i)
-        x = torch.randn(256, 64, generator=g).sin().mean(1)
+        # Heavy enough that workers pay for handing batches between processes, even on a
+        # busy machine where that costs 1-4 ms per batch (dataloader-starvation models it).
+        x = torch.randn(256, 512, generator=g).sin().mean(1)
         return x, x[:1].clone()
 
 

@@ -197,6 +197,12 @@ class Context:
         warm-up: first batches, lazy init, compilation). When fewer than 5 remain, every
         untouched step but the first. Empty without metadata."""
         times = self.meta.step_times_s if self.meta else []
+        return [times[i] for i in self.unprofiled_step_index]
+
+    @cached_property
+    def unprofiled_step_index(self) -> list[int]:
+        """Indices into the metadata's step_times_s of the steps `unprofiled_steps_s` keeps."""
+        times = self.meta.step_times_s if self.meta else []
         if not times:
             return []
         w = self.meta.window
@@ -209,9 +215,9 @@ class Context:
         skip = w.wait + w.warmup
         evals = set(self.meta.eval_steps)  # evaluation passes are not training steps
         touched |= evals
-        plain = [t for i, t in enumerate(times) if i >= skip and i not in touched]
+        plain = [i for i in range(len(times)) if i >= skip and i not in touched]
         if len(plain) < 5:
-            plain = [t for i, t in enumerate(times) if i >= 1 and i not in touched]
+            plain = [i for i in range(len(times)) if i >= 1 and i not in touched]
         return plain if len(plain) >= 5 else []
 
     @cached_property

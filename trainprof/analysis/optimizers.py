@@ -59,14 +59,20 @@ def single_frames(ctx: Context, spans: np.ndarray) -> list[str]:
     return sorted({tr.name(i).split(": ")[-1] for i in py[inside]})
 
 
-def single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
-    """Time in `_single_tensor_<name>` Python frames inside `spans` (None: no Python stacks)."""
+def single_frame_spans(ctx: Context, spans: np.ndarray) -> iv.Intervals | None:
+    """`_single_tensor_<name>` Python frames inside `spans`, merged (None: no Python stacks)."""
     tr = ctx.trace
     py = tr.where_name(SINGLE_TENSOR_FRAME, Kind.PYTHON)
     py = py[enclosing(tr, spans, py) >= 0] if len(py) else py
     if not len(py):
         return None
-    return iv.total(iv.merge(tr.ts[py], tr.end[py]))
+    return iv.merge(tr.ts[py], tr.end[py])
+
+
+def single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
+    """Time in `_single_tensor_<name>` Python frames inside `spans` (None: no Python stacks)."""
+    frames = single_frame_spans(ctx, spans)
+    return None if frames is None else iv.total(frames)
 
 
 def loops(ctx: Context) -> list[Loop]:

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from trainprof.analysis.opflops import conv_flops, matmul_flops
 from trainprof.runmeta import CpuBf16
 
 # /proc/cpuinfo flags of bf16 matrix hardware, best first.
@@ -40,59 +41,95 @@ def bf16_isa(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 
 def _speedup(fp32: Callable[[], None], bf16: Callable[[], None], reps: int = 7) -> float:
-    """fp32 time / bf16 time, each the fastest of `reps` runs, interleaved: a busy machine only
-    ever adds time to a run, so the fastest is the least disturbed, and interleaving makes a
-    burst of load fall on both kinds alike (medians of two back-to-back series gave a 44x
-    "speed-up" on a loaded 2-core machine where the quiet figure is 1.3x)."""
+    """fp32 time / bf16 time, each the least of `reps` runs, interleaved, in CPU time of this
+    thread (the probe runs with one intra-op thread, so all the arithmetic is on it): a busy
+    machine preempts a long fp32 run more often than a short bf16 one, which inflated wall-clock
+    ratios (3x to 7x for the same conv on a 2-core machine at load 6; medians of two
+    back-to-back series once gave 44x where the quiet figure is 1.3x). CPU time does not count
+    the time spent descheduled; the least of several drops what cache thrashing remains."""
+    clock = time.thread_time
     fp32()  # warm-up: oneDNN builds its kernels on the first call
     bf16()
     best32 = best16 = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t = clock()
         fp32()
-        best32 = min(best32, time.perf_counter() - t)
-        t = time.perf_counter()
+        best32 = min(best32, clock() - t)
+        t = clock()
         bf16()
-        best16 = min(best16, time.perf_counter() - t)
+        best16 = min(best16, clock() - t)
     return round(best32 / max(best16, 1e-9), 2)
 
 
-def measure(convs: bool = True, matmuls: bool = True) -> tuple[float, float]:
-    """(conv, matmul) speed-up of bf16 autocast over fp32, forward + backward; 1.0 for a kind
-    not asked for. The conv is timed in channels-last under bf16, the layout oneDNN's bf16
-    kernels want (and the fix says so), against the default NCHW in fp32."""
-    with torch.random.fork_rng(devices=[]):  # leave the script's RNG state alone
-        torch.manual_seed(0)
-        conv = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False)
-        x = torch.randn(16, 64, 32, 32, requires_grad=True)
-        conv_cl = torch.nn.Conv2d(64, 64, 3, padding=1, bias=False).to(
-            memory_format=torch.channels_last
-        )
-        x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
-        a = torch.randn(512, 512, requires_grad=True)
-        b = torch.randn(512, 512)
+# The sizes the speed-up is measured at, smallest first: a bf16 matmul or convolution only gains
+# where the arithmetic outweighs autocast's casts and the fixed cost of each call (here, on a
+# 2-core AVX512-BF16 EPYC, one thread: a 32x32x64 Linear ran 0.44x, 128^3 0.8x, 256^3 1.7x,
+# 512^3 3.0x as fast as fp32; a 3x3 conv from 1.0x at 16 channels to 1.6x at 64). The rule reads
+# the speed-up at each operator's own size off this curve.
+MATMUL_SIZES = (64, 128, 256, 512)  # Linear(n, n) on an (n, n) input
+CONV_CHANNELS = (8, 32, 64)  # Conv2d(c, c, 3, padding=1) on (8, c, 32, 32)
+CONV_BATCH, CONV_PIXELS = 8, 32
 
-    def conv32() -> None:
+
+def _matmul_point(n: int) -> tuple[float, float]:
+    lin = torch.nn.Linear(n, n)
+    x = torch.randn(n, n, requires_grad=True)
+
+    def fp32() -> None:
+        lin(x).sum().backward()
+
+    def bf16() -> None:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = lin(x)
+        y.float().sum().backward()
+
+    return matmul_flops(n, n, n), _speedup(fp32, bf16, reps=5)
+
+
+def _conv_point(c: int) -> tuple[float, float]:
+    conv = torch.nn.Conv2d(c, c, 3, padding=1, bias=False)
+    x = torch.randn(CONV_BATCH, c, CONV_PIXELS, CONV_PIXELS, requires_grad=True)
+    conv_cl = torch.nn.Conv2d(c, c, 3, padding=1, bias=False).to(memory_format=torch.channels_last)
+    x_cl = x.detach().contiguous(memory_format=torch.channels_last).requires_grad_()
+
+    def fp32() -> None:
         conv(x).sum().backward()
 
-    def conv16() -> None:
+    def bf16() -> None:
         with torch.autocast("cpu", dtype=torch.bfloat16):
             y = conv_cl(x_cl)
         y.float().sum().backward()
 
-    def mm32() -> None:
-        (a @ b).sum().backward()
+    return conv_flops(CONV_BATCH, c, c, 9, CONV_PIXELS**2), _speedup(fp32, bf16, reps=5)
 
-    def mm16() -> None:
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            y = a @ b
-        y.float().sum().backward()
 
-    with torch.enable_grad():  # an inference script may have switched gradients off globally
-        return (
-            _speedup(conv32, conv16) if convs else 1.0,
-            _speedup(mm32, mm16) if matmuls else 1.0,
-        )
+def curves(
+    convs: bool = True, matmuls: bool = True
+) -> tuple[list[list[float]], list[list[float]]]:
+    """(conv, matmul) curves: [forward FLOPs, speed-up of bf16 autocast over fp32] at each size,
+    forward + backward; empty for a kind not asked for. One intra-op thread: on a machine whose
+    cores are shared, several threads wait for each other at random and turn the ratio into
+    noise (a 9x "speed-up" at 2 threads where one thread gives 3x); both precisions use the
+    threads alike where they do scale. The conv is timed in channels-last under bf16, the layout
+    oneDNN's bf16 kernels want (and the fix says so), against the default NCHW in fp32."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            # fork_rng: the script's RNG state is left alone; enable_grad: an inference script
+            # may have switched gradients off globally.
+            torch.manual_seed(0)
+            conv = [list(_conv_point(c)) for c in CONV_CHANNELS] if convs else []
+            mm = [list(_matmul_point(n)) for n in MATMUL_SIZES] if matmuls else []
+    finally:
+        torch.set_num_threads(threads)
+    return conv, mm
+
+
+def measure(convs: bool = True, matmuls: bool = True) -> tuple[float, float]:
+    """(conv, matmul) speed-up at the largest size measured; 1.0 for a kind not asked for."""
+    conv, mm = curves(convs, matmuls)
+    return (conv[-1][1] if conv else 1.0, mm[-1][1] if mm else 1.0)
 
 
 def probe(
@@ -107,7 +144,13 @@ def probe(
     if isa is None:
         return None
     try:
-        conv_x, mm_x = measure(conv, matmul)
+        conv_c, mm_c = curves(conv, matmul)
     except Exception:  # a build without bf16 kernels: nothing to suggest
         return None
-    return CpuBf16(isa=isa, conv_speedup=conv_x, matmul_speedup=mm_x)
+    return CpuBf16(
+        isa=isa,
+        conv_speedup=conv_c[-1][1] if conv_c else 1.0,
+        matmul_speedup=mm_c[-1][1] if mm_c else 1.0,
+        conv_curve=conv_c,
+        matmul_curve=mm_c,
+    )

@@ -64,6 +64,27 @@ def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootF
     return root
 
 
+MAX_BATCH_TENSORS = 64  # a batch with more tensors is described by its first 64
+
+
+def batch_spec(batch: Any) -> list[tuple[list[int], str]]:
+    """(shape, dtype) of the CPU tensors in a batch (tuples, lists and dicts walked, at most
+    MAX_BATCH_TENSORS): what capture/loaderipc sends between processes to time a worker's
+    hand-over."""
+    out: list[tuple[list[int], str]] = []
+    todo = [batch]
+    while todo and len(out) < MAX_BATCH_TENSORS:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "cpu" and not x.is_sparse:
+                out.append((list(x.shape), str(x.dtype).removeprefix("torch.")))
+        elif isinstance(x, (tuple, list)):
+            todo.extend(reversed(x[:MAX_BATCH_TENSORS]))
+        elif isinstance(x, dict):
+            todo.extend(list(x.values())[:MAX_BATCH_TENSORS])
+    return out
+
+
 def _install_fetch(patches: Patches, stepper: Stepper) -> None:
     from torch.utils.data.dataloader import _BaseDataLoaderIter
 
@@ -83,6 +104,8 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
             finally:
                 S.fetch_depth -= 1
             stepper.on_fetch_end()
+            if stepper.first_batch is None and not S.fetch_depth:
+                stepper.first_batch = batch_spec(batch)
             return batch
 
         return __next__

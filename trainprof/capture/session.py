@@ -190,7 +190,7 @@ class Session:
 
     def _session(self, noise: StderrFilter) -> Generator[None, Outcome, SessionResult]:
         # torch is imported only now: argument errors above stay instant.
-        from trainprof.capture import cpumath, metadata
+        from trainprof.capture import cpumath, loaderipc, metadata
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.evaluation import EvalSupport
         from trainprof.capture.metadata import MetaCollector
@@ -243,6 +243,10 @@ class Session:
                 started_at=started_at,
                 step_source=steps.source,
                 step_times_s=[round(t, 6) for t in steps.step_times],
+                fetch_times_s=[round(t, 6) for t in steps.fetch_times],
+                optimizer_times_s={
+                    k: [round(t, 6) for t in v] for k, v in steps.optimizer_times.items()
+                },
                 eval_steps=steps.eval_steps,
                 eval_kinds=steps.eval_kinds,
                 window=w,
@@ -357,6 +361,7 @@ class Session:
             meta.cpu_bf16 = cpumath.probe(
                 bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen
             )
+            meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:

@@ -24,7 +24,12 @@ DataLoader fetch or root-module forward). prof.step() is therefore never called 
 torch-labelled range. Inside optimizer.step() (LBFGS closures, Lightning's automatic
 optimization) forward/backward are not steps; the closure runs in a `trainprof/closure` range.
 
-Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step.
+Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step,
+`fetch_times` the part of it spent in DataLoader fetches, and `optimizer_times` (per optimizer
+class) the part spent in its step(): outside the profiler window these are the costs without the
+profiler's overhead, which inflates Python-heavy work (a fetch, a single-tensor optimizer loop)
+several times over inside it. A class whose step() is given a closure (LBFGS, Lightning's
+automatic optimization runs forward/backward there) is left out of `optimizer_times`.
 Evaluation passes (capture/evaluation calls `on_eval`) are kept by step number: those steps are
 not training steps (`eval_steps` in the run metadata).
 
@@ -72,6 +77,8 @@ class StepSummary:
     profiler_error: str | None
     eval_steps: list[int] = field(default_factory=list)  # completed steps holding an evaluation
     eval_kinds: list[str] = field(default_factory=list)  # what evaluated, e.g. Lightning validation
+    fetch_times: list[float] = field(default_factory=list)  # seconds per step in fetches
+    optimizer_times: dict[str, list[float]] = field(default_factory=dict)  # class -> s per step
 
 
 def _probe_closure(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -110,6 +117,14 @@ class Stepper:
         self.t0 = time.perf_counter()
         self.step_start: float | None = None  # first activity of the current step
         self.step_times: list[float] = []
+        self.fetch_times: list[float] = []  # per completed step: seconds in DataLoader fetches
+        self.fetch_s = 0.0  # the current step's, so far
+        self.fetch_t0: float | None = None  # the outermost fetch running now started then
+        self.optimizer_times: dict[str, list[float]] = {}  # class -> seconds in step(), per step
+        self.opt_s: dict[str, float] = {}  # the current step's, so far
+        self.closure_classes: set[str] = set()  # step() got a closure: forward/backward inside
+        # (shape, dtype) of the tensors of the first batch fetched on the script's thread
+        self.first_batch: list[tuple[list[int], str]] | None = None
         self.recorded: list[int] = []
         self.primary: weakref.ref[Any] | None = None
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # alive torch optimizers
@@ -183,12 +198,19 @@ class Stepper:
         def step(opt: Any, *args: Any, **kwargs: Any) -> Any:
             if is_compiling() or not S.enabled or threading.get_ident() != S.main_thread:
                 return inner(opt, *args, **kwargs)
+            outer = not S.opt_depth
+            if outer and (args and callable(args[0]) or callable(kwargs.get("closure"))):
+                stepper.closure_classes.add(type(opt).__name__)
             S.opt_depth += 1
+            t0 = time.perf_counter()
             try:
                 if S.recording:  # forward/backward run in the closure: mark it (breakdown)
                     args, kwargs = _probe_closure(args, kwargs)
                 return inner(opt, *args, **kwargs)
             finally:
+                if outer:
+                    name = type(opt).__name__
+                    stepper.opt_s[name] = stepper.opt_s.get(name, 0.0) + time.perf_counter() - t0
                 S.opt_depth -= 1
                 if not S.opt_depth and stepper.pending and stepper._rank == OPTIMIZER:
                     stepper._advance()
@@ -231,9 +253,14 @@ class Stepper:
         elif self.step_start is None:
             self.step_start = time.perf_counter()
         self.batch_out = False
+        if not S.fetch_depth:  # a loader iterated inside a dataset is part of the outer fetch
+            self.fetch_t0 = time.perf_counter()
 
     def on_fetch_end(self) -> None:
         self.batch_out = True
+        if not S.fetch_depth and self.fetch_t0 is not None:
+            self.fetch_s += time.perf_counter() - self.fetch_t0
+            self.fetch_t0 = None
 
     def on_forward_root(self) -> None:
         if self.pending and not S.opt_depth:
@@ -278,10 +305,22 @@ class Stepper:
     def recording(self) -> bool:
         return self.profiling and self.prof.current_action in RECORDING
 
+    def _close_parts(self) -> None:
+        """The fetch and optimizer time of the step just completed."""
+        n = len(self.step_times) - 1  # steps before this one
+        self.fetch_times.append(self.fetch_s)
+        self.fetch_s = 0.0
+        for name in self.opt_s.keys() - self.optimizer_times.keys():
+            self.optimizer_times[name] = [0.0] * n
+        for name, times in self.optimizer_times.items():
+            times.append(self.opt_s.get(name, 0.0))
+        self.opt_s = {}
+
     def _advance(self) -> None:
         now = time.perf_counter()
         start = self.step_start if self.step_start is not None else self.t0
         self.step_times.append(now - start)
+        self._close_parts()
         self.pending = False
         if self.profiling:
             if self.prof.current_action in RECORDING:
@@ -330,6 +369,7 @@ class Stepper:
         if self.pending:  # ended, but the profiler was not advanced: the time is known
             start = self.step_start if self.step_start is not None else self.t0
             self.step_times.append(self.pending_t - start)
+            self._close_parts()
             self.pending = False
         evals = self._training_evals()
         return StepSummary(
@@ -341,4 +381,8 @@ class Stepper:
             open_step=open_step,
             open_step_recorded=self.recording,
             profiler_error=self.error,
+            fetch_times=self.fetch_times,
+            optimizer_times={
+                k: v for k, v in self.optimizer_times.items() if k not in self.closure_classes
+            },
         )

@@ -66,6 +66,13 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"    estimated: {_pct(f.get('estimated_pct'))}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
+        if f.get("workers_pct") is not None:
+            lines.append(
+                f"      of which the thread change alone {_pct(f.get('threads_only_pct'))} "
+                f"{_ci(f.get('threads_only_ci_pct'))} (depends on the machine's load), the "
+                f"workers {_pct(f['workers_pct'])} {_ci(f.get('workers_ci_pct'))} (what the "
+                "estimate is for)"
+            )
         for v in f.get("variants", []):
             shown = _measured(v) if "measured_pct" in v or "error" in v else "not run"
             lines.append(f"      · {v['change']}: {shown}")

@@ -12,37 +12,48 @@ loader already has workers comes from the run metadata, else from the iterator's
 (`_SingleProcessDataLoaderIter` means `num_workers=0`).
 
 Saving estimate: on a GPU trace, the GPU idle time that falls inside fetches (never more than
-the fetch share). On a CPU trace the workers take the fetch off the loop but compete with the
-model's threads for the same cores: with fetch time F and compute time M per step, C cores and
-T torch threads (from the run metadata), the fixed step cannot be shorter than M, nor than all
-the CPU work spread over the cores, (F + M * min(T, C)) / C; the saving is the step minus the
-larger of the two. Without metadata (a bare trace) it is F, an upper bound, and said so.
-The profiler itself slows the recorded steps, Python-heavy fetches (with_stack traces every
-Python call) far more than compute: when the run metadata has the unprofiled step times, the
-difference (profiled mean step minus unprofiled median step) is taken off F and M in proportion
-to the events the profiler recorded in each (when the recorded steps were no slower, F keeps
-its share of the step), before the estimate above; the saving is then a
-share of the unprofiled step (the step the engine states every saving on for such runs), and
-its evidence gives that step's milliseconds.
-The suggested `num_workers` is the number of workers needed to produce one batch per
+the fetch share). On a CPU trace the workers take the fetch off the loop, but:
+- the fetch and the step are taken without the profiler, which inflates a Python-heavy fetch
+  several times over (136 ms profiled vs 33 ms unprofiled in one run): the medians over the
+  run's unprofiled steps of the step time S and of the time spent in fetches F (trainprof times
+  both at every step; older metadata: the fetch's share of the traced step with the profiler's
+  per-event cost taken out, analysis/unprofiled). The model's compute is M = S - F.
+- each batch crosses a process boundary: measured after the run on this machine for batches of
+  the script's shapes (capture/loaderipc), the main process pays R per batch to receive it and
+  a worker W to hand it over. For tiny samples this costs more than the fetch it saves.
+- workers and the model's intra-op threads share the C cores: the fix runs n workers with
+  torch.set_num_threads(max(1, C - n)), and the fixed step is the largest of the loop's own
+  work M + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU work
+  spread over the cores, (M min(T', C) + F + k (W + R)) / C with T' = max(1, C - n) threads.
+  Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
+- not modelled: the thread change's own effect on M (fewer intra-op threads: slower on a quiet
+  machine for a model that scales, faster on one whose cores other jobs share, where threads
+  wait for a descheduled peer; `trainprof try` measures it separately), and the workers'
+  start-up (once per run with persistent_workers=True; given in the evidence); nor other
+  processes' load: the cores are taken as the run's own (the evidence says when other processes
+  kept half a CPU or more busy during the run).
+Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
+The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.analysis import unprofiled
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
-from trainprof.trace.model import Kind
 
 MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
+BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
 
 
 def _workers(ctx: Context) -> int | None:
@@ -56,24 +67,102 @@ def _workers(ctx: Context) -> int | None:
     return None
 
 
-def _unprofiled(ctx: Context, fetch: float) -> tuple[float, float, float]:
-    """(step, fetch, compute) per step in µs with the profiler's own overhead taken out."""
-    step = ctx.mean_step_us
-    plain = ctx.unprofiled_step_us
-    if plain is None:
-        return step, fetch, step - fetch
-    overhead = step - plain
-    if overhead <= 0:
-        # The recorded steps were no slower (a noisy machine): nothing to take off; the fetch
-        # keeps its share, of the unprofiled step the saving is stated on.
-        f = fetch / step * plain if step > 0 else 0.0
-        return plain, f, max(plain - f, 1.0)
-    tr = ctx.trace
-    ev = np.flatnonzero(np.isin(tr.kind, (Kind.PYTHON, Kind.CPU_OP)))
-    ev = ev[ctx.in_windows(ev)]
-    share = float(iv.contains(ctx.dataloader_spans, tr.ts[ev]).mean()) if len(ev) else 0.0
-    f = max(fetch - overhead * share, 0.0)
-    return plain, f, max(plain - f, 1.0)
+@dataclass
+class CpuModel:
+    """The CPU estimate's figures, per step in µs (see the module docstring)."""
+
+    step: float  # S, without the profiler
+    fetch: float  # F, without the profiler
+    measured: bool  # F and S from the run's unprofiled steps (else derived from the trace)
+    receive: float  # R per batch (0: not measured)
+    worker: float  # W per batch
+    startup_ms: float | None  # the workers' start-up, once per run
+    workers: int  # n, the best worker count
+    threads: int  # T' = torch threads with that many workers
+    fixed: float  # the step with the fix
+
+    @property
+    def saving(self) -> float:
+        return max(self.step - self.fixed, 0.0)
+
+
+def fixed_step(m: float, f: float, k: float, r: float, w: float, cores: int, n: int) -> float:
+    """The step with `n` workers (µs): compute `m`, fetch `f`, `k` batches per step, receive `r`
+    and hand-over `w` per batch, on `cores` cores with max(1, cores - n) torch threads."""
+    threads = max(1, cores - n)
+    return max(
+        m + k * r,
+        (f + k * w) / n,
+        (m * min(threads, cores) + f + k * (w + r)) / cores,
+    )
+
+
+def _median_part(ctx: Context, part: list[float]) -> float | None:
+    """The median over the unprofiled steps of a per-step part from the metadata, in µs."""
+    idx = ctx.unprofiled_step_index
+    if not idx or len(part) < len(ctx.meta.step_times_s):
+        return None
+    return float(np.median([part[i] for i in idx])) * 1e6
+
+
+def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | None:
+    """The CPU estimate (None without unprofiled steps in the metadata)."""
+    step = ctx.unprofiled_step_us
+    if step is None:
+        return None
+    f = _median_part(ctx, ctx.meta.fetch_times_s)
+    measured = f is not None
+    if f is None:
+        f = unprofiled.share(ctx, fetch, ctx.dataloader_spans) * step
+    f = min(f, step)
+    m = max(step - f, 1.0)
+    ipc = ctx.meta.loader_ipc
+    r = 1000 * ipc.receive_ms if ipc else 0.0
+    w = 1000 * ipc.worker_ms if ipc else 0.0
+    best = min(range(1, max(cores, 1) + 1), key=lambda n: fixed_step(m, f, k, r, w, cores, n))
+    return CpuModel(
+        step=step, fetch=f, measured=measured, receive=r, worker=w,
+        startup_ms=ipc.startup_ms if ipc else None, workers=best,
+        threads=max(1, cores - best), fixed=fixed_step(m, f, k, r, w, cores, best),
+    )  # fmt: skip
+
+
+def _cpu_evidence(model: CpuModel, cores: int, threads: int, others: float | None) -> str:
+    where = (
+        "the run's steps outside the profiler" if model.measured
+        else "the traced steps, the profiler's overhead taken out"
+    )
+    text = (
+        f" Without the profiler ({where}) a step takes {ms(model.step)}, {ms(model.fetch)} of it "
+        f"fetching."
+    )
+    if model.receive or model.worker:
+        text += (
+            f" Measured here after the run, a worker hands over a batch like these in "
+            f"{ms(model.worker)} and the loop takes {ms(model.receive)} to receive it"
+        )
+        if model.startup_ms is not None:
+            text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
+        text += "."
+    else:
+        text += " The cost of handing batches between processes was not measured (older run)."
+    threads_text = (
+        f" and torch.set_num_threads({model.threads})" if model.threads < threads else ""
+    )
+    text += (
+        f" With {cores} cores shared by the workers and the model's threads, "
+        f"{model.workers} worker(s){threads_text} would make the step about {ms(model.fixed)}"
+    )
+    if threads_text:
+        text += " (the thread change's own effect depends on the machine's load: not estimated)"
+    text += "."
+    if others is not None and others >= BUSY_CPUS:
+        text += (
+            f" Other processes kept {others:.1f} of the {cores} CPUs busy during the run: the "
+            "workers would get less than the cores assumed here, and every figure of this run "
+            "moves with that load."
+        )
+    return text
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -83,20 +172,19 @@ def check(ctx: Context) -> list[Finding]:
     fetch = ctx.per_step(iv.total(in_steps))
     # trainprof's fetch probe nests inside torch's own DataLoader range: count merged spans.
     fetches = len(in_steps[0])
+    k = fetches / max(ctx.n_steps, 1)
     share = ctx.pct(fetch)
     cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
     threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
     compute = max(ctx.mean_step_us - fetch, 1.0)
-    shrink = (ctx.mean_step_us, ctx.mean_step_us)
+    model = None
     if ctx.gpu_timeline:
         saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
-    elif cpus and threads:
-        step, f, m = _unprofiled(ctx, fetch)
-        fixed_step = max(m, (f + m * min(threads, cpus)) / cpus)
-        shrink = (step, fixed_step)
+    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus)) is not None:
+        share = 100 * model.fetch / model.step
         # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
         # takes them): the engine states it in ms of the unprofiled step, as the evidence does.
-        saving = max(step - fixed_step, 0.0) / step * ctx.mean_step_us
+        saving = model.saving / model.step * ctx.mean_step_us
     else:
         saving = fetch
     if share < MIN_SHARE and ctx.pct(saving) < 2.0:
@@ -104,28 +192,36 @@ def check(ctx: Context) -> list[Finding]:
     workers = _workers(ctx)
     need = math.ceil(fetch / compute) + 1
     cap = cpus if cpus else 8
-    suggest = max(2, min(need, cap))
+    suggest = model.workers if model is not None else max(2, min(need, cap))
     loc = None
     if ctx.meta and ctx.meta.dataloaders:
         loc = ctx.meta.dataloaders[0].location
     loc = loc or ctx.location(int(ctx.dataloader_idx[0]))
     evidence = (
-        f"Fetching batches takes {ms(fetch)} per step = {share:.1f} % of the step "
+        f"Fetching batches takes {ms(fetch)} per step = {ctx.pct(fetch):.1f} % of the traced step "
         f"({fetches} fetches in {ctx.n_steps} steps)"
     )
     if ctx.gpu_timeline:
         evidence += f"; the GPU is idle for {ms(saving)} of it per step."
     else:
         evidence += "; on CPU that time is not spent training."
-        if cpus and threads:
-            evidence += (
-                f" With {cpus} cores and torch using {threads} threads, workers compete with "
-                f"the model: the step ({ms(shrink[0])} without the profiler) can shrink to "
-                f"about {ms(shrink[1])}."
-            )
+        if model is not None:
+            load = ctx.meta.load if ctx.meta else None
+            evidence += _cpu_evidence(model, cpus or 1, threads or 1,
+                                      load.other_cpus if load else None)
         else:
-            evidence += " Upper bound: the core count is unknown without run metadata."
-    if workers == 0 or workers is None and "_SingleProcess" in ctx.trace.name(
+            evidence += " Upper bound: the core count or the step without the profiler is unknown."
+    no_gain = model is not None and model.saving <= 0
+    if no_gain and workers == 0:
+        title = (
+            f"DataLoader fetching takes {share:.0f} % of the step, but workers would not pay off"
+        )
+        fix = (
+            "Keep num_workers=0: handing each batch between processes costs more than fetching "
+            "it. Make the fetch itself cheaper: index whole batches at once (a BatchSampler as "
+            "`sampler=` with batch_size=None), or fewer, larger batches."
+        )
+    elif workers == 0 or workers is None and "_SingleProcess" in ctx.trace.name(
         int(ctx.dataloader_idx[0])
     ):
         title = f"DataLoader starves the step: num_workers=0, {share:.0f} % of step time fetching"
@@ -134,6 +230,8 @@ def check(ctx: Context) -> list[Finding]:
             + (", pin_memory=True)" if ctx.on_gpu else ")")
             + (f"  # {cpus} CPUs here" if cpus else "")
         )
+        if model is not None and threads and model.threads < threads:
+            fix += f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
     else:
         have = f"num_workers={workers}" if workers is not None else "worker processes"
@@ -142,6 +240,23 @@ def check(ctx: Context) -> list[Finding]:
             "The input pipeline is CPU-bound: raise num_workers up to the core count, "
             "persistent_workers=True; move augmentation to the GPU (torchvision.transforms.v2 "
             "on device tensors, NVIDIA DALI), or cache decoded samples."
+        )
+    metrics = {
+        "fetch_ms_per_step": round(fetch / 1000, 3),
+        "fetches_per_step": round(k, 2),
+        "share_pct": round(share, 2),
+        "gpu_idle_ms_per_step": round(saving / 1000, 3) if ctx.gpu_timeline else 0.0,
+        "num_workers": -1 if workers is None else workers,
+        "suggested_num_workers": suggest,
+    }
+    if model is not None:
+        metrics.update(
+            unprofiled_fetch_ms=round(model.fetch / 1000, 3),
+            unprofiled_step_ms=round(model.step / 1000, 3),
+            fixed_step_ms=round(model.fixed / 1000, 3),
+            receive_ms_per_batch=round(model.receive / 1000, 3),
+            worker_ms_per_batch=round(model.worker / 1000, 3),
+            suggested_threads=model.threads,
         )
     return [
         finding(
@@ -152,14 +267,7 @@ def check(ctx: Context) -> list[Finding]:
             fix=fix,
             saving_us_per_step=saving,
             location=loc,
-            metrics={
-                "fetch_ms_per_step": round(fetch / 1000, 3),
-                "fetches_per_step": round(fetches / max(ctx.n_steps, 1), 2),
-                "share_pct": round(share, 2),
-                "gpu_idle_ms_per_step": round(saving / 1000, 3) if ctx.gpu_timeline else 0.0,
-                "num_workers": -1 if workers is None else workers,
-                "suggested_num_workers": suggest,
-            },
+            metrics=metrics,
             at=ctx.dataloader_idx[ctx.in_windows(ctx.dataloader_idx)].tolist(),
         )
     ]

@@ -100,7 +100,8 @@ def change_text(rule: str, options: dict) -> str:
         "tf32-off": "TF32 on for matmuls and cuDNN (held)",
         "metric-sync": 'TorchMetrics Mean/Sum/Max/Min/CatMetric(nan_strategy="disable")',
         "no-amp": "bf16 autocast around the root module's forward (numerics change)",
-        "cpu-bf16": "bf16 autocast around the root module's forward (numerics change)",
+        "cpu-bf16": "bf16 autocast around the root module's forward, channels-last for a CNN "
+        "(numerics change)",
         "launch-bound": "torch.compile of the root module (compile time not timed)",
     }.get(rule, rule)
 
@@ -132,7 +133,8 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
         "metric-sync": 'MeanMetric(nan_strategy="disable")  # likewise Sum/Max/Min/CatMetric',
         "no-amp": "with torch.autocast(device_type=\"cuda\", dtype=torch.bfloat16): "
         "loss = criterion(model(x), y)",
-        "cpu-bf16": "with torch.autocast(device_type=\"cpu\", dtype=torch.bfloat16): "
+        "cpu-bf16": "model = model.to(memory_format=torch.channels_last)  # a CNN; then "
+        "with torch.autocast(device_type=\"cpu\", dtype=torch.bfloat16): "
         "loss = criterion(model(x), y)",
         "launch-bound": "model = torch.compile(model)",
     }.get(rule, rule)

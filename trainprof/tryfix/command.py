@@ -1,5 +1,7 @@
 """`trainprof try RUN`: run the recorded command again, profiler off, without and with each fix,
-interleaved (A B C A B C ...), and measure what each fix saves. Writes RUN/try.json.
+interleaved (A B C, then B C A, C A B, ...: each round starts one place further along, so that a
+drifting load does not favour a fixed position), and measure what each fix saves. Writes
+RUN/try.json.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
@@ -175,7 +177,12 @@ class Trial:
             f"{self.log}")
         try:
             for k in range(self.opts.rounds):
-                for v in [self.base, *todo]:
+                # Each round starts one place further along: on a machine whose load drifts,
+                # a fixed order would give the variants run last in every round a steady edge
+                # (or handicap) that the rounds' interval cannot see.
+                order = [self.base, *todo]
+                shift = k % len(order)
+                for v in order[shift:] + order[:shift]:
                     if v.error:
                         continue
                     self._round(v, k)
@@ -314,6 +321,33 @@ class Trial:
         scored = [(v, m) for v, m in scored if m is not None]
         return max(scored, key=lambda vm: vm[1]["measured_pct"]) if scored else None
 
+    def split_threads(self, rule: str, v: Variant) -> dict | None:
+        """A worker variant that also changed the intra-op threads, beside the control that only
+        changed them: its saving split into the threads' part (the control vs the baseline) and
+        the workers' part (the variant vs the control, in points of the baseline step), which is
+        what the estimate models. None without such a control."""
+        opts = v.specs[0]["options"] if v.specs else {}
+        if rule != "dataloader-starvation" or not opts.get("threads"):
+            return None
+        ctl = next((x for x in self.by_rule.get(rule, []) if x.specs
+                    and x.specs[0]["options"].get("control")
+                    and x.specs[0]["options"].get("threads") == opts["threads"]), None)
+        if ctl is None:
+            return None
+        mc, mv = self.measured(ctl), self.measured(v)
+        n = min(len(ctl.rounds), len(v.rounds))
+        if mc is None or mv is None or not n:
+            return None
+        base = self.base.rounds[:n]
+        c_med, b_med = _median(ctl.rounds[:n]), _median(base)
+        if not b_med:
+            return None
+        scale = c_med / b_med  # points of the control step -> points of the baseline step
+        w, lo, hi = saving(ctl.rounds[:n], v.rounds[:n])
+        return {"threads_only_pct": mc["measured_pct"], "threads_only_ci_pct": mc["ci_pct"],
+                "workers_pct": round(w * scale, 1),
+                "workers_ci_pct": [round(lo * scale, 1), round(hi * scale, 1)]}
+
     def document(self) -> dict[str, Any]:
         fixes = []
         for rule, vs in self.by_rule.items():
@@ -335,6 +369,10 @@ class Trial:
                              rounds=m["rounds"], median_ms=m["median_ms"],
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
+                split = self.split_threads(rule, v)
+                if split is not None:
+                    entry.update(split)
+                    entry["estimate_within_target"] = within_target(est, split["workers_pct"])
                 if v.error:  # a later round failed: the figures are those of the earlier ones
                     entry["error"] = v.error
             elif v.skipped:

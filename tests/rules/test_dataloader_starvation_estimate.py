@@ -1,0 +1,129 @@
+"""dataloader-starvation's CPU estimate: the fetch and step without the profiler (from the run's
+unprofiled steps), the cost of handing batches between processes, cores shared between workers
+and the model's threads; and a severity that follows from figures, not from the traced steps'
+stalls.
+
+The trace is a real CPU loop recorded here; the step times, fetch times and worker costs are given
+in the metadata, so the expected figures follow from them, whatever the machine. No timing
+asserts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cpu_trace import record
+
+from trainprof.diagnose import diagnose_path
+from trainprof.rules.dataloader_starvation import fixed_step
+from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta, write_meta
+
+# A Python-heavy fetch (per-sample __getitem__ building tensors), num_workers=0.
+LOOP = """
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader, Dataset
+
+class Slow(Dataset):
+    def __len__(self):
+        return 10_000
+
+    def __getitem__(self, i):
+        x = torch.zeros(16)
+        for k in range(16):
+            x[k] = float((i * k) % 7)
+        return x, i % 4
+
+torch.manual_seed(0)
+model = nn.Linear(16, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+it = iter(DataLoader(Slow(), batch_size=16))
+
+def step(i):
+    x, y = next(it)
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def loop(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("loop"), LOOP, steps=4)
+
+
+def _run(src: Path, tmp_path: Path, meta: RunMeta) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "trainprof.json":
+            (tmp_path / f.name).symlink_to(f)
+    write_meta(meta, tmp_path)
+    return tmp_path
+
+
+def _meta(step_ms: list[float], fetch_ms: list[float], ipc: LoaderIpc | None) -> RunMeta:
+    return RunMeta(
+        cpu_count=2, torch_threads=2, loader_ipc=ipc,
+        dataloaders=[DataLoaderInfo(num_workers=0, batch_size=16)],
+        step_times_s=[t / 1000 for t in step_ms], fetch_times_s=[t / 1000 for t in fetch_ms],
+    )  # fmt: skip
+
+
+def _starvation(folder: Path):
+    (d,) = diagnose_path(folder)
+    (f,) = [f for f in d.findings if f.rule == "dataloader-starvation"]
+    return f
+
+
+def test_fixed_step_model():
+    # A fetch as long as the compute, nothing to hand over: one worker overlaps them, except
+    # that the two share two cores with the model's one thread.
+    assert fixed_step(m=10.0, f=10.0, k=1, r=0.0, w=0.0, cores=2, n=1) == 10.0
+    # Handing over costs the loop `r` per batch and the worker `w`.
+    assert fixed_step(m=10.0, f=10.0, k=1, r=2.0, w=3.0, cores=2, n=1) == 13.0
+    # Too few cores: all the CPU work spread over them bounds the step.
+    assert fixed_step(m=10.0, f=30.0, k=1, r=0.0, w=0.0, cores=2, n=2) == 20.0
+    # A tiny fetch: the hand-over costs more than it saves (try_mlp: 0.2 ms fetch, 1.3 ms receive).
+    assert fixed_step(m=0.5, f=0.2, k=1, r=1.3, w=3.5, cores=2, n=1) > 0.7
+
+
+def test_the_unprofiled_fetch_is_what_counts(loop: Path, tmp_path: Path):
+    """The profiler inflates a Python-heavy fetch (136 ms profiled vs 33 ms unprofiled in one
+    run): the estimate uses the fetch time measured in the run's unprofiled steps."""
+    steps = [20.0] * 30
+    ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, startup_ms=50.0, tensors=2)
+    few = _starvation(_run(loop, tmp_path / "few", _meta(steps, [2.0] * 30, ipc)))
+    many = _starvation(_run(loop, tmp_path / "many", _meta(steps, [10.0] * 30, ipc)))
+    assert few.metrics["unprofiled_fetch_ms"] == pytest.approx(2.0)
+    assert many.metrics["unprofiled_fetch_ms"] == pytest.approx(10.0)
+    # M = 10, F = 10, R = 0.5, W = 1 ms on 2 cores: one worker (one thread) makes the step
+    # max(M + R, F + W, (M + F + W + R) / 2) = 11 ms, two workers bring the workers' part to
+    # (F + W) / 2 and leave the cores as the bound: 10.75 ms, from 20 ms.
+    assert many.metrics["suggested_num_workers"] == 2
+    assert many.metrics["fixed_step_ms"] == pytest.approx(10.75)
+    assert many.est_saving_pct == pytest.approx(100 * (20 - 10.75) / 20, abs=0.05)
+    assert few.est_saving_pct < many.est_saving_pct
+    assert "torch.set_num_threads(1)" in many.fix
+
+
+def test_tiny_samples_workers_do_not_pay_off(loop: Path, tmp_path: Path):
+    """try_mlp: a 0.2 ms fetch in a 0.8 ms step, 1.3 ms to receive a batch from a worker."""
+    ipc = LoaderIpc(receive_ms=1.3, worker_ms=3.5, startup_ms=67.0, tensors=2)
+    f = _starvation(_run(loop, tmp_path, _meta([0.8] * 30, [0.2] * 30, ipc)))
+    assert f.est_saving_pct == 0 and f.severity == "info"
+    assert "would not pay off" in f.title and "num_workers=0" in f.fix
+
+
+def test_severity_from_the_unprofiled_medians(loop: Path, tmp_path: Path):
+    """Two runs of one script: the traced steps are the same, the unprofiled steps differ by
+    stalls in a few of them (a busy machine). The medians, hence the estimate and its
+    severity, do not move; the old model took the fetch's share from the traced steps."""
+    ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2)
+    calm = _meta([20.0] * 30, [6.0] * 30, ipc)
+    stalled = [200.0 if i % 5 == 0 else 20.0 for i in range(30)]  # 6 steps of 30 stalled
+    busy = _meta(stalled, [6.0] * 30, ipc)
+    a = _starvation(_run(loop, tmp_path / "a", calm))
+    b = _starvation(_run(loop, tmp_path / "b", busy))
+    assert (a.severity, a.est_saving_pct) == (b.severity, b.est_saving_pct)
+    assert a.severity == "high"

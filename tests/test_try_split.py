@@ -1,0 +1,76 @@
+"""`trainprof try`: a DataLoader worker variant that also lowers the intra-op threads is split
+into the thread change's part and the workers' part (the estimate is for the latter), and the
+cpu-bf16 variant runs a CNN channels-last, as the fix and its estimate's probe do. No timing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainprof.capture.patching import Patches
+from trainprof.runmeta import RunMeta
+from trainprof.tryfix.apply import Applied, install
+from trainprof.tryfix.command import Trial, TryOptions, Variant
+
+RULE = "dataloader-starvation"
+
+
+def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float) -> Trial:
+    """A Trial holding three rounds of each variant (no script run)."""
+    t = Trial.__new__(Trial)
+    t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
+    t.meta = RunMeta(argv=["train.py"])
+    t.est, t.rule_fix, t.est_note = {RULE: estimate}, {}, None
+    t.edit, t.combined, t.combined_note = [], None, None
+    t.interrupted, t.stopped = False, None
+    t.base = Variant("baseline", [])
+    ctl = Variant("control", [{"rule": RULE, "options": {"threads": 1, "control": True}}])
+    wrk = Variant("workers", [{"rule": RULE, "options": {"num_workers": 1, "threads": 1}}])
+    for v, ms in ((t.base, base_ms), (ctl, control_ms), (wrk, workers_ms)):
+        v.rounds = [[ms / 1000 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    t.by_rule = {RULE: [wrk, ctl]}
+    return t
+
+
+def test_workers_part_split_from_the_thread_change():
+    # 2 threads stalled on a busy machine: 100 ms; one thread alone: 40 ms; plus a worker: 30 ms.
+    doc = _trial(100.0, 40.0, 30.0, estimate=10.0).document()
+    (f,) = doc["fixes"]
+    assert f["measured_pct"] == 70.0
+    assert f["threads_only_pct"] == 60.0
+    assert f["workers_pct"] == 10.0  # (40 - 30) / 100: points of the baseline step
+    lo, hi = f["workers_ci_pct"]
+    assert lo <= 10.0 <= hi
+    # The estimate is checked against the workers' part, not against the 70 % the threads made.
+    assert f["estimate_within_target"] is True
+
+
+def test_no_split_without_a_matching_control():
+    t = _trial(100.0, 40.0, 30.0, estimate=70.0)
+    t.by_rule[RULE] = t.by_rule[RULE][:1]  # the worker variant only
+    (f,) = t.document()["fixes"]
+    assert "workers_pct" not in f
+    assert f["estimate_within_target"] is True  # 70 against the whole 70
+
+
+def test_cpu_bf16_runs_a_cnn_channels_last():
+    patches, applied = Patches(), Applied()
+    install([{"rule": "cpu-bf16"}], patches, applied)
+    try:
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 2))
+        seen = []  # (dtype, channels-last) of the conv's output at each call
+        model[0].register_forward_hook(lambda m, i, o: seen.append(
+            (o.dtype, o.is_contiguous(memory_format=torch.channels_last))))
+        x = torch.randn(2, 3, 8, 8)
+        model(x)  # found during this call: the next calls are the fixed ones
+        out = model(x)
+    finally:
+        patches.restore()
+    assert seen[-1] == (torch.bfloat16, True)
+    assert out.dtype == torch.float32  # back to fp32 for the loss
+    assert model[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert applied.notes == [
+        "bf16 autocast on Sequential.forward (cpu), channels-last weights and inputs"
+    ]
