@@ -32,12 +32,14 @@ class Site:
     memcpys: list[int] = field(default_factory=list)
 
 
-def _prev_sibling(tr: Trace, pool: np.ndarray, parent: int, q: int) -> int:
+def _prev_sibling(
+    tr: Trace, pool: np.ndarray, pool_ts: np.ndarray, parent: int, q: int
+) -> int:
     """The last operator of `pool` (one thread, sorted by start) that ended before `q` started,
     at `q`'s nesting level (inside `parent`, -1 for top level); -1 when there is none."""
     lo = tr.ts[parent] if parent >= 0 else -np.inf
-    a = int(np.searchsorted(tr.ts[pool], lo, side="left"))
-    b = int(np.searchsorted(tr.ts[pool], tr.ts[q], side="left"))
+    a = int(np.searchsorted(pool_ts, lo, side="left"))
+    b = int(np.searchsorted(pool_ts, tr.ts[q], side="left"))
     cand = pool[a:b]
     cand = cand[(tr.end[cand] <= tr.ts[q] + END_SLACK) & (cand != parent)]
     if not len(cand):
@@ -48,13 +50,18 @@ def _prev_sibling(tr: Trace, pool: np.ndarray, parent: int, q: int) -> int:
 
 
 def _created_by(
-    tr: Trace, pool: np.ndarray, parent: int, q: int, creation: set[int], skip: set[int]
+    tr: Trace,
+    pool: tuple[np.ndarray, np.ndarray],
+    parent: int,
+    q: int,
+    creation: set[int],
+    skip: set[int],
 ) -> int:
     """The operator that created the host tensor `q` copies: its previous sibling when that is a
     factory, looking past torch.tensor's lift_fresh/detach_ (-1 when it is not fresh)."""
     cur = q
     for _ in range(4):
-        prev = _prev_sibling(tr, pool, parent, cur)
+        prev = _prev_sibling(tr, *pool, parent, cur)
         if prev < 0:
             return -1
         if int(tr.name_id[prev]) in creation:
@@ -89,9 +96,10 @@ def _sites(ctx: Context) -> list[Site]:
     # its `_to_copy`, which can span the very same µs) from being taken for its parent.
     not_copy = ops[~np.isin(tr.name_id[ops], tr.name_ids(COPY_OPS))]
     parents = enclosing(tr, not_copy, owner)
-    by_thread = {
-        int(t): ops[tr.thread[ops] == t] for t in np.unique(tr.thread[owner]).tolist()
-    }
+    by_thread = {}  # each thread's operators and their starts, searched for every copy
+    for t in np.unique(tr.thread[owner]).tolist():
+        pool = ops[tr.thread[ops] == t]
+        by_thread[int(t)] = (pool, tr.ts[pool])
     creation = set(tr.name_ids(CREATION).tolist())
     skip = set(tr.name_ids(PASS_THROUGH).tolist())
     out: dict[str | None, Site] = defaultdict(lambda: Site(None))

@@ -74,7 +74,8 @@ class Children:
         py = tr.where_kind(Kind.PYTHON)
         order = np.lexsort((tr.ts[py], tr.py_parent[py]))
         self.calls = py[order]
-        self.parents = tr.py_parent[self.calls]
+        # int64: an int32 array searched for a Python int is converted whole on every search
+        self.parents = tr.py_parent[self.calls].astype(np.int64)
 
     def of(self, py_id: int) -> np.ndarray:
         a = int(np.searchsorted(self.parents, py_id, side="left"))

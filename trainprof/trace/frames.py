@@ -146,7 +146,9 @@ class IdIndex:
 
     def __init__(self, ids: np.ndarray, index: np.ndarray) -> None:
         order = np.argsort(ids, kind="stable")  # equal ids keep their time order
-        self.ids, self.index = ids[order], index[order]
+        # int64 whatever the column's width: numpy searches an int32 array for a Python int by
+        # converting the whole array first (milliseconds per lookup on a large trace).
+        self.ids, self.index = ids[order].astype(np.int64), index[order]
 
     def get(self, py_id: int, default: int | None = None) -> int | None:
         k = int(np.searchsorted(self.ids, py_id, side="right")) - 1
@@ -172,8 +174,10 @@ class PyStacks:
         self.source_dirs = source_dirs
         idx = trace.where_kind(Kind.PYTHON)
         self.by_thread: dict[int, np.ndarray] = {}
+        self.ts_by_thread: dict[int, np.ndarray] = {}  # their starts: searched on every lookup
         for t in np.unique(trace.thread[idx]):
             self.by_thread[int(t)] = idx[trace.thread[idx] == t]
+            self.ts_by_thread[int(t)] = trace.ts[self.by_thread[int(t)]]
         self.index_of_id = IdIndex(trace.py_id[idx], idx)
         self.stale: set[int] = set(self._startup_frames(idx))
         self._lines: dict[int, dict[int, int | None]] = {}
@@ -204,9 +208,11 @@ class PyStacks:
 
     def _children(self, parent: int) -> np.ndarray:
         tr = self.trace
-        cand = self.by_thread.get(int(tr.thread[parent]), np.zeros(0, np.int64))
-        lo = int(np.searchsorted(tr.ts[cand], tr.ts[parent], side="left"))
-        hi = int(np.searchsorted(tr.ts[cand], tr.end[parent], side="right"))
+        thread = int(tr.thread[parent])
+        cand = self.by_thread.get(thread, np.zeros(0, np.int64))
+        starts = self.ts_by_thread.get(thread, np.zeros(0))
+        lo = int(np.searchsorted(starts, tr.ts[parent], side="left"))
+        hi = int(np.searchsorted(starts, tr.end[parent], side="right"))
         sub = cand[lo:hi]
         return sub[tr.py_parent[sub] == tr.py_id[parent]]
 
@@ -269,7 +275,7 @@ class PyStacks:
         cand = self.by_thread.get(thread)
         if cand is None:
             return None
-        k = int(np.searchsorted(tr.ts[cand], t, side="right")) - 1
+        k = int(np.searchsorted(self.ts_by_thread[thread], t, side="right")) - 1
         if k < 0:
             return None
         i: int | None = int(cand[k])
