@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from cpu_trace import record
 
+from trainprof.analysis.loader_workers import fixed_step
 from trainprof.diagnose import diagnose_path
-from trainprof.rules.dataloader_starvation import fixed_step
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta, write_meta
 
 # A Python-heavy fetch (per-sample __getitem__ building tensors), num_workers=0.

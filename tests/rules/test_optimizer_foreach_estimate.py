@@ -12,8 +12,8 @@ from pathlib import Path
 
 from cpu_trace import record
 
+from trainprof.analysis.fused_cpu import FUSED_CPU_RATIO
 from trainprof.diagnose import diagnose_path
-from trainprof.rules.optimizer_foreach import FUSED_CPU_RATIO
 from trainprof.runmeta import OptimizerInfo, RunMeta
 
 # try_mlp: Adam with foreach=False on a 4-tensor MLP.

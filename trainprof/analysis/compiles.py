@@ -2,8 +2,8 @@
 `Torch-Compiled Region`, `CompiledFunction`... ranges), the compile ids each holds, whether
 Dynamo restarted its trace (a graph break), and which are recompiles (a compile id /1 or later,
 or any compile after the first step); and over the whole run, from the run metadata
-(`run_compiles`: what capture/dynamo.py recorded, also outside the window). Read by the
-`compile-recompile` rule."""
+(`run_compiles`: what capture/dynamo.py recorded, also outside the window); the GPU idle during
+recompiles that recur (`recurring_idle`). Read by the `compile-recompile` rule."""
 
 from __future__ import annotations
 
@@ -116,6 +116,16 @@ def _window_recompiles(ctx: Context) -> WindowRecompiles:
         max_compile_id=max((c for cs in frames.values() for c in cs), default=0),
         one_off=steps_hit == 1 and ctx.n_steps >= ONE_OFF_STEPS,
     )
+
+
+def recurring_idle(ctx: Context) -> iv.Intervals | None:
+    """The GPU idle no other cause explains (`other`) during the window's recompiles, when they
+    recur (None: no recompile in the window, or a one-off, which is no per-step cost)."""
+    w = window_recompiles(ctx)
+    if not len(w.spans) or w.one_off:
+        return None
+    tr = ctx.trace
+    return iv.intersect(iv.merge(tr.ts[w.spans], tr.end[w.spans]), ctx.attribution["other"])
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis.breakdown import closure_spans
+from trainprof.analysis.breakdown import closure_spans, update_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.launched import span_gpu
 from trainprof.analysis.syncs import outermost
@@ -73,6 +73,23 @@ def single_frame_us(ctx: Context, spans: np.ndarray) -> float | None:
     """Time in `_single_tensor_<name>` Python frames inside `spans` (None: no Python stacks)."""
     frames = single_frame_spans(ctx, spans)
     return None if frames is None else iv.total(frames)
+
+
+@dataclass(frozen=True)
+class Update:
+    """A looping class's step() time on the host, per step: the update alone, and a closure
+    passed to step() (LBFGS and Lightning run the forward and backward there)."""
+
+    spans: iv.Intervals  # the class's step() spans, merged
+    host: float  # µs per step in the update
+    closure: float  # µs per step in the closure
+
+
+def update(ctx: Context, lp: Loop) -> Update:
+    tr = ctx.trace
+    spans = iv.merge(tr.ts[lp.spans], tr.end[lp.spans])
+    host = ctx.per_step(iv.total(iv.intersect(spans, update_spans(ctx))))
+    return Update(spans, host, ctx.per_step(iv.total(spans)) - host)
 
 
 def loops(ctx: Context) -> list[Loop]:

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from trainprof.analysis.compiles import (
     RunCompiles,
     call_site,
+    recurring_idle,
     run_compiles,
     window_recompiles,
 )
@@ -111,8 +112,12 @@ def _meta_metrics(rc: RunCompiles) -> dict:
 def _from_meta(ctx: Context, rc: RunCompiles) -> list[Finding]:
     """Recompiles and graph breaks the window did not see, from the run metadata."""
     steps_run = len(ctx.meta.step_times_s) if ctx.meta else 0
+    saving, severity = 0.0, "low"
     if rc.events or rc.recompiles:
-        saving, severity = 0.0, "low"
+        title = (
+            f"torch.compile recompiled {rc.recompiles} {_plural(rc.recompiles, 'time')} during "
+            "the run"
+        )
         evidence = _run_wide_text(rc) + " None happened in the profiled steps."
         if len(rc.steps) >= RECURRING_STEPS and steps_run:
             per_step = rc.seconds * 1e6 / steps_run  # µs per step of the run, on average
@@ -132,48 +137,37 @@ def _from_meta(ctx: Context, rc: RunCompiles) -> list[Finding]:
             )
         if rc.graph_breaks:
             evidence += " " + _breaks_text(rc)
-        return [
-            finding(
-                ctx,
-                rule="compile-recompile",
-                title=f"torch.compile recompiled {rc.recompiles} "
-                f"{_plural(rc.recompiles, 'time')} during the run",
-                evidence=evidence,
-                fix=FIX,
-                saving_us_per_step=saving,
-                severity=severity,
-                location=call_site(rc.events),
-                metrics=_meta_metrics(rc),
-            )
-        ]
-    if rc.graph_breaks:
-        return [
-            finding(
-                ctx,
-                rule="compile-recompile",
-                title=f"torch.compile graph breaks ({rc.graph_breaks} while compiling)",
-                evidence=_breaks_text(rc) + " No saving is claimed here: the eager code "
-                "between the graphs is costed by the other findings.",
-                fix=FIX,
-                saving_us_per_step=0.0,
-                severity="low",
-                location=call_site(rc.all_events),
-                metrics=_meta_metrics(rc),
-            )
-        ]
-    return []
+        events = rc.events
+    elif rc.graph_breaks:
+        title = f"torch.compile graph breaks ({rc.graph_breaks} while compiling)"
+        evidence = _breaks_text(rc) + (
+            " No saving is claimed here: the eager code between the graphs is costed by the other "
+            "findings."
+        )
+        events = rc.all_events
+    else:
+        return []
+    return [
+        finding(
+            ctx,
+            rule="compile-recompile",
+            title=title,
+            evidence=evidence,
+            fix=FIX,
+            saving_us_per_step=saving,
+            severity=severity,
+            location=call_site(events),
+            metrics=_meta_metrics(rc),
+        )
+    ]
 
 
 def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
     """GPU idle during recompiles that recur (a one-off recompile is no per-step cost)."""
     if ctx.device.kind == "mtia" or not ctx.gpu_timeline:
         return {}
-    w = window_recompiles(ctx)
-    if not len(w.spans) or w.one_off:
-        return {}
-    tr = ctx.trace
-    return {"compile-recompile": iv.intersect(iv.merge(tr.ts[w.spans], tr.end[w.spans]),
-                                              ctx.attribution["other"])}
+    idle = recurring_idle(ctx)
+    return {} if idle is None else {"compile-recompile": idle}
 
 
 def check(ctx: Context) -> list[Finding]:

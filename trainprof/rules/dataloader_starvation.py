@@ -39,14 +39,9 @@ compute-only step (fetch time / compute time, rounded up, plus one), capped by t
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
-
-from trainprof.analysis import unprofiled
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
+from trainprof.analysis.loader_workers import CpuModel, estimate, workers
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
@@ -54,77 +49,6 @@ from trainprof.trace import intervals as iv
 
 MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
-
-
-def _workers(ctx: Context) -> int | None:
-    if ctx.meta and ctx.meta.dataloaders:
-        return max(d.num_workers for d in ctx.meta.dataloaders)
-    names = {ctx.trace.name(i) for i in ctx.dataloader_idx}
-    if any("_SingleProcess" in n for n in names):
-        return 0
-    if any("_MultiProcessing" in n for n in names):
-        return None  # some workers, how many unknown
-    return None
-
-
-@dataclass
-class CpuModel:
-    """The CPU estimate's figures, per step in µs (see the module docstring)."""
-
-    step: float  # S, without the profiler
-    fetch: float  # F, without the profiler
-    measured: bool  # F and S from the run's unprofiled steps (else derived from the trace)
-    receive: float  # R per batch (0: not measured)
-    worker: float  # W per batch
-    startup_ms: float | None  # the workers' start-up, once per run
-    workers: int  # n, the best worker count
-    threads: int  # T' = torch threads with that many workers
-    fixed: float  # the step with the fix
-
-    @property
-    def saving(self) -> float:
-        return max(self.step - self.fixed, 0.0)
-
-
-def fixed_step(m: float, f: float, k: float, r: float, w: float, cores: int, n: int) -> float:
-    """The step with `n` workers (µs): compute `m`, fetch `f`, `k` batches per step, receive `r`
-    and hand-over `w` per batch, on `cores` cores with max(1, cores - n) torch threads."""
-    threads = max(1, cores - n)
-    return max(
-        m + k * r,
-        (f + k * w) / n,
-        (m * min(threads, cores) + f + k * (w + r)) / cores,
-    )
-
-
-def _median_part(ctx: Context, part: list[float]) -> float | None:
-    """The median over the unprofiled steps of a per-step part from the metadata, in µs."""
-    idx = ctx.unprofiled_step_index
-    if not idx or len(part) < len(ctx.meta.step_times_s):
-        return None
-    return float(np.median([part[i] for i in idx])) * 1e6
-
-
-def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | None:
-    """The CPU estimate (None without unprofiled steps in the metadata)."""
-    step = ctx.unprofiled_step_us
-    if step is None:
-        return None
-    f = _median_part(ctx, ctx.meta.fetch_times_s)
-    measured = f is not None
-    if f is None:
-        f = unprofiled.share(ctx, fetch, ctx.dataloader_spans) * step
-    f = min(f, step)
-    m = max(step - f, 1.0)
-    ipc = ctx.meta.loader_ipc
-    r = 1000 * ipc.receive_ms if ipc else 0.0
-    w = 1000 * ipc.worker_ms if ipc else 0.0
-    best = min(range(1, max(cores, 1) + 1), key=lambda n: fixed_step(m, f, k, r, w, cores, n))
-    return CpuModel(
-        step=step, fetch=f, measured=measured, receive=r, worker=w,
-        startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed_step(m, f, k, r, w, cores, best),
-    )  # fmt: skip
 
 
 def _cpu_evidence(model: CpuModel, cores: int, threads: int, others: float | None) -> str:
@@ -173,26 +97,13 @@ def check(ctx: Context) -> list[Finding]:
     # trainprof's fetch probe nests inside torch's own DataLoader range: count merged spans.
     fetches = len(in_steps[0])
     k = fetches / max(ctx.n_steps, 1)
-    share = ctx.pct(fetch)
     cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
     threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
-    compute = max(ctx.mean_step_us - fetch, 1.0)
-    model = None
-    if ctx.gpu_timeline:
-        saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
-    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus)) is not None:
-        share = 100 * model.fetch / model.step
-        # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
-        # takes them): the engine states it in ms of the unprofiled step, as the evidence does.
-        saving = model.saving / model.step * ctx.mean_step_us
-    else:
-        saving = fetch
+    est = estimate(ctx, fetch, k, cpus, threads)
+    share, saving, model, suggest = est.share, est.saving, est.model, est.suggest
     if share < MIN_SHARE and ctx.pct(saving) < 2.0:
         return []
-    workers = _workers(ctx)
-    need = math.ceil(fetch / compute) + 1
-    cap = cpus if cpus else 8
-    suggest = model.workers if model is not None else max(2, min(need, cap))
+    n_workers = workers(ctx)
     loc = None
     if ctx.meta and ctx.meta.dataloaders:
         loc = ctx.meta.dataloaders[0].location
@@ -212,7 +123,7 @@ def check(ctx: Context) -> list[Finding]:
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
     no_gain = model is not None and model.saving <= 0
-    if no_gain and workers == 0:
+    if no_gain and n_workers == 0:
         title = (
             f"DataLoader fetching takes {share:.0f} % of the step, but workers would not pay off"
         )
@@ -221,7 +132,7 @@ def check(ctx: Context) -> list[Finding]:
             "it. Make the fetch itself cheaper: index whole batches at once (a BatchSampler as "
             "`sampler=` with batch_size=None), or fewer, larger batches."
         )
-    elif workers == 0 or workers is None and "_SingleProcess" in ctx.trace.name(
+    elif n_workers == 0 or n_workers is None and "_SingleProcess" in ctx.trace.name(
         int(ctx.dataloader_idx[0])
     ):
         title = f"DataLoader starves the step: num_workers=0, {share:.0f} % of step time fetching"
@@ -234,7 +145,7 @@ def check(ctx: Context) -> list[Finding]:
             fix += f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
     else:
-        have = f"num_workers={workers}" if workers is not None else "worker processes"
+        have = f"num_workers={n_workers}" if n_workers is not None else "worker processes"
         title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"
         fix = (
             "The input pipeline is CPU-bound: raise num_workers up to the core count, "
@@ -246,7 +157,7 @@ def check(ctx: Context) -> list[Finding]:
         "fetches_per_step": round(k, 2),
         "share_pct": round(share, 2),
         "gpu_idle_ms_per_step": round(saving / 1000, 3) if ctx.gpu_timeline else 0.0,
-        "num_workers": -1 if workers is None else workers,
+        "num_workers": -1 if n_workers is None else n_workers,
         "suggested_num_workers": suggest,
     }
     if model is not None:

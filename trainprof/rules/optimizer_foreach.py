@@ -43,32 +43,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import numpy as np
-
-from trainprof.analysis import unprofiled
-from trainprof.analysis.breakdown import closure_spans, update_spans
+from trainprof.analysis.breakdown import closure_spans
 from trainprof.analysis.context import Context
+from trainprof.analysis.fused_cpu import FUSED_OK, PLAIN_SGD_RATIO, fused_cpu
 from trainprof.analysis.launched import span_gpu
 from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
-from trainprof.analysis.optimizers import (
-    STEP_SPAN,
-    Loop,
-    class_of,
-    loops,
-    single_frame_spans,
-)
+from trainprof.analysis.optimizers import STEP_SPAN, Loop, class_of, loops, update
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.runmeta import OptimizerInfo
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
-
-# fused step() time / single-tensor step() time on CPU, the least gain measured (docstring).
-FUSED_CPU_RATIO = {"Adam": 0.25, "AdamW": 0.4, "Adagrad": 0.55, "SGD": 0.7}
-PLAIN_SGD_RATIO = 1.0  # SGD without momentum: one add_ per tensor, nothing for fused to merge
-FUSED_OK = ("Adam", "AdamW", "SGD", "Adagrad")  # classes with a fused kernel (CUDA and CPU)
 
 
 def explains(ctx: Context) -> Mapping[str, iv.Intervals]:
@@ -93,34 +79,11 @@ def _fix(cls: str, gpu: bool, meta: OptimizerInfo | None) -> str:
     return f"{prefix}`{cls}(params, ..., foreach=True)`: multi-tensor kernels, one launch per op."
 
 
-def _momentum(ctx: Context, lp: Loop) -> bool:
-    """SGD keeps a momentum buffer (`buf.mul_(momentum)` per tensor in its steps)."""
-    tr = ctx.trace
-    muls = tr.where_name(r"^aten::mul_$", Kind.CPU_OP)
-    return bool(len(muls)) and bool((enclosing(tr, lp.spans, muls) >= 0).any())
-
-
-def _update_share(
-    ctx: Context, lp: Loop, host: float, step_us: iv.Intervals
-) -> tuple[float, bool]:
-    """The update's share of the step without the profiler, and whether it was measured: from
-    the time trainprof measured in this class's step() during the run's unprofiled steps, else
-    from the trace with the profiler's per-event cost taken out (analysis/unprofiled)."""
-    times = ctx.meta.optimizer_times_s.get(lp.cls) if ctx.meta is not None else None
-    idx = ctx.unprofiled_step_index
-    plain = ctx.unprofiled_step_us
-    if times and idx and plain and len(times) >= len(ctx.meta.step_times_s):
-        return min(float(np.median([times[i] for i in idx])) * 1e6 / plain, 1.0), True
-    return unprofiled.share(ctx, host, iv.intersect(step_us, update_spans(ctx))), False
-
-
 def _finding(ctx: Context, lp: Loop) -> Finding:
-    tr = ctx.trace
     n = len(lp.spans)
-    step_us = iv.merge(tr.ts[lp.spans], tr.end[lp.spans])
     # The update alone: a closure passed to step() (LBFGS, Lightning) is forward + backward.
-    host = ctx.per_step(iv.total(iv.intersect(step_us, update_spans(ctx))))
-    in_closure = ctx.per_step(iv.total(step_us)) - host
+    up = update(ctx, lp)
+    host, in_closure = up.host, up.closure
     per_span = lp.per_tensor_ops / n
     metrics: dict = {
         "class": lp.cls,
@@ -156,14 +119,8 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
             launch_gap_ms_per_step=round(saving / 1000, 3),
         )
     elif ctx.device.kind == "cpu" and lp.cls in FUSED_OK:
-        ratio = FUSED_CPU_RATIO[lp.cls]
-        if lp.cls == "SGD" and not _momentum(ctx, lp):
-            ratio = PLAIN_SGD_RATIO
-        share, measured = _update_share(ctx, lp, host, step_us)
-        saved = (1 - ratio) * share
-        loop = single_frame_spans(ctx, lp.spans)
-        if loop is not None and host > 0:  # never more than the per-tensor loop fused replaces
-            saved = min(saved, share * min(ctx.per_step(iv.total(loop)) / host, 1.0))
+        fc = fused_cpu(ctx, lp, up)
+        ratio, share, measured, saved = fc.ratio, fc.share, fc.measured, fc.saved
         # In the profiled step's units, as `finding` takes them (the engine restates it on the
         # unprofiled step).
         saving = saved * ctx.mean_step_us
