@@ -124,16 +124,16 @@ def diagnose_rank(
     """Load one trace, diagnose it, and keep only the compact result (runs in a worker, or on a
     Dask worker); a trace that cannot be used gives the one-line reason instead, so the others
     still count."""
-    from trainprof.analysis.context import Context
-    from trainprof.engine import analyze
+    from trainprof.engine import analyze_context, context
     from trainprof.trace.load import load_trace
 
     try:
         tr = load_trace(path, use_cache=use_cache)
-        diag = analyze(tr, meta, select=select, ignore=ignore)
+        ctx = context(tr, meta)  # one Context: the diagnosis and the cross-rank arrays
+        diag = analyze_context(ctx, select, ignore)
     except TrainprofError as err:
         return str(err)
-    arrays = _arrays(Context(tr, meta))
+    arrays = _arrays(ctx)
     rank = tr.meta.rank
     if rank is None:
         rank = file_rank(path)
