@@ -128,10 +128,10 @@ class Profile:
             return
         try:
             from trainprof.diagnose import flat_diagnoses, render_items
-            from trainprof.pipeline import diagnose_keeping_contexts
-            from trainprof.report.run_reports import write_run_reports
+            from trainprof.report.run_reports import diagnose_for_reports, write_run_reports
 
-            items, contexts = diagnose_keeping_contexts(self.folder)  # each trace loaded once
+            # Each trace loaded once, for the diagnosis and the reports.
+            items, contexts = diagnose_for_reports(self.folder, self.folder)
             self.diagnosis = items[0]
             if self._show:
                 sys.stdout.flush()

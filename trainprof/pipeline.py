@@ -9,14 +9,14 @@ import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import META_NAME, RunMeta, read_meta
 
 if TYPE_CHECKING:
-    from trainprof.analysis.context import Context
+    from trainprof.ranks.load import Also
 
 _TRACE = re.compile(r"\.json(\.gz)?$")
 _PT_TRACE = re.compile(r"\.pt\.trace\.json(\.gz)?$")
@@ -129,15 +129,20 @@ def diagnose_items(
 
 
 def diagnose_keeping_contexts(
-    path: Path | str,
-) -> tuple[list[Diagnosis | MultiRankDiagnosis], dict[str, Context]]:
-    """diagnose_items, plus the Context of each trace diagnosed in this process, by trace path,
-    so that `run` writes its reports (per-step figures, the Trace Viewer's file) from the trace
-    it loaded once. A single trace is diagnosed here; the traces of several ranks are loaded
-    in worker processes, which keep them (the reports load those again)."""
+    path: Path | str, also: Also | None = None
+) -> tuple[list[Diagnosis | MultiRankDiagnosis], dict[str, Any]]:
+    """diagnose_items, plus what each trace gave while it was loaded, by trace path, so that
+    `run` writes its reports (per-step figures, the Trace Viewer's file) from the trace it
+    loaded once. A single trace is diagnosed here and gives its Context; the traces of several
+    ranks are loaded in worker processes, and give what `also` returned there for them
+    (ranks/load.py: it runs on each trace's Context in its worker)."""
     files = find_traces(path)
     if len(files) != 1:
-        return diagnose_items(path), {}
+        from trainprof.ranks import diagnose_traces
+
+        kept: dict[str, Any] = {}
+        items = diagnose_traces(files, [meta_for(f) for f in files], also=also, extras=kept)
+        return items, kept
     from trainprof.engine import analyze_context, context
     from trainprof.trace.load import load_trace
 

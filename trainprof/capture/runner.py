@@ -230,11 +230,10 @@ def diagnose_run(
         return
     try:
         from trainprof.diagnose import flat_diagnoses, render_items
-        from trainprof.pipeline import diagnose_keeping_contexts
-        from trainprof.report.run_reports import write_run_reports
+        from trainprof.report.run_reports import diagnose_for_reports, write_run_reports
 
         sys.stdout.flush()
-        items, contexts = diagnose_keeping_contexts(trace or folder)  # each trace loaded once
+        items, contexts = diagnose_for_reports(trace or folder, folder)  # each trace loaded once
         render_items(items, brief=brief)
         write_run_reports(folder, flat_diagnoses(items), meta, contexts)
     except TrainprofError as err:

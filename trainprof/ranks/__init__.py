@@ -23,9 +23,13 @@ Pipeline (one module per job):
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.runmeta import RunMeta
+
+if TYPE_CHECKING:
+    from trainprof.ranks.load import Also
 
 
 def _split_rules(
@@ -52,16 +56,22 @@ def diagnose_traces(
     ignore: list[str] | None = None,
     workers: int | None = None,
     dask: str | None = None,
+    also: Also | None = None,
+    extras: dict[str, Any] | None = None,
 ) -> list[Diagnosis | MultiRankDiagnosis]:
     """Every trace diagnosed in parallel; the ranks of one job merged into one view. The items
-    keep the order of the files (a job where its first trace was)."""
+    keep the order of the files (a job where its first trace was). With `also` (see
+    load.diagnose_files), what it returned for each trace goes into `extras`, by the trace of
+    its Diagnosis."""
     from trainprof.ranks.job import build_job
     from trainprof.ranks.load import diagnose_files
 
     own_select, own_ignore = _split_rules(select, ignore)
     results, skipped = diagnose_files(
-        files, metas, own_select, own_ignore, workers=workers, dask=dask
+        files, metas, own_select, own_ignore, workers=workers, dask=dask, also=also
     )
+    if extras is not None:
+        extras.update((r.diagnosis.trace, r.extra) for r in results if r.extra is not None)
     groups: dict[tuple, list[int]] = {}
     for i, r in enumerate(results):
         groups.setdefault((_folder(r.file), r.world_size), []).append(i)

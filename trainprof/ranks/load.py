@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -20,6 +22,13 @@ from trainprof.analysis.model import Diagnosis, OpStat
 from trainprof.errors import TrainprofError
 from trainprof.runmeta import RunMeta
 from trainprof.trace import intervals as iv
+
+if TYPE_CHECKING:
+    from trainprof.analysis.context import Context
+
+# Run in the worker on the Context of its trace (with the trace's path) while it holds the
+# trace; what it returns (picklable) comes back in RankResult.extra.
+Also = Callable[["Context", str], Any]
 
 # Ops compared across ranks (counted inside the step windows).
 WATCHED_OPS: dict[str, str] = {
@@ -66,6 +75,7 @@ class RankResult:
     world_size: int | None
     diagnosis: Diagnosis
     arrays: RankArrays
+    extra: Any = None  # what diagnose_rank's `also` returned
 
 
 def file_rank(path: str | Path) -> int | None:
@@ -120,27 +130,29 @@ def diagnose_rank(
     select: list[str] | None = None,
     ignore: list[str] | None = None,
     use_cache: bool | None = None,
+    also: Also | None = None,
 ) -> RankResult | str:
     """Load one trace, diagnose it, and keep only the compact result (runs in a worker, or on a
     Dask worker); a trace that cannot be used gives the one-line reason instead, so the others
-    still count."""
-    from trainprof.analysis.context import Context
-    from trainprof.engine import analyze
+    still count. `also` computes more from the trace's Context (RankResult.extra)."""
+    from trainprof.engine import analyze_context, context
     from trainprof.trace.load import load_trace
 
     try:
         tr = load_trace(path, use_cache=use_cache)
-        diag = analyze(tr, meta, select=select, ignore=ignore)
+        ctx = context(tr, meta)  # one Context: the diagnosis and the cross-rank arrays
+        diag = analyze_context(ctx, select, ignore)
     except TrainprofError as err:
         return str(err)
-    arrays = _arrays(Context(tr, meta))
+    arrays = _arrays(ctx)
     rank = tr.meta.rank
     if rank is None:
         rank = file_rank(path)
     if rank is None and meta is not None:
         rank = meta.rank
     world = tr.meta.world_size or (meta.world_size if meta else None)
-    return RankResult(str(path), rank, world, diag, arrays)
+    extra = also(ctx, str(path)) if also is not None else None
+    return RankResult(str(path), rank, world, diag, arrays, extra)
 
 
 def _preload() -> None:
@@ -160,17 +172,24 @@ def diagnose_files(
     ignore: list[str] | None = None,
     workers: int | None = None,
     dask: str | None = None,
+    also: Also | None = None,
 ) -> tuple[list[RankResult], list[str]]:
     """diagnose_rank over every file, in parallel (one process per core, or on the Dask cluster
     whose scheduler is at `dask`), in file order: the results of the usable traces, and why each
     other one could not be used. TrainprofError when none can. A bar on a terminal counts the
-    traces done."""
+    traces done. `also` runs in each worker on its trace (not on Dask, whose workers may be
+    other machines: their RankResult.extra is None)."""
     from trainprof.trace.cache import enabled
     from trainprof.trace.progress import progress_for
 
     n = len(files)
     workers = min(workers or os.cpu_count() or 1, n)
-    args = ([str(f) for f in files], list(metas), [select] * n, [ignore] * n, [enabled()] * n)
+    if dask is not None:
+        also = None
+    args = (
+        [str(f) for f in files], list(metas), [select] * n, [ignore] * n, [enabled()] * n,
+        [also] * n,
+    )
     label = "diagnosing" if dask is None else f"diagnosing on {dask}"
     with progress_for(n if n > 1 else 0, label, unit="traces") as tick:
         if dask is not None:

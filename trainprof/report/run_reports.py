@@ -6,17 +6,19 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.model import Diagnosis
+from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.report.html import ReportItem, render_html
-from trainprof.report.per_step import per_step
+from trainprof.report.per_step import PerStep, per_step
 from trainprof.report.tensorboard import write_tensorboard
 from trainprof.report.tryout import read_try
-from trainprof.report.xplane import XPlaneWriter
+from trainprof.report.xplane import XPlaneWriter, hosts_for, new_session, session_dir, write_or_say
 from trainprof.runmeta import RunMeta, read_meta
 from trainprof.trace.model import Trace
 
@@ -68,46 +70,129 @@ def _tb_dirs(run_dir: Path, diagnoses: list[Diagnosis]) -> list[Path]:
     return [run_dir / f"trace{i}" for i in range(len(diagnoses))]
 
 
-def _context_of(d: Diagnosis, meta: RunMeta | None, kept: Mapping[str, Context]) -> Context | None:
+@dataclass
+class RankReport:
+    """What write_run_reports needs of one trace, computed by the worker process that loaded
+    it for the diagnosis (RankReporter), so that the parent need not load it again."""
+
+    meta: RunMeta | None  # the metadata the figures were computed with
+    per_step: PerStep
+    host: str  # the XProf host its XPlane file was written as
+    xplanes: list[Path] = field(default_factory=list)  # empty when it could not be written
+
+
+@dataclass(frozen=True)
+class RankReporter:
+    """Run in each worker on the Context of its trace (ranks/load.py, `also`): its per-step
+    figures, and its XPlane file written into the session the parent made. Picklable."""
+
+    session: Path
+    hosts: dict[str, str]  # trace path -> its XProf host, over every trace of the folder
+
+    def __call__(self, ctx: Context, trace_file: str) -> RankReport | None:
+        try:
+            ps = per_step(ctx)
+        except Exception:  # noqa: BLE001 - the parent loads the trace, and raises it there
+            return None
+        host = self.hosts[str(trace_file)]
+        xplanes = write_or_say(ctx.trace, self.session, host, trace_file)
+        return RankReport(ctx.meta, ps, host, xplanes)
+
+
+def diagnose_for_reports(
+    path: Path | str, run_dir: Path
+) -> tuple[list[Diagnosis | MultiRankDiagnosis], dict[str, Any]]:
+    """pipeline.diagnose_keeping_contexts of `path` (the run folder or one of its traces), with
+    the worker of each of several traces also computing what write_run_reports needs of it
+    (RankReport), so that every trace is loaded once in all."""
+    from trainprof.pipeline import diagnose_keeping_contexts, find_traces
+
+    files = find_traces(path)
+    also = None
+    if len(files) > 1:
+        try:
+            session = new_session(Path(run_dir))
+        except OSError:
+            session = None  # the reports will say it, trace by trace
+        if session is not None:
+            hosts = dict(zip(map(str, files), hosts_for(files), strict=True))
+            also = RankReporter(session, hosts)
+    return diagnose_keeping_contexts(path, also=also)
+
+
+def _context_of(d: Diagnosis, meta: RunMeta | None, kept: Mapping[str, Any]) -> Context | None:
     """The Context the diagnosis was made from when the caller kept it (the trace loaded once);
     else the trace loaded again (diagnosed in a worker process). A new Context on the kept
     trace when the reports' metadata is not the diagnosis's."""
     ctx = kept.get(d.trace)
-    if ctx is not None:
+    if isinstance(ctx, Context):
         return ctx if ctx.meta == meta else Context(ctx.trace, meta)
     trace = _trace_of(d)
     return Context(trace, meta) if trace is not None else None
+
+
+def _usable_reports(
+    diagnoses: list[Diagnosis], kept: Mapping[str, Any], xplanes: XPlaneWriter
+) -> dict[str, RankReport]:
+    """The workers' RankReports, by trace. A worker named its XPlane host among every trace of
+    the folder; when an unusable trace left out changes the names of the diagnosed ones, that
+    file goes, and the trace is written again under its name here."""
+    out = {}
+    for d in diagnoses:
+        r = kept.get(d.trace)
+        if not isinstance(r, RankReport):
+            continue
+        if r.host != xplanes.hosts[Path(d.trace)]:
+            for f in r.xplanes:
+                f.unlink(missing_ok=True)
+            r.xplanes = []
+            r.host = ""  # its XPlane file is to be written again
+        out[d.trace] = r
+    return out
 
 
 def write_run_reports(
     run_dir: Path,
     diagnoses: list[Diagnosis],
     meta: RunMeta | None,
-    contexts: Mapping[str, Context] | None = None,
+    contexts: Mapping[str, Any] | None = None,
 ) -> list[Path]:
     """Write TensorBoard event files, XProf's trace files (plugins/profile/) and report.html
     into `run_dir`; return the files written.
 
     `meta` is the run's metadata; with several traces each rank's trainprof.rank<R>.json is
     used for that rank when present. `contexts` (trace path -> the Context it was diagnosed
-    from, pipeline.diagnose_keeping_contexts) spares loading those traces again."""
+    from, or the RankReport its worker computed: diagnose_for_reports) spares loading those
+    traces again."""
     from trainprof.pipeline import meta_for
 
     run_dir = Path(run_dir)
     if not diagnoses:
         return []
+    kept = contexts or {}
     several = len(diagnoses) > 1
     measured = read_try(run_dir)  # `trainprof try` ran on this folder
     items = []
     written = []
+    reports = {}
     xplanes = XPlaneWriter(run_dir, [Path(d.trace) for d in diagnoses])
+    if any(isinstance(r, RankReport) for r in kept.values()):
+        xplanes.out = session_dir(run_dir)  # made by diagnose_for_reports: keep its files
+        reports = _usable_reports(diagnoses, kept, xplanes)
     for d, tb in zip(diagnoses, _tb_dirs(run_dir, diagnoses), strict=True):
         m = (meta_for(Path(d.trace)) if several else None) or meta
-        ctx = _context_of(d, m, contexts or {})
-        ps = per_step(ctx) if ctx is not None else None
+        r = reports.get(d.trace)
+        ps = r.per_step if r is not None and r.meta == m else None
+        ctx = None
+        if ps is None or r is None or not r.host:  # what the worker gave does not serve
+            ctx = _context_of(d, m, kept)
+            if ps is None and ctx is not None:
+                ps = per_step(ctx)
         items.append(ReportItem(d, ps, m))
         written.append(write_tensorboard(tb, d, ps, m, measured))
-        if ctx is not None:
+        if r is not None and r.host:
+            written += r.xplanes
+        elif ctx is not None:
             written += xplanes.write(Path(d.trace), ctx.trace)
     html_path = run_dir / REPORT_NAME
     write_atomic(html_path, render_html(items, run_dir.name, meta, measured).encode("utf-8"))

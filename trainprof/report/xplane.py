@@ -323,25 +323,41 @@ def new_session(folder: Path) -> Path:
 class XPlaneWriter:
     """Writes the traces of one folder into its session, one host per trace, as they come (so
     that a caller holds one loaded trace at a time). A trace that cannot be written gets one
-    line on stderr: the Trace Viewer's file is an extra, never a reason to lose the reports."""
+    line on stderr: the Trace Viewer's file is an extra, never a reason to lose the reports.
+    `out`: the session, when it was made already (new_session) and holds some of the files."""
 
-    def __init__(self, folder: Path, trace_files: list[Path]) -> None:
+    def __init__(self, folder: Path, trace_files: list[Path], out: Path | None = None) -> None:
         self.folder = Path(folder)
         self.hosts = dict(zip(map(Path, trace_files), hosts_for(trace_files), strict=True))
-        self.out: Path | None = None
+        self.out = out
 
     def write(self, trace_file: Path, trace: Trace) -> list[Path]:
         try:
             if self.out is None:
                 self.out = new_session(self.folder)
-            return [write_xplane(trace, self.out, self.hosts[Path(trace_file)])]
         except OSError as err:
-            why = err.strerror or str(err)
-        except Exception as err:  # a bug here must not lose the run's other reports
-            why = f"{type(err).__name__}: {err}"
-        sys.stderr.write(f"trainprof: could not write the Trace Viewer file of {trace_file}: "
-                         f"{why}\n")
-        return []
+            say_unwritten(trace_file, err)
+            return []
+        return write_or_say(trace, self.out, self.hosts[Path(trace_file)], trace_file)
+
+
+def say_unwritten(trace_file: Path | str, err: BaseException) -> None:
+    """The one stderr line for a Trace Viewer file that could not be written."""
+    if isinstance(err, OSError):
+        why = err.strerror or str(err)
+    else:
+        why = f"{type(err).__name__}: {err}"
+    sys.stderr.write(f"trainprof: could not write the Trace Viewer file of {trace_file}: "
+                     f"{why}\n")
+
+
+def write_or_say(trace: Trace, out_dir: Path, host: str, trace_file: Path | str) -> list[Path]:
+    """write_xplane, or one line on stderr (and no file) when it cannot be written."""
+    try:
+        return [write_xplane(trace, out_dir, host)]
+    except Exception as err:  # a bug here must not lose the run's other reports
+        say_unwritten(trace_file, err)
+    return []
 
 
 def write_xplane(trace: Trace, out_dir: Path, host: str) -> Path:
