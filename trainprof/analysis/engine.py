@@ -18,6 +18,7 @@ from trainprof.analysis.queued import gpu_bound
 from trainprof.trace import intervals as iv
 from trainprof.trace.steps import SOURCE_TEXT
 
+ROUNDING_MS = 0.0005  # half the µs savings are rounded to
 QUEUED_NOTE_PCT = 1.0  # queued GPU idle below this share of the step goes unmentioned
 
 
@@ -26,7 +27,8 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
     the total claimed exceed the step (later, smaller findings give way first)."""
     budget = step_ms
     for f in sorted(findings, key=lambda f: -f.est_saving_ms_per_step):
-        if f.est_saving_ms_per_step > budget:
+        # Savings are rounded to the µs: one that rounding alone lifts past the step is not over.
+        if f.est_saving_ms_per_step > budget + ROUNDING_MS:
             scale = max(budget, 0.0) / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
             f.est_saving_ms_per_step = round(max(budget, 0.0), 3)
             f.est_saving_pct = round(f.est_saving_pct * scale, 2)
