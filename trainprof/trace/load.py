@@ -43,9 +43,12 @@ _NO_SHAPE = msgspec.Raw(b"")  # one object: a column of absent shapes is counted
 _NUL = b"\0"
 
 
-class _Args(msgspec.Struct, frozen=True, gc=False):
-    # Absent ids default to -1 so that columns fill without a per-event check; an explicit
-    # null still decodes as None (handled by _int_column).
+class _XArgs(msgspec.Struct, frozen=True, gc=False):
+    """What a complete (X) event's args give the columns. Absent ids default to -1 so that
+    columns fill without a per-event check; an explicit null still decodes as None (handled by
+    _int_column). Shapes and dtypes are only needed by a few rules: the raw JSON is kept,
+    decoded on demand."""
+
     correlation: int | None = _NO
     ext_id: int | None = msgspec.field(name="External id", default=_NO)
     ext_id_old: int | None = msgspec.field(name="external id", default=_NO)
@@ -53,11 +56,15 @@ class _Args(msgspec.Struct, frozen=True, gc=False):
     py_parent: int | None = msgspec.field(name="Python parent id", default=_NO)
     nbytes: int | None = msgspec.field(name="bytes", default=_NO)
     stream: int | None = _NO
-    device: int | None = _NO
     call_stack: str | None = msgspec.field(name="Call stack", default=None)
-    # Shapes and dtypes are only needed by a few rules: keep the raw JSON, decode on demand.
     input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_SHAPE)
     input_type: msgspec.Raw = msgspec.field(name="Input type", default=_NO_SHAPE)
+
+
+class _Args(_XArgs, frozen=True, gc=False):
+    """Any event's args, for the event-by-event path: the X fields and the [memory] ones."""
+
+    device: int | None = _NO
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
     device_id: int | None = msgspec.field(name="Device Id", default=None)
     device_type: int | None = msgspec.field(name="Device Type", default=None)
@@ -98,19 +105,6 @@ class _RawFile(_File):
 # dropped, as it was when every event was decoded whole). An event without "ph" (or with a
 # phase of several characters) fails the batch, which is then read event by event
 # (`_per_event`, through the general `_Event`).
-class _XArgs(msgspec.Struct, frozen=True, gc=False):
-    correlation: int | None = _NO
-    ext_id: int | None = msgspec.field(name="External id", default=_NO)
-    ext_id_old: int | None = msgspec.field(name="external id", default=_NO)
-    py_id: int | None = msgspec.field(name="Python id", default=_NO)
-    py_parent: int | None = msgspec.field(name="Python parent id", default=_NO)
-    nbytes: int | None = msgspec.field(name="bytes", default=_NO)
-    stream: int | None = _NO
-    call_stack: str | None = msgspec.field(name="Call stack", default=None)
-    input_dims: msgspec.Raw = msgspec.field(name="Input Dims", default=_NO_SHAPE)
-    input_type: msgspec.Raw = msgspec.field(name="Input type", default=_NO_SHAPE)
-
-
 class _MemArgs(msgspec.Struct, frozen=True, gc=False):
     total_allocated: int | None = msgspec.field(name="Total Allocated", default=None)
     device_id: int | None = msgspec.field(name="Device Id", default=None)
