@@ -100,3 +100,13 @@ def profile_loop(path: Path, model, x, y, steps: int = 7) -> Path:
             prof.step()
     prof.export_chrome_trace(str(path))
     return path
+
+
+def with_meta(src: Path, dest: Path, meta: RunMeta) -> Path:
+    """`dest`: the recording in `src` (its files linked, not copied) under other run metadata."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in src.iterdir():
+        if f.name != "trainprof.json":
+            (dest / f.name).symlink_to(f)
+    write_meta(meta, dest)
+    return dest

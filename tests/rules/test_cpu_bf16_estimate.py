@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cpu_trace import record
+from cpu_trace import record, with_meta
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.opflops import conv_flops, matmul_flops, op_flops, speedup_at
@@ -70,15 +70,6 @@ def mlp(tmp_path_factory) -> Path:
     return record(tmp_path_factory.mktemp("mlp"), TINY_MLP, steps=8)
 
 
-def _with_meta(src: Path, tmp_path: Path, meta: RunMeta) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "trainprof.json":
-            (tmp_path / f.name).symlink_to(f)
-    write_meta(meta, tmp_path)
-    return tmp_path
-
-
 def _bf16(folder: Path):
     (d,) = diagnose_path(folder)
     return [f for f in d.findings if f.rule == "cpu-bf16"]
@@ -118,8 +109,8 @@ def test_tiny_matmuls_get_no_finding(mlp: Path, tmp_path: Path):
     """try_mlp measured bf16 autocast 76 % *slower*: a curve at its sizes says so, and the rule
     stays silent. The old model (one speed-up from a large matmul for every op) did not."""
     probe = CpuBf16(isa="AVX512-BF16", matmul_speedup=3.0, matmul_curve=CURVE_MM)
-    assert _bf16(_with_meta(mlp, tmp_path / "curve", _meta(cpu_bf16=probe))) == []
-    (old,) = _bf16(_with_meta(mlp, tmp_path / "old", _meta(cpu_bf16=OLD_PROBE)))
+    assert _bf16(with_meta(mlp, tmp_path / "curve", _meta(cpu_bf16=probe))) == []
+    (old,) = _bf16(with_meta(mlp, tmp_path / "old", _meta(cpu_bf16=OLD_PROBE)))
     assert old.est_saving_pct > 2.0
 
 
@@ -146,7 +137,7 @@ def test_never_more_than_the_ops_take(tmp_path: Path):
 def test_same_trace_same_severity(mlp: Path, tmp_path: Path):
     """Severity follows from the figures, not from timing: two diagnoses of one run agree."""
     probe = CpuBf16(isa="AMX-BF16", matmul_speedup=4.0, matmul_curve=[[1.0, 4.0]])
-    folder = _with_meta(mlp, tmp_path, _meta(cpu_bf16=probe))
+    folder = with_meta(mlp, tmp_path, _meta(cpu_bf16=probe))
     first, second = _bf16(folder), _bf16(folder)
     assert [(f.severity, f.est_saving_pct) for f in first] == [
         (f.severity, f.est_saving_pct) for f in second

@@ -13,11 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from cpu_trace import record
+from cpu_trace import record, with_meta
 
 from trainprof.analysis.loader_workers import fixed_step
 from trainprof.diagnose import diagnose_path
-from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta, write_meta
+from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
 
 # A Python-heavy fetch (per-sample __getitem__ building tensors), num_workers=0.
 LOOP = """
@@ -53,15 +53,6 @@ def loop(tmp_path_factory) -> Path:
     return record(tmp_path_factory.mktemp("loop"), LOOP, steps=4)
 
 
-def _run(src: Path, tmp_path: Path, meta: RunMeta) -> Path:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    for f in src.iterdir():
-        if f.name != "trainprof.json":
-            (tmp_path / f.name).symlink_to(f)
-    write_meta(meta, tmp_path)
-    return tmp_path
-
-
 def _meta(step_ms: list[float], fetch_ms: list[float], ipc: LoaderIpc | None) -> RunMeta:
     return RunMeta(
         cpu_count=2, torch_threads=2, loader_ipc=ipc,
@@ -93,8 +84,8 @@ def test_the_unprofiled_fetch_is_what_counts(loop: Path, tmp_path: Path):
     run): the estimate uses the fetch time measured in the run's unprofiled steps."""
     steps = [20.0] * 30
     ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, startup_ms=50.0, tensors=2)
-    few = _starvation(_run(loop, tmp_path / "few", _meta(steps, [2.0] * 30, ipc)))
-    many = _starvation(_run(loop, tmp_path / "many", _meta(steps, [10.0] * 30, ipc)))
+    few = _starvation(with_meta(loop, tmp_path / "few", _meta(steps, [2.0] * 30, ipc)))
+    many = _starvation(with_meta(loop, tmp_path / "many", _meta(steps, [10.0] * 30, ipc)))
     assert few.metrics["unprofiled_fetch_ms"] == pytest.approx(2.0)
     assert many.metrics["unprofiled_fetch_ms"] == pytest.approx(10.0)
     # M = 10, F = 10, R = 0.5, W = 1 ms on 2 cores: one worker (one thread) makes the step
@@ -110,7 +101,7 @@ def test_the_unprofiled_fetch_is_what_counts(loop: Path, tmp_path: Path):
 def test_tiny_samples_workers_do_not_pay_off(loop: Path, tmp_path: Path):
     """try_mlp: a 0.2 ms fetch in a 0.8 ms step, 1.3 ms to receive a batch from a worker."""
     ipc = LoaderIpc(receive_ms=1.3, worker_ms=3.5, startup_ms=67.0, tensors=2)
-    f = _starvation(_run(loop, tmp_path, _meta([0.8] * 30, [0.2] * 30, ipc)))
+    f = _starvation(with_meta(loop, tmp_path, _meta([0.8] * 30, [0.2] * 30, ipc)))
     assert f.est_saving_pct == 0 and f.severity == "info"
     assert "would not pay off" in f.title and "num_workers=0" in f.fix
 
@@ -123,7 +114,7 @@ def test_severity_from_the_unprofiled_medians(loop: Path, tmp_path: Path):
     calm = _meta([20.0] * 30, [6.0] * 30, ipc)
     stalled = [200.0 if i % 5 == 0 else 20.0 for i in range(30)]  # 6 steps of 30 stalled
     busy = _meta(stalled, [6.0] * 30, ipc)
-    a = _starvation(_run(loop, tmp_path / "a", calm))
-    b = _starvation(_run(loop, tmp_path / "b", busy))
+    a = _starvation(with_meta(loop, tmp_path / "a", calm))
+    b = _starvation(with_meta(loop, tmp_path / "b", busy))
     assert (a.severity, a.est_saving_pct) == (b.severity, b.est_saving_pct)
     assert a.severity == "high"

@@ -58,25 +58,31 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
         root.install()
 
 
-# ----- DataLoader ------------------------------------------------------------------------------
-def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
-    from torch.utils.data import DataLoader
-
-    sig = inspect.signature(DataLoader.__init__)
+def _init_arguments(patches: Patches, cls: type, change: Callable[[dict], None]) -> None:
+    """Patch `cls.__init__` so that `change` edits its bound arguments (by name, however the
+    script passed them) before the original runs."""
+    sig = inspect.signature(cls.__init__)
 
     def make(orig: Callable[..., None]) -> Callable[..., None]:
         @functools.wraps(orig)
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             try:
                 bound = sig.bind(self, *args, **kwargs)
-            except TypeError:  # let DataLoader raise its own error
+            except TypeError:  # let the class raise its own error
                 return orig(self, *args, **kwargs)
             change(bound.arguments)
             return orig(*bound.args, **bound.kwargs)
 
         return __init__
 
-    patches.wrap(DataLoader, "__init__", make)
+    patches.wrap(cls, "__init__", make)
+
+
+# ----- DataLoader ------------------------------------------------------------------------------
+def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
+    from torch.utils.data import DataLoader
+
+    _init_arguments(patches, DataLoader, change)
 
 
 def _dataloader(patches: Patches, options: dict) -> None:
@@ -251,21 +257,11 @@ def _metrics(patches: Patches, applied: Applied) -> None:
     except ImportError:
         applied.skipped["metric-sync"] = "TorchMetrics is not installed"
         return
-    sig = inspect.signature(BaseAggregator.__init__)
 
-    def make(orig: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(orig)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            try:
-                bound = sig.bind(self, *args, **kwargs)
-            except TypeError:
-                return orig(self, *args, **kwargs)
-            bound.arguments["nan_strategy"] = "disable"  # no NaN check: no host sync per update
-            return orig(*bound.args, **bound.kwargs)
+    def change(args: dict) -> None:
+        args["nan_strategy"] = "disable"  # no NaN check: no host sync per update
 
-        return __init__
-
-    patches.wrap(BaseAggregator, "__init__", make)
+    _init_arguments(patches, BaseAggregator, change)
 
 
 # ----- the root module: autocast, compile ------------------------------------------------------
