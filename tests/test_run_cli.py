@@ -165,6 +165,17 @@ def test_argv_and_main(introspect) -> None:
 
 
 @pytest.mark.slow
+def test_script_runs_near_the_top_of_the_stack(introspect) -> None:
+    # Costs that grow with the stack's depth (torch.manual_seed formats the whole stack while
+    # CUDA is not initialised) must be what they are under python: no CLI frames below the script.
+    result, view = introspect
+    below = view["stack"][: -2]  # the script's module frame and main()
+    assert not [f for f in below if "typer" in f or "click" in f], below
+    ours = [f for f in below if "/trainprof/" in f and not f.endswith(":<module>")]
+    assert len(ours) <= 3, below  # cli.main, the runner's finish, run_target (19 frames before)
+
+
+@pytest.mark.slow
 def test_script_folder_first_on_path_and_cwd_unchanged(introspect) -> None:
     result, view = introspect
     assert view["path0"] == str(SCRIPTS)  # so `from helper_mod import HIDDEN` worked
@@ -245,6 +256,7 @@ def test_exception_traceback_like_python(crash: Run) -> None:
     assert f'File "{SCRIPTS / "raise_error.py"}", line {line}, in broken_eval' in crash.stderr
     assert "ValueError: boom from the script" in crash.stderr
     assert "runpy" not in crash.stderr and "trainprof/capture" not in crash.stderr
+    assert "During handling" not in crash.stderr  # run outside the CLI's SystemExit handler
 
 
 @pytest.mark.slow
@@ -340,6 +352,11 @@ def test_missing_script(tmp_path: Path) -> None:
     line = _one_line_error(trainprof("run", str(tmp_path / "nope.py")))
     assert "no such script" in line
     assert not (ROOT / "runs").exists() or not list((ROOT / "runs").glob("nope-*"))
+
+
+def test_unknown_option_is_named(tmp_path: Path) -> None:
+    line = _one_line_error(trainprof("run", "--bogus", str(SCRIPTS / "train_basic.py")))
+    assert "no such option: --bogus" in line
 
 
 def test_missing_module() -> None:

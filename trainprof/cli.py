@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from trainprof.capture import handoff
 from trainprof.capture.command import RUN_CONTEXT, run
 from trainprof.errors import TrainprofError
 
@@ -223,11 +224,29 @@ def rules(
 
 
 def main() -> None:
+    handoff.allow()  # `run` hands its script back, to run it from this frame
     try:
         app()
+    except SystemExit as exc:
+        handed = handoff.take()
+        if handed is None:
+            raise
+        code = exc.code
     except KeyboardInterrupt:
         sys.exit(130)
-
+    else:
+        handed = handoff.take()
+    if handed is None:
+        return
+    # Outside the except clause, so that the script's exceptions have no SystemExit context.
+    try:
+        code = handed.finish()
+    except TrainprofError as err:
+        typer.echo(f"trainprof: error: {err}", err=True)
+        code = err.exit_code
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
 
 if __name__ == "__main__":
     main()

@@ -1,10 +1,11 @@
-"""Writes how it was run (argv, __name__, sys.path[0], cwd) to the JSON file argv[1], after a short
-training loop with DataLoader workers (forked: trainprof's patches must not break them) and a
-torchmetrics MeanMetric updated every step."""
+"""Writes how it was run (argv, __name__, sys.path[0], cwd, the frames below it) to the JSON file
+argv[1], after a short training loop with DataLoader workers (forked: trainprof's patches must
+not break them) and a torchmetrics MeanMetric updated every step."""
 
 import json
 import os
 import sys
+import traceback
 
 import torch
 import torchmetrics
@@ -31,6 +32,7 @@ def main() -> None:
         "path0": sys.path[0],
         "cwd": os.getcwd(),
         "file": __file__,
+        "stack": [f"{f.filename}:{f.name}" for f in traceback.extract_stack()],
         "mean_loss": float(mean_loss.compute()),
     }
     with open(sys.argv[1], "w") as f:

@@ -3,7 +3,8 @@
 Modules, one job each:
 
 * command    the `run` command's options (the CLI and the torchrun worker parse them)
-* runner     RunOptions, run_script: checks the request, runs a Session, writes metadata, reports
+* runner     RunOptions, ScriptRun: checks the request, runs a Session, writes metadata, reports
+* handoff    the CLI runs the script from its entry frame, not below typer/click and the runner
 * distributed --nproc-per-node: every rank through torchrun, one folder, failures, merged report
 * worker     `python -m trainprof.capture.worker`: torchrun's program, one rank under the engine
 * children   ranks the script's framework starts itself: the start-up hook's environment, waiting

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import typer
 
+from trainprof.capture import handoff
 from trainprof.errors import TrainprofError
 
 _TORCHRUN = "Distributed (passed to torchrun)"
@@ -66,7 +67,7 @@ def run(
 
     With --nproc-per-node: on every rank, through torchrun; all ranks diagnosed together."""
     from trainprof.capture.distributed import Launcher, launch
-    from trainprof.capture.runner import RunOptions, run_script
+    from trainprof.capture.runner import RunOptions, ScriptRun
 
     opts = RunOptions(
         script=script,
@@ -105,8 +106,16 @@ def run(
         master_port=master_port,
     )
     try:
-        code = launch(opts, launcher) if launcher.requested else run_script(opts)
+        if launcher.requested:
+            code = launch(opts, launcher)
+        else:
+            script_run = ScriptRun(opts)
+            script_run.prepare()
+            if handoff.hand_back(script_run):
+                return None  # cli.main runs the script, from the top of the stack
+            code = script_run.finish()
     except TrainprofError as err:
         typer.echo(f"trainprof: error: {err}", err=True)
         raise typer.Exit(err.exit_code) from None
     raise typer.Exit(code)
+

@@ -127,6 +127,11 @@ def resolve_target(script: str | None, module: str | None, args: list[str]) -> T
     if path.is_dir() and not (path / "__main__.py").is_file():
         raise TrainprofError(f"{script} is a folder without __main__.py")
     if not path.exists():
+        if script.startswith("-"):  # typer passes options it does not know on as the script
+            raise TrainprofError(
+                f"no such option: {script} (see trainprof run --help; the script's own options "
+                "go after the script)"
+            )
         raise TrainprofError(f"no such script: {script}")
     if is_notebook(path):  # refused now, in one line, when it cannot be read
         read_cells(path)

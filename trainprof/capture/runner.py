@@ -14,13 +14,21 @@ import contextlib
 import os
 import shlex
 import sys
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from trainprof.capture.children import ChildHook, unprofiled_note
 from trainprof.capture.config import cap_active, load_config
-from trainprof.capture.launch import Target, exit_like_python, resolve_target, sigterm_guard
+from trainprof.capture.launch import (
+    Outcome,
+    Target,
+    exit_like_python,
+    resolve_target,
+    run_target,
+    sigterm_guard,
+)
 from trainprof.capture.progress import Progress
 from trainprof.capture.rankfiles import failures, rank_metas
 from trainprof.capture.rundir import RunFiles, prepare_run_dir, rank_run_dir, shared_run_dir
@@ -57,11 +65,62 @@ def env_rank() -> int | None:
 
 def run_script(opts: RunOptions) -> int:
     """Run the script under the profiler and report; returns the script's exit code."""
-    return run_resolved(resolve_target(opts.script, opts.module, list(opts.script_args)), opts)
+    return ScriptRun(opts).run()
 
 
 def run_resolved(target: Target, opts: RunOptions) -> int:
-    """run_script for a resolved target (a rank a framework started runs its own, see child.py).
+    """run_script for a resolved target (a rank a framework started runs its own, see child.py)."""
+    return ScriptRun(opts, target).run()
+
+
+class ScriptRun:
+    """`trainprof run` in two halves around the script: `prepare()` (checks, run folder,
+    profiler started; a TrainprofError here means the script never started), then `finish()`
+    (runs the script, saves, reports; returns the exit code). The CLI calls them from different
+    frames (capture/handoff.py): the script runs as near the top of the stack as possible."""
+
+    def __init__(self, opts: RunOptions, target: Target | None = None) -> None:
+        self.opts = opts
+        self.target = target
+        self._steps: Generator[Target, Outcome, int] | None = None
+        self._code: int | None = None
+
+    def run(self) -> int:
+        self.prepare()
+        return self.finish()
+
+    def prepare(self) -> None:
+        if self.target is None:
+            opts = self.opts
+            self.target = resolve_target(opts.script, opts.module, list(opts.script_args))
+        self._steps = _run_steps(self.target, self.opts)
+        try:
+            next(self._steps)
+        except StopIteration as done:  # pragma: no cover - it always yields the target
+            self._code = done.value
+
+    def finish(self) -> int:
+        if self._code is not None or self._steps is None or self.target is None:
+            return self._code or 0
+        steps = self._steps
+        try:
+            outcome = run_target(self.target)
+        except BaseException as exc:  # noqa: BLE001 - the session saves, then re-raises
+            try:
+                steps.throw(exc)
+            except StopIteration as done:
+                return done.value
+            raise
+        try:
+            steps.send(outcome)
+        except StopIteration as done:
+            return done.value
+        raise RuntimeError("trainprof: the run did not end")  # pragma: no cover
+
+
+def _run_steps(target: Target, opts: RunOptions) -> Generator[Target, Outcome, int]:
+    """The run around the script: yields the target once the profiler is on, receives how the
+    script ended, returns the exit code.
 
     The process `trainprof run` started (no rank, no shared folder) also profiles the ranks its
     script starts (children.py), waits for them, and reports for all of them."""
@@ -99,9 +158,16 @@ def run_resolved(target: Target, opts: RunOptions) -> int:
     # SIGTERM (torchrun stopping the ranks after one failed) ends the script; saving goes on.
     with sigterm_guard():
         with hook if hook is not None else contextlib.nullcontext():
-            result = Session(
+            session = Session(
                 target, cfg, where, files, rank, opts.cuda_sync_events, opts.sync_debug, progress
-            ).run()
+            )
+            session.start()
+            try:
+                outcome = yield target
+            except BaseException as exc:  # noqa: BLE001 - Terminated: an outcome; else re-raised
+                result = session.stop(exc=exc)
+            else:
+                result = session.stop(outcome)
         meta, outcome = result.meta, result.outcome
         if meta is not None and capped:
             meta.notes.insert(0, capped)
