@@ -187,6 +187,22 @@ def test_odd_types_in_a_batch_are_read_event_by_event(tmp_path: Path) -> None:
         assert_same(whole, load_streaming(p, chunk))
 
 
+def test_an_unreadable_arg_keeps_the_others(tmp_path: Path) -> None:
+    """The lenient reader keeps an event's shapes, dtypes and ids when another of its args
+    cannot be read (they used to be dropped with it)."""
+    evs = synthetic_events()
+    ev = next(e for e in evs if e["ph"] == "X" and e["name"].endswith("#15"))
+    ev["args"]["bytes"] = "N/A"
+    ev["args"]["Input Dims"] = [[7, 5], [3]]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": evs}))
+    tr = load_whole(p)
+    i = next(j for j in range(len(tr.name_id)) if tr.name(j) == ev["name"])
+    assert json.loads(bytes(tr.shapes[i][0])) == [[7, 5], [3]]
+    assert json.loads(bytes(tr.shapes[i][1])) == ["float", ""]
+    assert tr.ext[i] == 15
+
+
 def test_dropped_events_are_counted_the_same(tmp_path: Path) -> None:
     evs = synthetic_events()
     evs[5:5] = [42, "text", {"ph": "X", "name": "no-ts", "dur": 1}, {"name": "no-ph", "ts": 1}]

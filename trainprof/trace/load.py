@@ -307,15 +307,46 @@ def _coerce_events(events: list[Any], drops: Counter) -> list[_Event]:
         if not isinstance(ev, dict):
             drops["events that are not JSON objects"] += 1
             continue
+        args = ev.get("args")
+        if isinstance(args, dict) and any(k in args for k in _RAW_ARGS):
+            # Shapes and dtypes are kept as raw JSON (decoded on demand): convert cannot make a
+            # Raw from a decoded value, so they are encoded back here instead of dropping args.
+            ev = {**ev, "args": dict(map(_arg, args.items()))}
         try:
             good.append(msgspec.convert(ev, _Event, strict=False))
         except msgspec.ValidationError:
+            # Keep the args that can be read ("bytes": "N/A" must not lose the event's ids).
             ev = {k: v for k, v in ev.items() if k != "args"}
+            if isinstance(args, dict):
+                ev["args"] = {k: v for k, v in map(_arg, args.items()) if _readable_arg(k, v)}
             try:
                 good.append(msgspec.convert(ev, _Event, strict=False))
             except msgspec.ValidationError:
                 drops["events with unreadable fields (e.g. a non-numeric ts)"] += 1
     return good
+
+
+_RAW_ARGS = ("Input Dims", "Input type")
+
+
+def _raw(value: Any) -> msgspec.Raw:
+    try:
+        return msgspec.Raw(msgspec.json.encode(value))
+    except (TypeError, ValueError):  # NaN and the like cannot be encoded: no shape
+        return _NO_SHAPE
+
+
+def _arg(item: tuple[str, Any]) -> tuple[str, Any]:
+    key, value = item
+    return key, _raw(value) if key in _RAW_ARGS else value
+
+
+def _readable_arg(key: str, value: Any) -> bool:
+    try:
+        msgspec.convert({key: value}, _Args, strict=False)
+    except msgspec.ValidationError:
+        return False
+    return True
 
 
 def decode(data: bytes, path: Path, drops: Counter | None = None) -> _File | _RawFile:
