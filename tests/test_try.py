@@ -21,7 +21,7 @@ from trainprof.capture.patching import Patches
 from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
 from trainprof.tryfix import catalog
 from trainprof.tryfix.apply import Applied, install
-from trainprof.tryfix.measure import saving, verdict, within_target
+from trainprof.tryfix.measure import saving, timed_steps, verdict, within_target
 
 MLP = str(SCRIPTS / "try_mlp.py")
 
@@ -132,6 +132,17 @@ def test_saving_interval_and_verdicts() -> None:
     assert within_target(18.1, -0.9) is False  # the FakeData case
     assert within_target(2.0, 0.5) is True and within_target(12.0, 10.0) is True
     assert within_target(None, 3.0) is None
+
+
+def test_compile_steps_are_left_out_without_losing_the_steady_state() -> None:
+    # step 0 imports Dynamo, step 1 compiles, step 17 recompiles (a new shape): 2 s steps
+    times = [1.2, 2.4] + [0.01] * 15 + [2.0] + [0.01] * 2
+    t = timed_steps(times, [1, 17], warmup=5)
+    assert t.head == 5 and t.recompiles == [17]
+    assert len(t.kept) == 20 - 5 - 2 and max(t.kept) == 0.01  # 17 and 18 dropped, not 0-17
+    late = timed_steps([1.0] * 12, [10], warmup=5)  # first compiled late: all before it dropped
+    assert late.head == 12 and late.kept == [] and late.recompiles == []
+    assert timed_steps([0.5] * 8, [], warmup=5).kept == [0.5] * 3
 
 
 # ----- bad input ---------------------------------------------------------------------------------

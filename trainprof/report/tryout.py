@@ -81,6 +81,11 @@ def render_try_text(doc: dict[str, Any]) -> str:
         if f.get("warmup_steps_discarded"):
             lines.append(f"    note:      the first {f['warmup_steps_discarded']} steps of each "
                          "round not timed (compilation)")
+        if f.get("recompile_steps"):
+            steps = sorted({s for r in f["recompile_steps"] for s in r})
+            lines.append(f"    note:      torch.compile compiled again at step(s) "
+                         f"{', '.join(map(str, steps))} (those steps and the next not timed; a "
+                         "script that keeps recompiling pays that time on every recompile)")
         if f.get("permanent_fix"):
             lines.append(f"    in code:   {f['permanent_fix']}")
     c = doc.get("combined")

@@ -19,7 +19,22 @@ happened.
 
 On a CPU-only trace there is no launch, but the same fixed per-op cost dominates when the step
 is a long chain of tiny ops: reported (severity low, no saving claimed) when the median top-level
-op takes under 20 µs and the median step holds one top-level op per 100 µs or less.
+op takes under 20 µs and the median step, its DataLoader fetches and optimizer steps taken out,
+holds one top-level op per 100 µs or less. The ops inside fetches (per-sample transforms run in
+the loop with num_workers=0) and inside optimizer.step() are not counted: they are
+`dataloader-starvation`'s and `optimizer-foreach`'s, and torch.compile of the model does not
+touch them. Counting them made the rule fire on every fetch-bound CNN example (1229 of try_jpeg's
+1260 "tiny ops" per step were its fetch's) with a fix that cannot remove them.
+
+Why no saving on a CPU: what torch.compile saves there was measured (`trainprof try RUN --fix
+launch-bound`, one intra-op thread, 2-core EPYC) and does not follow from the per-op overhead
+the trace shows. On try_mlp (20 ops of median 5.7 µs in forward and backward) it made the step
+slower (0.22 -> 0.31 ms outside the fetch, standalone; -36 % in `try`): the compiled call's own
+fixed cost (Dynamo's guards, the AOTAutograd wrapper, forward and backward) exceeds the
+dispatch cost of the ops it replaces, and that fixed cost cannot be measured without compiling,
+which takes seconds (over a probe's budget). On the conv-BN-ReLU example it saved about 13 %
+(fused BatchNorm/ReLU arithmetic, not per-op overhead), on the conv-ReLU quickstart it cost
+time: the sign depends on the model, not on what this rule detects.
 
 When the step is already compiled (`CompiledFunction` ops, or `compile_used` in the run
 metadata), the fix offered is CUDA graphs and graph-break hunting rather than `torch.compile`
@@ -68,8 +83,9 @@ FIX_GRAPHED = (
     "optimizer step: `fused=True`, or compile it too), and use a larger batch."
 )
 CPU_FIX = (
-    "Per-op overhead dominates: batch more samples per step, `torch.compile(model)` to fuse the "
-    "small ops, or torch.jit / fewer Python-level ops in the loop."
+    "Per-op overhead dominates: batch more samples per step (the same ops do more work each), "
+    "fewer Python-level ops in the loop; `torch.compile(model)` fuses the small ops but adds a "
+    "fixed cost per call: measure it first (`trainprof try RUN --fix launch-bound`)."
 )
 CPU_FIX_COMPILED = (
     "Per-op overhead dominates although the step is compiled: batch more samples per step; find "
@@ -150,15 +166,25 @@ def _cpu(ctx: Context) -> list[Finding]:
     if c is None or c.median_op_us >= CPU_TINY_OP_US or c.slot_us > CPU_OP_SLOT_US:
         return []
     per_step, med, step_us, slot = c.per_step, c.median_op_us, c.median_step_us, c.slot_us
+    aside = (
+        f" ({c.left_out:.0f} more in DataLoader fetches and optimizer steps are left to those "
+        "findings)"
+        if c.left_out >= 0.5
+        else ""
+    )
     return [
         finding(
             ctx,
             rule="launch-bound",
             title=f"Framework overhead: {per_step:.0f} tiny ops per step (median {med:.1f} µs)",
             evidence=f"The median step ({ms(step_us)}) runs {per_step:.0f} top-level ops of median "
-            f"{med:.1f} µs: one op per {slot:.0f} µs, so the time goes to fixed per-op and Python "
+            f"{med:.1f} µs outside DataLoader fetches and optimizer steps{aside}: one op per "
+            f"{slot:.0f} µs of the rest of the step, so the time goes to fixed per-op and Python "
             "overhead rather than arithmetic. On a GPU each op would be a kernel launch. No "
-            "saving is claimed: the overhead's share is not measurable from the trace.",
+            "saving is claimed: torch.compile removes part of this per-op cost but adds a fixed "
+            "cost of its own to every compiled call (guard checks, the autograd wrapper), which "
+            "on a CPU step this small can outweigh what it removes; `trainprof try RUN --fix "
+            "launch-bound` measures it on this script.",
             fix=CPU_FIX_COMPILED if compiled(ctx) else CPU_FIX,
             saving_us_per_step=0.0,
             severity="low",
@@ -168,6 +194,7 @@ def _cpu(ctx: Context) -> list[Finding]:
                 "median_op_us": round(med, 2),
                 "us_per_op": round(slot, 1),
                 "median_step_ms": round(step_us / 1000, 3),
+                "ops_left_out_per_step": round(c.left_out, 1),
             },
             at=c.ops.tolist(),
         )

@@ -5,7 +5,9 @@ RUN/try.json.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
-(WARMUP_STEPS; with torch.compile also every step up to the last one that compiled). Each fix
+(WARMUP_STEPS; with torch.compile also the steps up to the first compilation and the one after
+it, and each later recompilation's step and the one after it, listed in try.json as
+`recompile_steps`: measure.timed_steps). Each fix
 that measured a saving is then run together with the others (the best variant of each), again
 interleaved with the baseline. try.json is rewritten after every round, so a Ctrl-C keeps the
 rounds done so far.
@@ -29,7 +31,7 @@ from trainprof.fileio import write_atomic
 from trainprof.report.tryout import TRY_NAME
 from trainprof.runmeta import RunMeta, read_meta
 from trainprof.tryfix import catalog
-from trainprof.tryfix.measure import saving, verdict, within_target
+from trainprof.tryfix.measure import saving, timed_steps, verdict, within_target
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -44,7 +46,8 @@ class Variant:
     name: str
     specs: list[dict]
     rounds: list[list[float]] = field(default_factory=list)  # kept step times (s) per round
-    discarded: list[int] = field(default_factory=list)  # steps dropped per round
+    discarded: list[int] = field(default_factory=list)  # steps dropped at the start, per round
+    recompiles: list[list[int]] = field(default_factory=list)  # later compile steps, per round
     error: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -255,14 +258,14 @@ class Trial:
             v.skipped = "; ".join(skipped.values())
             return
         times = res.get("step_times_s") or []
-        drop = WARMUP_STEPS
-        if res.get("compile_steps"):
-            drop = max(drop, max(res["compile_steps"]) + 1)
-        if len(times) <= drop:
-            v.error = f"the script ran {len(times)} steps, not more than the {drop} warm-up steps"
+        timed = timed_steps(times, res.get("compile_steps") or [], WARMUP_STEPS)
+        if not timed.kept:
+            v.error = (f"the script ran {len(times)} steps, not more than the {timed.head} warm-up "
+                       "steps" + (" and the recompilations" if timed.recompiles else ""))
             return
-        v.rounds.append(times[drop:])
-        v.discarded.append(drop)
+        v.rounds.append(timed.kept)
+        v.discarded.append(timed.head)
+        v.recompiles.append(timed.recompiles)
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
 
     def python(self) -> str:
@@ -385,6 +388,8 @@ class Trial:
                 entry["notes"] = v.notes
             if any(d != WARMUP_STEPS for d in v.discarded):  # torch.compile: its steps too
                 entry["warmup_steps_discarded"] = max(v.discarded)
+            if any(v.recompiles):  # recompilations after the first: their steps not timed
+                entry["recompile_steps"] = v.recompiles
             if len(vs) > 1:  # a sweep: every variant's figure, the best one above
                 entry["variants"] = [
                     {"change": catalog.change_text(rule, x.specs[0]["options"]),

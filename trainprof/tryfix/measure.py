@@ -13,6 +13,8 @@ slower (hi < 0), none (the interval holds 0), smaller (M short of E by more than
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 RESAMPLES = 2000
@@ -40,6 +42,31 @@ def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, 
         out[r] = 100.0 * (1.0 - np.median(b) / np.median(a))
     lo, hi = np.percentile(out, [2.5, 97.5])
     return float(point), float(min(lo, point)), float(max(hi, point))
+
+
+@dataclass(frozen=True)
+class Timed:
+    """The steps of one round that are timed, and what was left out."""
+
+    kept: list[float]
+    head: int  # steps dropped at the start (warm-up, the first compilation)
+    recompiles: list[int]  # later steps during which torch.compile compiled again (not timed)
+
+
+def timed_steps(times: list[float], compile_steps: list[int], warmup: int) -> Timed:
+    """Drop the warm-up steps, and with torch.compile the steps it compiled in. The first
+    compilation comes after the step that imports Dynamo (the root module is compiled when first
+    called): everything up to it, and the step after it (the first run of the compiled code
+    allocates its buffers), is left out, with at least `warmup` steps. A later recompilation
+    (a new input shape: the last, shorter batch of an epoch; a guard that failed) leaves out only
+    its own step and the next, and is reported: dropping every step up to the last one left a
+    round that recompiled near its end with a handful of steps, or none."""
+    compiles = sorted(set(compile_steps))
+    head = max(warmup, compiles[0] + 2) if compiles else warmup
+    later = [s for s in compiles[1:] if s >= head]
+    skip = {s + d for s in later for d in (0, 1)}
+    kept = [t for i, t in enumerate(times) if i >= head and i not in skip]
+    return Timed(kept, head, later)
 
 
 def tolerance(estimated: float) -> float:
