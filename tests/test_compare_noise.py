@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from trainprof.capture import loadprobe
 from trainprof.capture.loadprobe import LoadProbe, own_cpu_s
 from trainprof.cli import app
 from trainprof.runmeta import Load, RunMeta, Window, write_meta
@@ -264,3 +265,37 @@ def test_fail_if_slower_bad_value_is_one_line_exit_2(tmp_path: Path, value: str)
     assert r.output.strip() == (
         f"trainprof: error: --fail-if-slower takes a percentage (a number >= 0), not {value!r}"
     )
+
+
+def _cgroup(tmp_path: Path, membership: str, files: dict[str, str]) -> tuple[Path, Path]:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(membership)
+    root = tmp_path / "cgroup"
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root, proc
+
+
+def test_cpu_quota_v2_takes_the_tightest_along_the_path(tmp_path: Path) -> None:
+    root, proc = _cgroup(tmp_path, "0::/kubepods/pod1\n", {
+        "cpu.max": "max 100000",
+        "kubepods/cpu.max": "400000 100000",
+        "kubepods/pod1/cpu.max": "150000 100000",
+    })
+    assert loadprobe.cpu_quota(root, proc) == 1.5
+    assert loadprobe.usable_cpus(1.5) in (1, 2)  # at most 2, whatever this machine's affinity
+
+
+def test_cpu_quota_v1_and_none(tmp_path: Path) -> None:
+    root, proc = _cgroup(tmp_path, "4:cpu,cpuacct:/docker/abc\n3:memory:/docker/abc\n", {
+        "cpu,cpuacct/docker/abc/cpu.cfs_quota_us": "250000",
+        "cpu,cpuacct/docker/abc/cpu.cfs_period_us": "100000",
+    })
+    assert loadprobe.cpu_quota(root, proc) == 2.5
+    root, proc = _cgroup(tmp_path / "none", "4:cpu,cpuacct:/\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "-1", "cpu,cpuacct/cpu.cfs_period_us": "100000",
+    })
+    assert loadprobe.cpu_quota(root, proc) is None
+    assert loadprobe.usable_cpus(None) == len(os.sched_getaffinity(0))

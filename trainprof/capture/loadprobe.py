@@ -10,9 +10,11 @@ No torch here: the probe must not initialise anything in the script's process.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from trainprof.runmeta import Load
@@ -83,6 +85,64 @@ def own_cpu_s() -> float:
     return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(
         os.getpid()
     )
+
+
+_CGROUP = Path("/sys/fs/cgroup")
+
+
+def cpu_quota(root: Path = _CGROUP, proc: Path = _PROC) -> float | None:
+    """How many CPUs' worth of time this process's cgroup may use (a container's `--cpus`, a
+    Kubernetes CPU limit), the tightest along its cgroup path; None: no quota or not Linux.
+    Affinity does not show it: a pod limited to 2 CPUs on a 64-core node sees 64."""
+    try:
+        lines = (proc / "self" / "cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[float] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2) if line.count(":") >= 2 else ("", "", "")
+        rel = Path(path.lstrip("/"))
+        if controllers == "":  # cgroup v2: "0::/path", cpu.max = "QUOTA PERIOD" or "max PERIOD"
+            limits += _along(root, rel, "cpu.max", _v2_limit)
+        elif "cpu" in controllers.split(","):  # v1: cfs_quota_us / cfs_period_us (-1: none)
+            for mount in (controllers, "cpu", "cpu,cpuacct"):
+                limits += _along(root / mount, rel, "cpu.cfs_quota_us", _v1_limit)
+    return round(min(limits), 2) if limits else None
+
+
+def _along(base: Path, rel: Path, name: str, read: Callable[[Path], float | None]) -> list[float]:
+    """The limits found in `name` in the cgroup folder and each of its parents."""
+    out = []
+    for folder in (base / rel, *(base / p for p in rel.parents)):
+        try:
+            limit = read(folder / name)
+        except (OSError, ValueError, ZeroDivisionError):
+            continue
+        if limit is not None and limit > 0:
+            out.append(limit)
+    return out
+
+
+def _v2_limit(path: Path) -> float | None:
+    quota, period = path.read_text().split()[:2]
+    return None if quota == "max" else int(quota) / int(period)
+
+
+def _v1_limit(path: Path) -> float | None:
+    quota = int(path.read_text())
+    period = int((path.parent / "cpu.cfs_period_us").read_text())
+    return None if quota < 0 else quota / period
+
+
+def usable_cpus(quota: float | None) -> int | None:
+    """The CPUs this process can keep busy: its affinity, capped by the cgroup quota."""
+    try:
+        cpus: int | None = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count()
+    if quota is not None and cpus:
+        cpus = max(1, min(cpus, math.ceil(quota - 0.01)))
+    return cpus
 
 
 def cpu_model() -> str:

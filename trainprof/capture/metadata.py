@@ -22,7 +22,7 @@ import torch
 import trainprof
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.dynamo import DynamoWatch
-from trainprof.capture.loadprobe import LoadProbe, cpu_model
+from trainprof.capture.loadprobe import LoadProbe, cpu_model, cpu_quota, usable_cpus
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
@@ -257,17 +257,15 @@ def environment(load: LoadProbe | None = None, init_cuda: bool = True) -> dict[s
             devices = ["mps"]
     except Exception:
         pass
-    try:
-        cpus: int | None = len(os.sched_getaffinity(0))  # the CPUs this process may use
-    except (AttributeError, OSError):
-        cpus = os.cpu_count()
+    quota = cpu_quota()
     return {
         "trainprof_version": trainprof.__version__,
         "torch_version": str(torch.__version__),  # TorchVersion is a str subclass msgspec rejects
         "cuda_version": None if torch.version.cuda is None else str(torch.version.cuda),
         "python_version": platform.python_version(),
         "devices": devices,
-        "cpu_count": cpus,
+        "cpu_count": usable_cpus(quota),
+        "cpu_quota": quota,
         "cpus_online": os.cpu_count(),
         "cpu_model": cpu_model(),
         "torch_threads": torch.get_num_threads(),
