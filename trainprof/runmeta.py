@@ -88,6 +88,15 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     # channels-last: trace operator name -> [input elements, speed-up] (fp32 NCHW / bf16
     # channels-last), smallest first; empty without convs or in older metadata.
     eltwise_curves: dict[str, list[list[float]]] = {}
+    # The model itself (capture/modelprobe): one forward + backward of a copy of the root module
+    # on its last training batch, ms of CPU time on one thread, fp32 as the script ran it and
+    # under the fix `trainprof try --fix cpu-bf16` applies; None when not measured (older
+    # metadata, or skipped: `model_skipped` says why, and the curves above stand in).
+    model: str = ""  # the root module's class name
+    model_fp32_ms: float | None = None
+    model_bf16_ms: float | None = None
+    model_reps: int = 0  # interleaved timed runs of each (the least taken)
+    model_skipped: str = ""
 
 
 class LoaderIpc(msgspec.Struct, kw_only=True):

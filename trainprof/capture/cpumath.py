@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from trainprof.analysis.opflops import conv_flops, matmul_flops
+from trainprof.capture.modelprobe import ModelTimes, time_model
 from trainprof.runmeta import CpuBf16
 
 # /proc/cpuinfo flags of bf16 matrix hardware, best first.
@@ -224,20 +225,33 @@ def measure(convs: bool = True, matmuls: bool = True) -> tuple[float, float]:
 
 
 def probe(
-    cuda_used: bool, autocast_used: bool, conv: bool = True, matmul: bool = True
+    cuda_used: bool,
+    autocast_used: bool,
+    conv: bool = True,
+    matmul: bool = True,
+    call: tuple[torch.nn.Module, tuple, dict] | None = None,
 ) -> CpuBf16 | None:
     """The measured bf16 speed-ups, when they can matter for this run; else None. `conv` and
     `matmul`: whether the model has such layers (no Conv: its half is not timed, ~0.1-0.3 s
-    saved, cold oneDNN kernels included)."""
+    saved, cold oneDNN kernels included). `call`: the root module's last training call
+    (module, args, kwargs); when given, a copy of the model is timed on it (capture/modelprobe)
+    and the per-operator curves are measured only if that fails (the rule's fallback)."""
     if cuda_used or autocast_used or not (conv or matmul):
         return None
     isa = bf16_isa()
     if isa is None:
         return None
-    try:
-        conv_c, mm_c, elt_c = curves(conv, matmul)
-    except Exception:  # a build without bf16 kernels: nothing to suggest
-        return None
+    times = (
+        time_model(*call) if call is not None else ModelTimes(skipped="no training call was kept")
+    )
+    conv_c: list[list[float]] = []
+    mm_c: list[list[float]] = []
+    elt_c: dict[str, list[list[float]]] = {}
+    if times.fp32_ms is None:
+        try:
+            conv_c, mm_c, elt_c = curves(conv, matmul)
+        except Exception:  # a build without bf16 kernels: nothing to suggest
+            return None
     return CpuBf16(
         isa=isa,
         conv_speedup=conv_c[-1][1] if conv_c else 1.0,
@@ -245,4 +259,9 @@ def probe(
         conv_curve=conv_c,
         matmul_curve=mm_c,
         eltwise_curves=elt_c,
+        model=times.model,
+        model_fp32_ms=times.fp32_ms,
+        model_bf16_ms=times.bf16_ms,
+        model_reps=times.reps,
+        model_skipped=times.skipped,
     )

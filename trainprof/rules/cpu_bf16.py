@@ -200,6 +200,36 @@ def _per_step(ctx: Context, ops: np.ndarray, probe: CpuBf16) -> tuple[dict[str, 
     return out, unknown
 
 
+def model_share(ctx: Context) -> tuple[float, int] | None:
+    """The share (0-1) of the step, without the profiler, that the model's forward + backward
+    take, and the number of steps it is a median over: per unprofiled step (run metadata), the
+    step minus its DataLoader fetches and optimizer step()s, a median over those steps, over the
+    median step. None without unprofiled steps or their parts (older metadata)."""
+    meta = ctx.meta
+    idx = ctx.unprofiled_step_index
+    if meta is None or not idx:
+        return None
+    steps = meta.step_times_s
+    parts = [meta.fetch_times_s, *meta.optimizer_times_s.values()]
+    if any(len(p) < len(steps) for p in parts) or not meta.fetch_times_s:
+        return None
+    rest = [steps[i] - sum(p[i] for p in parts) for i in idx]
+    step = float(np.median([steps[i] for i in idx]))
+    return (min(max(float(np.median(rest)), 0.0) / step, 1.0) if step > 0 else 0.0), len(idx)
+
+
+def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int] | None:
+    """(the share of the step the fix frees, forward + backward's share of the step, steps) from
+    the model probe: (1 - bf16 / fp32 time of the model) x its share of the step; None when the
+    model was not timed or the step's parts are unknown (then the curves stand in)."""
+    if not probe.model_fp32_ms or probe.model_bf16_ms is None:
+        return None
+    share = model_share(ctx)
+    if share is None:
+        return None
+    return (1 - probe.model_bf16_ms / probe.model_fp32_ms) * share[0], share[0], share[1]
+
+
 def check(ctx: Context) -> list[Finding]:
     probe = ctx.meta.cpu_bf16 if ctx.meta is not None else None
     if probe is None or ctx.gpu_timeline or ctx.trace.has_gpu_activity or autocast_seen(ctx):
@@ -209,13 +239,21 @@ def check(ctx: Context) -> list[Finding]:
     ops = np.sort(np.concatenate([mats, _eltwise_ops(ctx, probe)]))
     t, unknown = _per_step(ctx, ops, probe)
     conv_us, mm_us, elt_us, freed = t["conv"], t["matmul"], t["eltwise"], t["freed"]
-    if freed <= 0 or conv_us + mm_us <= 0:  # too small to gain: the casts cost more than it frees
+    measured = _measured(ctx, probe)
+    if conv_us + mm_us <= 0:
         return []
-    spans = iv.merge(tr.ts[ops], tr.end[ops])
-    ops_us = conv_us + mm_us + elt_us
-    # Of the median step without the profiler: never more than the share those operators take.
-    op_share = unprofiled.typical_share(ctx, ops_us, spans, minus_us=t["stalled"])
-    saving_share = op_share * freed / ops_us
+    if measured is not None:
+        saving_share, fb_share, n_steps = measured
+        if saving_share <= 0:  # the model runs slower in bf16: autocast's casts cost more
+            return []
+    else:
+        if freed <= 0:  # too small to gain: the casts cost more than it frees
+            return []
+        spans = iv.merge(tr.ts[ops], tr.end[ops])
+        ops_us = conv_us + mm_us + elt_us
+        # Of the median step without the profiler: never more than the share those ops take.
+        op_share = unprofiled.typical_share(ctx, ops_us, spans, minus_us=t["stalled"])
+        saving_share = op_share * freed / ops_us
     # Handed over in the profiled step's units (as `finding` takes them): the engine states it
     # on the unprofiled step.
     saving = saving_share * ctx.mean_step_us
@@ -223,23 +261,53 @@ def check(ctx: Context) -> list[Finding]:
         return []
     longest = mats[np.argsort(-tr.dur[mats], kind="stable")]
     loc = next(filter(None, (ctx.location(i) for i in longest[:20].tolist())), None)
-    sizes = (
-        "; the speed-ups at the model's own sizes"
-        if probe.conv_curve or probe.matmul_curve
-        else " (one size only: metadata from an older trainprof)"
-    )
     elt = f", {ms(elt_us)}/step in BatchNorm/ReLU/MaxPool" if elt_us > 0 else ""
-    evidence = (
+    traced = (
         f"{ms(conv_us)}/step in convolutions and {ms(mm_us)}/step in matmuls{elt}, all fp32 "
-        f"(~{100 * op_share:.0f} % of the step without the profiler; medians over the recorded "
-        f"steps), no autocast, on a CPU with {probe.isa}. Measured on this CPU after the run, "
-        f"bf16 autocast ran a large convolution {probe.conv_speedup:.1f}x and a large matmul "
-        f"{probe.matmul_speedup:.1f}x as fast (forward + backward){sizes}"
-        + (", with the CNN's other layers in bf16 channels-last," if elt else "")
-        + f" free ~{100 * saving_share:.1f} % of the step."
+        f"(traced; medians over the recorded steps), no autocast, on a CPU with {probe.isa}."
     )
-    if unknown:
-        evidence += f" {unknown} operators of unknown size are credited no gain."
+    if measured is not None:
+        f32, b16 = probe.model_fp32_ms or 0.0, probe.model_bf16_ms or 0.0
+        evidence = (
+            f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
+            f"batch, one thread: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
+            "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
+            + (", channels-last" if conv_us > 0 else "")
+            + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
+            f"~{100 * fb_share:.0f} % of the step without the profiler (the step minus its "
+            f"DataLoader fetches and optimizer step, medians over {n_steps} unprofiled steps): "
+            f"the fix would free ~{100 * saving_share:.1f} % of the step."
+        )
+        metrics_basis: dict = {
+            "basis": "model",
+            "model_fp32_ms": f32,
+            "model_bf16_ms": b16,
+            "forward_backward_share_pct": round(100 * fb_share, 2),
+        }
+    else:
+        sizes = (
+            "; the speed-ups at the model's own sizes"
+            if probe.conv_curve or probe.matmul_curve
+            else " (one size only: metadata from an older trainprof)"
+        )
+        skipped = probe.model_skipped
+        why = f" (the model itself was not timed: {skipped})" if skipped else ""
+        evidence = (
+            f"{traced[:-1]}, ~{100 * op_share:.0f} % of the step without the profiler. Measured "
+            f"on this CPU after the run{why}, bf16 autocast ran a large convolution "
+            f"{probe.conv_speedup:.1f}x and a large matmul {probe.matmul_speedup:.1f}x as fast "
+            f"(forward + backward){sizes}"
+            + (", with the CNN's other layers in bf16 channels-last," if elt else "")
+            + f" free ~{100 * saving_share:.1f} % of the step."
+        )
+        if unknown:
+            evidence += f" {unknown} operators of unknown size are credited no gain."
+        metrics_basis = {
+            "basis": "curves",
+            "time_freed_ms_per_step": round(freed / 1000, 3),
+            "op_share_pct": round(100 * op_share, 2),
+            "stalled_ms_per_step": round(t["stalled"] / 1000, 3),
+        }
     return [
         finding(
             ctx,
@@ -257,9 +325,7 @@ def check(ctx: Context) -> list[Finding]:
                 "isa": probe.isa,
                 "conv_speedup": probe.conv_speedup,
                 "matmul_speedup": probe.matmul_speedup,
-                "time_freed_ms_per_step": round(freed / 1000, 3),
-                "op_share_pct": round(100 * op_share, 2),
-                "stalled_ms_per_step": round(t["stalled"] / 1000, 3),
+                **metrics_basis,
             },
             at=longest[:50].tolist(),
         )
