@@ -150,7 +150,9 @@ def test_probe_times_only_the_layers_the_model_has():
 @pytest.mark.parametrize(
     ("script", "conv"), [("train_basic.py", False), ("train_conv.py", True)]
 )
-def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
+def test_run_times_the_model_itself(tmp_path: Path, script: str, conv: bool):
+    """A run times a copy of its model (capture/modelprobe); the per-operator curves, the
+    fallback, are measured only for the kinds of layers the model has."""
     from trainprof.capture.runner import RunOptions, run_script
 
     folder = tmp_path / "run"
@@ -166,8 +168,12 @@ def test_run_probes_the_layers_it_saw(tmp_path: Path, script: str, conv: bool):
     if cpumath.bf16_isa() is None:
         assert probe is None
         return
-    assert probe is not None and probe.matmul_speedup > 0
-    assert (probe.conv_speedup != 1.0) is conv  # a Linear-only model: the conv is not timed
+    assert probe is not None and probe.model_skipped == ""
+    assert probe.model_fp32_ms is not None and probe.model_bf16_ms is not None
+    assert probe.conv_curve == [] and probe.matmul_curve == []  # the model was timed
+    fallback = cpumath.probe(False, False, conv=conv, matmul=True, call=None)
+    assert fallback is not None and fallback.model_skipped == "no training call was kept"
+    assert (fallback.conv_speedup != 1.0) is conv  # a Linear-only model: the conv is not timed
 
 
 @pytest.mark.slow

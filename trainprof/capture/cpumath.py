@@ -6,6 +6,10 @@ Linear) the model's root modules contain: the trace shows how long the fp32
 convolutions and matmuls took, but not how much faster they would be in bf16 on *this* CPU
 (about 3x with AMX for a mid-sized conv, nothing without bf16 hardware). `cpu-bf16` reads it.
 
+`probe` first times the model itself (capture/modelprobe: a copy of the root module on its last
+training batch, fp32 vs the fix); the per-operator curves below are measured only when that is
+skipped, as the rule's fallback.
+
 The probe is small (3x3 convs up to 64 channels, 32x32 pixels, batch 8; BatchNorm2d, ReLU and
 MaxPool2d on up to 8x64x32x32; matmuls up to 512x512; forward and backward, the fastest of 5
 interleaved runs after a warm-up): well under a second, less without convolutions.

@@ -12,38 +12,45 @@ matmul operators (`aten::conv*`, `aten::convolution_backward`, `aten::mm`, `addm
 bf16/fp16 left out) make up the time that bf16 would shorten. A trace without run metadata gets
 no finding: the trace does not say which CPU recorded it.
 
-Saving estimate: `trainprof run` times 3x3 convolutions and matmuls (forward + backward) of
-several sizes in fp32 and under bf16 autocast on the run's own CPU after the script ends
-(`capture/cpumath.py`: well under a second, one thread, CPU time), so the speed-ups are this
-machine's, not a datasheet's, and they depend on size: autocast casts the inputs and weights of
-every call, so a small matmul runs *slower* in bf16 (0.5x for a 64-feature Linear here) while a
-512-feature one runs ~3x faster. The conv is timed as a layer inside a network: bf16
-channels-last input and gradient, no cast of its output (an output cast each way per conv
-under-stated amp_compile's 2.0-2.2x convs as 1.5-1.7x). When the model has convolutions the probe
-also times BatchNorm2d, ReLU and MaxPool2d forward and backward in fp32 NCHW against bf16
-channels-last, since the fix converts them too: there the layout matters more than the
-precision (MaxPool2d forward 12x, BatchNorm2d forward 4x faster; their backward and ReLU
-0.7-0.9x: slower). Each kind is timed only when the model's root modules hold such layers
-(`nn.Conv*d`, `nn.Linear`); a kind with no layer counts at 1.0x, so convolutions called only
-functionally claim no saving. Every outermost conv/matmul operator gets the speed-up at its own
-forward FLOPs (from its `Input Dims`; a convolution's output size from `convolution_backward`'s
-gradient, the forward's taken as its input size, an upper bound for strided ones), every 4-D
-BatchNorm/ReLU/MaxPool operator the one at its input's element count, interpolated on the curve
-and held at its ends; an operator whose size is unknown gets none. The time freed is the sum of
-op time x (1 - 1/speed-up): negative when the ops are too small, and then no finding.
+Saving estimate: measured on the user's own model. `trainprof run` keeps the root module's last
+training call (the module and its batch, detached; only the last one is held) and, after the
+script ends, times forward + backward (the float outputs summed, `.backward()`) of two deep
+copies of the module on that batch: one in fp32 as the script ran it, one under exactly what
+`trainprof try --fix cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast
+around the forward, channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One
+intra-op thread, CPU time of the thread, the least of up to 5 interleaved runs after a warm-up
+of each (`capture/modelprobe.py`). The script's model is not touched: its weights, BatchNorm
+statistics, gradients and mode stay as they were. That one measurement holds everything the fix
+changes (faster convs and matmuls, slower small ones, the layout's effect on BatchNorm/ReLU/
+MaxPool, autocast's casts), and none of the profiler's distortion: under the profiler an fp32
+CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said 28-36 % where
+the fix measured 51-59 %. The saving is (1 - bf16 time / fp32 time) x the share of the step
+that forward + backward take without the profiler: per unprofiled step (run metadata), the step
+minus its DataLoader fetches and optimizer `step()`s (so the loss, zero_grad and the loop's
+Python count as forward + backward: a slight over-statement), a median over those steps, over
+the median step. A model that runs slower in bf16 (small matmuls: autocast casts every input
+and weight per call; try_mlp's MLP 0.5x) gets no finding. All figures come from the
+unprofiled steps and the probe, not the trace, so a stalled recorded step cannot move the
+severity.
 
-The op times are made robust to a shared machine, so that identical runs get the same severity
-(before, try_fakedata's three identical runs gave 6.7 to 14.7 %, medium and high): each call
-counts at most the fp32 time the probe measured one thread to need at its size (beyond that
-it is waiting: for a descheduled intra-op peer thread, a page fault; that excess is taken out of
-the step too), and each layer (operator name and input sizes) counts with its median time per
-step over the recorded steps, not the mean. It is a share of the median recorded step without
-the profiler (analysis/unprofiled: the profiler's per-event cost taken out), so it can never
-exceed the share of the step those operators take. Metadata written before the curves has one
-speed-up per kind, applied to every size (less accurate: small operators are credited a gain
-they do not have); metadata without the one-thread times has no bound. Casts that autocast adds
-outside these operators and other elementwise ops are not modelled; the probe's ops run
-channels-last under bf16, as the fix recommends.
+Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
+model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
+or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs after
+~2.5 s). Then, and for metadata from older runs, the estimate falls back to per-operator
+curves: `capture/cpumath.py` times 3x3 convolutions and matmuls (forward + backward) of several
+sizes in fp32 and under bf16 autocast (a 64-feature Linear 0.5x, a 512-feature one ~3x; the
+conv with bf16 channels-last input and gradient and no output cast, as inside a network), and
+for a CNN BatchNorm2d, ReLU and MaxPool2d in fp32 NCHW against bf16 channels-last (MaxPool2d
+forward 12x, BatchNorm2d forward 4x; their backward and ReLU 0.7-0.9x). Each kind only when the
+model's root modules hold such layers. Every outermost conv/matmul operator of the trace gets
+the speed-up at its own forward FLOPs (from its `Input Dims`), every 4-D BatchNorm/ReLU/MaxPool
+operator the one at its input's element count, interpolated on the curve and held at its ends
+(unknown size: no gain); the time freed is the sum of op time x (1 - 1/speed-up), each call
+counted at most at the fp32 time one thread needs at its size (the excess, waiting for a
+descheduled intra-op peer or a page fault, taken out of the step too), each layer with its
+median time per step over the recorded steps, as a share of the median recorded step without
+the profiler (analysis/unprofiled). Metadata older than the curves has one speed-up per kind
+for every size.
 """
 
 from __future__ import annotations
