@@ -96,6 +96,7 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     model_fp32_ms: float | None = None
     model_bf16_ms: float | None = None
     model_reps: int = 0  # interleaved timed runs of each (the least taken)
+    model_channels_last: bool = False  # the fix made it channels-last too (a CNN)
     model_skipped: str = ""
 
 

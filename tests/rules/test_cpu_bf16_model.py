@@ -65,7 +65,7 @@ def test_probe_times_a_copy_and_leaves_the_model_alone():
     assert times.fp32_ms is not None and times.fp32_ms > 0
     assert times.bf16_ms is not None and times.bf16_ms > 0
     assert times.reps >= modelprobe.MIN_REPS
-    assert times.model == "Sequential"
+    assert times.model == "Sequential" and times.channels_last  # a CNN: as try's fix does
     assert _same(before, _snapshot(model))  # BatchNorm stats, weights, grads, mode, layout
     assert "forward" not in vars(model)  # no autocast wrapper on the user's model
 
@@ -180,13 +180,17 @@ def _bf16(folder: Path) -> list:
 
 
 def test_saving_is_the_models_speedup_over_its_share_of_the_step(cnn: Path, tmp_path: Path):
-    probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0)
+    probe = CpuBf16(
+        isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0,
+        model_channels_last=True,
+    )  # fmt: skip
     (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
     # (1 - 40 / 100) x (10 - 2 - 1) / 10 = 42 % of the step.
     assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)
     assert f.metrics["basis"] == "model"
     assert f.metrics["forward_backward_share_pct"] == pytest.approx(70.0)
     assert "100.0 ms in fp32 and 40.0 ms" in f.evidence
+    assert "(bf16 autocast, channels-last)" in f.evidence
     assert f.severity == "high"
 
 

@@ -267,5 +267,6 @@ def probe(
         model_fp32_ms=times.fp32_ms,
         model_bf16_ms=times.bf16_ms,
         model_reps=times.reps,
+        model_channels_last=times.channels_last,
         model_skipped=times.skipped,
     )

@@ -15,6 +15,14 @@ shared machine's preemptions are not counted), the least of a few interleaved ru
 warm-up of each. Skipped, with the reason, when the model is larger than MAX_MODEL_BYTES, is
 compiled, cannot be copied or called, or one fp32 forward + backward takes over MAX_CALL_S; the
 whole probe stops adding runs after BUDGET_S.
+
+CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
+fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
+back to the OS and faulted in again), in the script's loop as in the probe, and its bf16
+channels-last run almost none. amp_compile, one thread: the probe's fp32 146-183 ms beside the
+run's own steps of 166-187 ms; with fixed malloc thresholds (benchmarks/fix_efficacy.py) 137 ms
+beside 135 ms. User time alone (which leaves the faults out) would understate what the fix saves
+such a loop.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ class ModelTimes:
     bf16_ms: float | None = None
     reps: int = 0
     model: str = ""  # the root module's class name
+    channels_last: bool = False  # the fix made the copy channels-last (a CNN)
     skipped: str = ""  # why there are no times (empty when there are)
 
 
@@ -103,7 +112,7 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
                 m.train()  # as it was when the batch was kept
                 for p in m.parameters():
                     p.grad = None
-            install_autocast(m16, "cpu")
+            cl = install_autocast(m16, "cpu")
             fp32, bf16 = _step(m32, args, kwargs), _step(m16, args, kwargs)
             started = time.perf_counter()
             t = clock()
@@ -130,5 +139,6 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
     finally:
         torch.set_num_threads(threads)
     return ModelTimes(
-        fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name
-    )
+        fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name,
+        channels_last=cl,
+    )  # fmt: skip

@@ -279,7 +279,7 @@ def check(ctx: Context) -> list[Finding]:
             f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
             f"batch, one thread: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
             "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
-            + (", channels-last" if conv_us > 0 else "")
+            + (", channels-last" if probe.model_channels_last else "")
             + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
             f"~{100 * fb_share:.0f} % of the step without the profiler (the step minus its "
             f"DataLoader fetches and optimizer step, medians over {n_steps} unprofiled steps): "
