@@ -64,10 +64,25 @@ def test_probe_times_a_copy_and_leaves_the_model_alone():
     assert times.skipped == ""
     assert times.fp32_ms is not None and times.fp32_ms > 0
     assert times.bf16_ms is not None and times.bf16_ms > 0
-    assert times.reps >= modelprobe.MIN_REPS
+    assert times.reps >= 1
     assert times.model == "Sequential" and times.channels_last  # a CNN: as try's fix does
     assert _same(before, _snapshot(model))  # BatchNorm stats, weights, grads, mode, layout
     assert "forward" not in vars(model)  # no autocast wrapper on the user's model
+
+
+class WritesItsInput(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x.mul_(2))
+
+
+def test_the_batch_is_not_written():
+    x = torch.ones(2, 4)
+    assert time_model(WritesItsInput(), (), {"x": x}).fp32_ms is not None  # kwargs passed too
+    assert torch.equal(x, torch.ones(2, 4))
 
 
 class Uncopyable(nn.Module):
@@ -96,6 +111,10 @@ def test_large_or_slow_models_are_skipped(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(modelprobe, "MAX_CALL_S", 0.0)
     slow = time_model(tiny_cnn(), (x,), {})
     assert slow.fp32_ms is None and "forward + backward took" in slow.skipped
+    monkeypatch.setattr(modelprobe, "MAX_CALL_S", 1.0)
+    monkeypatch.setattr(modelprobe, "BUDGET_S", 0.0)  # the warm-ups used the budget up
+    warm = time_model(tiny_cnn(), (x,), {})
+    assert warm.reps == 0 and warm.fp32_ms is not None and warm.bf16_ms is not None
 
 
 def test_a_failing_model_probe_falls_back_to_the_curves(monkeypatch: pytest.MonkeyPatch):

@@ -10,11 +10,11 @@ that at once.
 
 The user's objects are never changed: two deep copies of the module are timed (BatchNorm running
 statistics and .grad of the script's model stay as they are), on the last batch's tensors
-(detached; read, never written). One intra-op thread, CPU time of this thread (as cpumath: a
-shared machine's preemptions are not counted), the least of a few interleaved runs after a
-warm-up of each. Skipped, with the reason, when the model is larger than MAX_MODEL_BYTES, is
-compiled, cannot be copied or called, or one fp32 forward + backward takes over MAX_CALL_S; the
-whole probe stops adding runs after BUDGET_S.
+(cloned for the probe: a forward that writes into its input writes into the clone). One intra-op
+thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not counted),
+the least of a few interleaved runs after a warm-up of each. Skipped, with the reason, when the
+model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or one fp32
+forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S.
 
 CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
 fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
@@ -39,8 +39,8 @@ from trainprof.capture.bf16fix import install_autocast
 
 MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
-BUDGET_S = 2.5  # wall time after which no more timed runs are started (at least MIN_REPS)
-MIN_REPS, MAX_REPS = 2, 5
+BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
+MAX_REPS = 5
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class ModelTimes:
 
     fp32_ms: float | None = None
     bf16_ms: float | None = None
-    reps: int = 0
+    reps: int = 0  # timed runs of each after the warm-up (0: the warm-ups' times)
     model: str = ""  # the root module's class name
     channels_last: bool = False  # the fix made the copy channels-last (a CNN)
     skipped: str = ""  # why there are no times (empty when there are)
@@ -82,6 +82,18 @@ def _step(module: torch.nn.Module, args: tuple, kwargs: dict) -> Callable[[], No
     return run
 
 
+def _cloned(x: Any) -> Any:
+    """`x` with its tensors cloned (tuples, lists, dicts walked; other objects as they are)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (tuple, list)):
+        items = [_cloned(v) for v in x]
+        return tuple(items) if isinstance(x, tuple) else items
+    if isinstance(x, dict) and type(x) is dict:
+        return {k: _cloned(v) for k, v in x.items()}
+    return x
+
+
 def _model_bytes(module: torch.nn.Module) -> int:
     tensors = [*module.parameters(), *module.buffers()]
     return sum(t.numel() * t.element_size() for t in tensors)
@@ -108,6 +120,7 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
         # switched gradients off globally before it ended.
         with torch.random.fork_rng(devices=[]), torch.enable_grad():
             m32, m16 = copy.deepcopy(module), copy.deepcopy(module)
+            args, kwargs = _cloned(args), _cloned(kwargs)
             for m in (m32, m16):
                 m.train()  # as it was when the batch was kept
                 for p in m.parameters():
@@ -123,10 +136,13 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
                     model=name,
                     skipped=f"one fp32 forward + backward took {first:.1f} s (over {MAX_CALL_S} s)",
                 )
+            t = clock()
             bf16()
-            best32 = best16 = float("inf")
+            # A model slow enough that the warm-ups used the budget up: their times stand (they
+            # include building oneDNN's kernels, a small part of a call this long).
+            best32, best16 = first, clock() - t
             reps = 0
-            while reps < MAX_REPS and (reps < MIN_REPS or time.perf_counter() - started < BUDGET_S):
+            while reps < MAX_REPS and time.perf_counter() - started < BUDGET_S:
                 t = clock()
                 fp32()
                 best32 = min(best32, clock() - t)

@@ -35,8 +35,8 @@ severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
-or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs after
-~2.5 s). Then, and for metadata from older runs, the estimate falls back to per-operator
+or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs 2 s
+after its warm-ups). Then, and for metadata from older runs, the estimate falls back to per-operator
 curves: `capture/cpumath.py` times 3x3 convolutions and matmuls (forward + backward) of several
 sizes in fp32 and under bf16 autocast (a 64-feature Linear 0.5x, a 512-feature one ~3x; the
 conv with bf16 channels-last input and gradient and no output cast, as inside a network), and
