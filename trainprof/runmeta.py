@@ -79,10 +79,25 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     isa: str = ""  # AMX-BF16 | AVX512-BF16
     conv_speedup: float = 1.0  # forward + backward, bf16 channels-last vs fp32 NCHW
     matmul_speedup: float = 1.0  # (both at the largest size of the curves below)
-    # [forward FLOPs, speed-up] at several sizes, smallest first (empty in metadata written
-    # before trainprof measured curves: then the one speed-up above stands for every size).
+    # [forward FLOPs, speed-up, fp32 µs of forward + backward on one thread] at several sizes,
+    # smallest first (empty in metadata written before trainprof measured curves: then the one
+    # speed-up above stands for every size; the µs are missing in older curves).
     conv_curve: list[list[float]] = []
     matmul_curve: list[list[float]] = []
+    # A CNN's other layers (BatchNorm2d, ReLU, MaxPool2d), which the fix also makes bf16
+    # channels-last: trace operator name -> [input elements, speed-up] (fp32 NCHW / bf16
+    # channels-last), smallest first; empty without convs or in older metadata.
+    eltwise_curves: dict[str, list[list[float]]] = {}
+    # The model itself (capture/modelprobe): one forward + backward of a copy of the root module
+    # on its last training batch, ms of CPU time on one thread, fp32 as the script ran it and
+    # under the fix `trainprof try --fix cpu-bf16` applies; None when not measured (older
+    # metadata, or skipped: `model_skipped` says why, and the curves above stand in).
+    model: str = ""  # the root module's class name
+    model_fp32_ms: float | None = None
+    model_bf16_ms: float | None = None
+    model_reps: int = 0  # interleaved timed runs of each (the least taken)
+    model_channels_last: bool = False  # the fix made it channels-last too (a CNN)
+    model_skipped: str = ""
 
 
 class LoaderIpc(msgspec.Struct, kw_only=True):

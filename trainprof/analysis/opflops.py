@@ -69,9 +69,9 @@ def op_flops(name: str, raw_dims: bytes) -> float | None:
 
 
 def speedup_at(curve: Sequence[Sequence[float]], flops: float) -> float:
-    """The speed-up at `flops` on a [[flops, speed-up], ...] curve (smallest first),
+    """The speed-up at `flops` on a [[flops, speed-up, ...], ...] curve (smallest first),
     interpolated in log(FLOPs) and held at the ends."""
-    pts = sorted((float(f), float(s)) for f, s in curve if f > 0)
+    pts = sorted((float(p[0]), float(p[1])) for p in curve if len(p) >= 2 and p[0] > 0)
     if not pts:
         return 1.0
     if flops <= pts[0][0]:
@@ -84,3 +84,52 @@ def speedup_at(curve: Sequence[Sequence[float]], flops: float) -> float:
             t = (x - math.log(f0)) / (math.log(f1) - math.log(f0))
             return s0 + t * (s1 - s0)
     return pts[-1][1]  # pragma: no cover - the loop always returns
+
+
+def eltwise_elements(name: str, raw_dims: bytes) -> float | None:
+    """Elements of the layer's input for a BatchNorm/ReLU/MaxPool operator (forward or
+    backward: max_pool2d_with_indices_backward's first input is the pooled gradient, its second
+    the layer's input), the size capture/cpumath's elementwise curves are measured over; None
+    unless it is a 4-D (N, C, H, W) tensor: only those does the fix make channels-last."""
+    d = _dims(raw_dims)
+    which = 1 if name.endswith("max_pool2d_with_indices_backward") else 0
+    try:
+        x = d[which]
+    except IndexError:
+        return None
+    if not isinstance(x, list) or len(x) != 4:
+        return None
+    try:
+        return float(_prod(x))
+    except (TypeError, ValueError):
+        return None
+
+
+def _nearest_rate(curve: Sequence[Sequence[float]], size: float) -> float | None:
+    """Size per µs of fp32 on one thread at the curve's point nearest `size` (in log): the
+    points are [size, speed-up, fp32 µs]; None without the µs (older metadata)."""
+    pts = [(float(p[0]), float(p[2])) for p in curve if len(p) >= 3 and p[0] > 0 < p[2]]
+    if not pts:
+        return None
+    f0, us = min(pts, key=lambda p: abs(math.log(p[0]) - math.log(max(size, 1.0))))
+    return f0 / us
+
+
+def one_thread_eltwise_us(curve: Sequence[Sequence[float]], elements: float) -> float | None:
+    """fp32 µs one thread needs for an elementwise operator on `elements` input elements, from
+    its [elements, speed-up, fp32 µs] curve (the rate at the nearest size); None without µs."""
+    rate = _nearest_rate(curve, elements)
+    return None if rate is None else elements / rate
+
+
+def one_thread_us(name: str, curve: Sequence[Sequence[float]], flops: float) -> float | None:
+    """How long one call of conv/matmul operator `name` of `flops` forward FLOPs takes on one
+    thread in fp32, from the probe's [flops, speed-up, fp32 µs of forward + backward] points
+    (the rate at the nearest measured size, in log(FLOPs)); None without such points. Forward
+    + backward is 3x the forward FLOPs; a `convolution_backward` does up to 2x (input and
+    weight gradients), any other operator 1x (a backward matmul is itself an `mm`)."""
+    rate = _nearest_rate(curve, flops)
+    if rate is None:
+        return None
+    work = 2 * flops if name.endswith("convolution_backward") else flops
+    return work / (3 * rate)  # the points' µs are of forward + backward: 3x the FLOPs

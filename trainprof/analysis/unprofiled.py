@@ -45,12 +45,19 @@ def event_overhead_us(ctx: Context) -> float:
     return ctx.memo(_event_overhead_us)
 
 
-def _event_overhead_us(ctx: Context) -> float:
+def _event_overhead_us(ctx: Context, profiled_us: float | None = None) -> float:
     plain = ctx.unprofiled_step_us
     n = len(events(ctx)) / max(ctx.n_steps, 1)
     if plain is None or n <= 0:
         return 0.0
-    return float(np.clip((ctx.mean_step_us - plain) / n, 0.0, MAX_EVENT_OVERHEAD_US))
+    step = ctx.mean_step_us if profiled_us is None else profiled_us
+    return float(np.clip((step - plain) / n, 0.0, MAX_EVENT_OVERHEAD_US))
+
+
+def median_step_us(ctx: Context) -> float:
+    """The median recorded (profiled) step, in µs: one stalled step of three leaves it alone."""
+    s = ctx.steps
+    return float(np.median(s.end - s.start)) if len(s) else 0.0
 
 
 def events_in(ctx: Context, spans: iv.Intervals) -> float:
@@ -78,3 +85,17 @@ def share(ctx: Context, us_per_step: float, spans: iv.Intervals) -> float:
     inside = iv.intersect(spans, ctx.windows)
     t = time_without_profiler(ctx, us_per_step, events_in(ctx, inside))
     return min(t / step_without_profiler(ctx), 1.0)
+
+
+def typical_share(
+    ctx: Context, us_per_step: float, spans: iv.Intervals, minus_us: float = 0.0
+) -> float:
+    """`share` of the median recorded step (its profiler cost estimated from that step too), for
+    a `us_per_step` that is itself a median over the recorded steps; `minus_us`: time per step
+    known to be stalling (taken out of `us_per_step` already), taken out of the step too."""
+    step = max(median_step_us(ctx) - minus_us, 1.0)
+    o = _event_overhead_us(ctx, step)
+    inside = iv.intersect(spans, ctx.windows)
+    t = max(us_per_step - o * events_in(ctx, inside), 0.0)
+    n = len(events(ctx)) / max(ctx.n_steps, 1)
+    return min(t / max(step - o * n, 1.0), 1.0)

@@ -136,6 +136,10 @@ class _RootForward:
         self.linear_seen = False
         self._inspected: set[int] = set()
         self._trained: set[int] = set()  # root modules seen in training mode with grad on
+        # The last training call of a root module on the CPU: (module, args, kwargs), tensors
+        # detached (the batch itself, not a copy: only the last one is held). After the run
+        # capture/modelprobe times a copy of the model on it in fp32 and under the bf16 fix.
+        self.last_call: tuple[Any, tuple, dict] | None = None
 
     def install(self, patches: Patches) -> None:
         from torch.nn.modules import module as torch_module
@@ -168,7 +172,7 @@ class _RootForward:
             self.handle.remove()
             self.handle = None
         for token in list(_ACTIVE):  # left by a BaseException (Ctrl-C) inside a forward
-            module_ref, _ = _ACTIVE.pop(token)
+            module_ref = _ACTIVE.pop(token)[0]
             module = module_ref()
             if module is not None:
                 _detach(module, self.key)
@@ -206,27 +210,75 @@ class _RootForward:
         token = next(_TOKENS)
         module._forward_hooks[self.key] = functools.partial(_root_post, token)
         module._forward_hooks_always_called[self.key] = True
-        _ACTIVE[token] = (weakref.ref(module), rf)
+        module._forward_hooks_with_kwargs[self.key] = True  # the post hook keeps the call
+        # A module with trainable parameters (not a loss or a frozen teacher) training.
+        keep = (
+            not evaluating
+            and module.training
+            and torch.is_grad_enabled()
+            and any(p.requires_grad for p in module.parameters())
+        )
+        _ACTIVE[token] = (weakref.ref(module), rf, keep)
         return None
+
+    def keep_call(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """Hold this training call's inputs (detached, CPU tensors only, at most
+        MAX_KEPT_BYTES) for the model probe, in place of the previous call's."""
+        size = [0]
+        kept = _detached((args, kwargs), size)
+        if kept is None or size[0] > MAX_KEPT_BYTES:
+            self.last_call = None  # not on the CPU, or too large to hold: no model probe
+            return
+        self.last_call = (module, kept[0], kept[1])
+
+
+MAX_KEPT_BYTES = 256 << 20  # a batch larger than this is not held for the model probe
+
+
+def _detached(x: Any, size: list[int]) -> Any:
+    """`x` with its tensors detached (tuples, lists, dicts walked; other objects as they are);
+    None when a tensor is not on the CPU. Adds the tensors' bytes to size[0]."""
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu" or x.is_sparse:
+            return None
+        size[0] += x.numel() * x.element_size()
+        return x.detach()
+    if isinstance(x, (tuple, list)):
+        items = [_detached(v, size) for v in x]
+        if any(v is None and w is not None for v, w in zip(items, x, strict=True)):
+            return None
+        return tuple(items) if isinstance(x, tuple) else items
+    if isinstance(x, dict) and type(x) is dict:
+        out = {k: _detached(v, size) for k, v in x.items()}
+        if any(out[k] is None and x[k] is not None for k in x):
+            return None
+        return out
+    return x
 
 
 _ROOT: list[_RootForward | None] = [None]
-_ACTIVE: dict[int, tuple[Any, Any]] = {}  # token -> (root module weakref, open record_functions)
+# token -> (root module weakref, open record_functions, whether to keep the call)
+_ACTIVE: dict[int, tuple[Any, Any, bool]] = {}
 _TOKENS = itertools.count()
 
 
 def _detach(module: Any, key: int) -> None:
     module._forward_hooks.pop(key, None)
     module._forward_hooks_always_called.pop(key, None)
+    module._forward_hooks_with_kwargs.pop(key, None)
 
 
-def _root_post(token: int, module: Any, inputs: Any, output: Any) -> None:
+def _root_post(token: int, module: Any, inputs: Any, *rest: Any) -> None:
+    """The root call's forward hook: rest is (kwargs, output), or (output,) from a module
+    pickled by an older trainprof."""
     root = _ROOT[0]
     entry = _ACTIVE.pop(token, None)
     if root is None or entry is None:  # stale (pickled and reloaded, or after the run)
         return
     _detach(module, root.key)
     root._register()
+    if entry[2] and len(rest) == 2:
+        root.keep_call(module, inputs, rest[0])
     for rf in reversed(entry[1]):
         try:
             rf.__exit__(None, None, None)

@@ -344,9 +344,7 @@ class Session:
             **metadata.environment(load),
             wall_time_s=round(wall, 6),
         )
-        meta.window.partial_step = (
-            steps.open_step if steps.open_step_recorded else stepper.cut_step
-        )
+        meta.window.partial_step = steps.open_step if steps.open_step_recorded else stepper.cut_step
         aside = theirs.note()
         if aside is None:
             notes += self._capture_notes(meta, steps.open_step, stepper.other_threads)
@@ -359,9 +357,11 @@ class Session:
         meta.notes += writer.errors
         if meta.status == "ok" and meta.window.recorded_steps:
             meta.cpu_bf16 = cpumath.probe(
-                bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen
-            )
+                bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen,
+                root.last_call,
+            )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
+        root.last_call = None  # the model and its last batch are the script's to free
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:

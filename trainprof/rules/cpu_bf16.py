@@ -12,24 +12,45 @@ matmul operators (`aten::conv*`, `aten::convolution_backward`, `aten::mm`, `addm
 bf16/fp16 left out) make up the time that bf16 would shorten. A trace without run metadata gets
 no finding: the trace does not say which CPU recorded it.
 
-Saving estimate: `trainprof run` times 3x3 convolutions and matmuls (forward + backward) of
-several sizes in fp32 and under bf16 autocast on the run's own CPU after the script ends
-(`capture/cpumath.py`: ~0.1-0.5 s), so the speed-ups are this machine's, not a datasheet's, and
-they depend on size: autocast casts the inputs and weights of every call, so a small matmul runs
-*slower* in bf16 (0.5x for a 64-feature Linear here) while a 512-feature one runs ~3x faster.
-Each kind is timed only when the model's root modules hold such layers (`nn.Conv*d`,
-`nn.Linear`); a kind with no layer counts at 1.0x, so convolutions called only functionally
-claim no saving. Every outermost conv/matmul operator gets the speed-up at its own forward FLOPs
-(from its `Input Dims`; a convolution's output size from `convolution_backward`'s gradient, the
-forward's taken as its input size, an upper bound for strided ones), interpolated on the curve
-and held at its ends; an operator whose size is unknown gets none. The time freed is the sum of
-op time x (1 - 1/speed-up): negative when the ops are too small, and then no finding. It is a
-share of the step without the profiler (analysis/unprofiled: the ops' time and the step with
-the profiler's per-event cost taken out), so it can never exceed the share of the step those
-operators take. Metadata written before the curves has one speed-up per kind, applied to every
-size (less accurate: small operators are credited a gain they do not have). Casts that autocast
-adds outside these operators and the elementwise ops that stay in fp32 are not modelled; the
-probe's conv runs channels-last under bf16, as the fix recommends.
+Saving estimate: measured on the user's own model. `trainprof run` keeps the root module's last
+training call (the module and its batch, detached; only the last one is held) and, after the
+script ends, times forward + backward (the float outputs summed, `.backward()`) of two deep
+copies of the module on that batch: one in fp32 as the script ran it, one under exactly what
+`trainprof try --fix cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast
+around the forward, channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One
+intra-op thread, CPU time of the thread, the least of up to 5 interleaved runs after a warm-up
+of each (`capture/modelprobe.py`). The script's model is not touched: its weights, BatchNorm
+statistics, gradients and mode stay as they were. That one measurement holds everything the fix
+changes (faster convs and matmuls, slower small ones, the layout's effect on BatchNorm/ReLU/
+MaxPool, autocast's casts), and none of the profiler's distortion: under the profiler an fp32
+CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said 28-36 % where
+the fix measured 51-59 %. The saving is (1 - bf16 time / fp32 time) x the share of the step
+that forward + backward take without the profiler: per unprofiled step (run metadata), the step
+minus its DataLoader fetches and optimizer `step()`s (so the loss, zero_grad and the loop's
+Python count as forward + backward: a slight over-statement), a median over those steps, over
+the median step. A model that runs slower in bf16 (small matmuls: autocast casts every input
+and weight per call; try_mlp's MLP 0.5x) gets no finding. All figures come from the
+unprofiled steps and the probe, not the trace, so a stalled recorded step cannot move the
+severity.
+
+Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
+model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
+or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs 2 s
+after its warm-ups). Then, and for metadata from older runs, the estimate falls back to per-operator
+curves: `capture/cpumath.py` times 3x3 convolutions and matmuls (forward + backward) of several
+sizes in fp32 and under bf16 autocast (a 64-feature Linear 0.5x, a 512-feature one ~3x; the
+conv with bf16 channels-last input and gradient and no output cast, as inside a network), and
+for a CNN BatchNorm2d, ReLU and MaxPool2d in fp32 NCHW against bf16 channels-last (MaxPool2d
+forward 12x, BatchNorm2d forward 4x; their backward and ReLU 0.7-0.9x). Each kind only when the
+model's root modules hold such layers. Every outermost conv/matmul operator of the trace gets
+the speed-up at its own forward FLOPs (from its `Input Dims`), every 4-D BatchNorm/ReLU/MaxPool
+operator the one at its input's element count, interpolated on the curve and held at its ends
+(unknown size: no gain); the time freed is the sum of op time x (1 - 1/speed-up), each call
+counted at most at the fp32 time one thread needs at its size (the excess, waiting for a
+descheduled intra-op peer or a page fault, taken out of the step too), each layer with its
+median time per step over the recorded steps, as a share of the median recorded step without
+the profiler (analysis/unprofiled). Metadata older than the curves has one speed-up per kind
+for every size.
 """
 
 from __future__ import annotations
@@ -41,13 +62,19 @@ import numpy as np
 from trainprof.analysis import unprofiled
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
-from trainprof.analysis.opflops import op_flops, speedup_at
+from trainprof.analysis.opflops import (
+    eltwise_elements,
+    one_thread_eltwise_us,
+    one_thread_us,
+    op_flops,
+    speedup_at,
+)
 from trainprof.analysis.precision import autocast_seen, first_float_type
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.runmeta import CpuBf16
 from trainprof.trace import intervals as iv
-from trainprof.trace.model import Kind
+from trainprof.trace.model import Kind, Trace
 
 MIN_PCT = 2.0  # % of the step below which the finding is not worth reporting
 CONV_OPS = r"^aten::(conv[123]d|convolution|_convolution|mkldnn_convolution|convolution_backward)$"
@@ -90,27 +117,124 @@ def _curve(probe: CpuBf16, conv: bool) -> list[list[float]]:
     return curve or [[1.0, probe.conv_speedup if conv else probe.matmul_speedup]]
 
 
-def _freed_us(ctx: Context, ops: np.ndarray, probe: CpuBf16) -> tuple[float, float, float, int]:
-    """Per step: (conv µs, matmul µs, µs bf16 would free, negative where it is slower; ops
-    whose size is unknown)."""
+def _eltwise_ops(ctx: Context, probe: CpuBf16) -> np.ndarray:
+    """The CNN's BatchNorm/ReLU/MaxPool operators that the probe timed (only when the model has
+    convolutions: the fix makes them channels-last), in fp32, inside the windows."""
+    if not probe.eltwise_curves:
+        return np.zeros(0, np.int64)
     tr = ctx.trace
-    conv_us = mm_us = freed = 0.0
-    unknown = 0
-    for i in ops.tolist():
-        name = tr.name(i)
-        is_conv = bool(re.match(CONV_OPS, name))
-        dur = float(tr.dur[i])
-        raw = tr.shapes.get(i)
-        flops = op_flops(name, raw[0]) if raw is not None else None
-        if is_conv:
-            conv_us += dur
-        else:
-            mm_us += dur
-        if flops is None:
-            unknown += 1
+    pattern = "^(" + "|".join(re.escape(n) for n in sorted(probe.eltwise_curves)) + ")$"
+    ops = tr.where_name(pattern, Kind.CPU_OP)
+    ops = ops[ctx.in_windows(ops)]
+    keep = [
+        i
+        for i in ops.tolist()
+        if (raw := tr.shapes.get(i)) is not None
+        and first_float_type(raw[1]) in (None, "float")
+        and eltwise_elements(tr.name(i), raw[0]) is not None  # 4-D: what the fix converts
+    ]
+    return np.asarray(keep, np.int64)
+
+
+def _sized(tr: Trace, i: int, probe: CpuBf16) -> tuple[float | None, float | None]:
+    """(bf16 channels-last speed-up, fp32 µs on one thread) of operator i at its own size;
+    the speed-up is None when the size is unknown (credited no gain), the µs None where the
+    probe has no such figure (older metadata)."""
+    name = tr.name(i)
+    raw = tr.shapes.get(i)
+    if raw is None:
+        return None, None
+    if name in probe.eltwise_curves:
+        n = eltwise_elements(name, raw[0])
+        if n is None:
+            return None, None
+        curve = probe.eltwise_curves[name]
+        return speedup_at(curve, n), one_thread_eltwise_us(curve, n)
+    curve = _curve(probe, bool(re.match(CONV_OPS, name)))
+    flops = op_flops(name, raw[0])
+    if flops is None:
+        return None, None
+    return speedup_at(curve, flops), one_thread_us(name, curve, flops)
+
+
+def _per_step(ctx: Context, ops: np.ndarray, probe: CpuBf16) -> tuple[dict[str, float], int]:
+    """Per step, medians over the recorded steps: {"conv", "matmul", "eltwise": µs of those
+    operators, "freed": µs bf16 channels-last would free (negative where it is slower),
+    "stalled": µs of those operators beyond what one thread needs}; and the number of
+    operators of unknown size (credited no gain).
+
+    Two things make the traced time of these operators differ between identical runs on a
+    shared machine, and the estimate with it (try_fakedata: 6.7 to 14.7 % over identical runs,
+    across the 10 % severity line): a step that stalls inside an operator, and intra-op
+    threads waiting for a descheduled peer, which made its convolutions take 4-5 ms per step
+    in one run and 117-163 ms in the next. So each conv/matmul call counts at most the time
+    the probe measured one thread to need in fp32 at that size (more than that is waiting,
+    not arithmetic: the excess is taken out of the step as well, "stalled"), and the
+    operators are grouped by name and input sizes (one group per layer and direction, the
+    same call every step), each group counting with its median time per step."""
+    tr = ctx.trace
+    step_of = ctx.step_index[ops]
+    n_steps = max(ctx.n_steps, 1)
+    groups: dict[tuple[str, bytes], list[int]] = {}
+    for k, i in enumerate(ops.tolist()):
+        if step_of[k] < 0:
             continue
-        freed += dur * (1 - 1 / max(speedup_at(_curve(probe, is_conv), flops), 1e-3))
-    return ctx.per_step(conv_us), ctx.per_step(mm_us), ctx.per_step(freed), unknown
+        raw = tr.shapes.get(i)
+        key = bytes(raw[0]) if raw is not None else b""
+        groups.setdefault((tr.name(i), key), []).append(k)
+    out = {"conv": 0.0, "matmul": 0.0, "eltwise": 0.0, "freed": 0.0, "stalled": 0.0}
+    unknown = 0
+    for (name, _), members in groups.items():
+        speedup, bound = _sized(tr, int(ops[members[0]]), probe)
+        dur = tr.dur[ops[members]].astype(float)
+        clamped = dur if bound is None else np.minimum(dur, bound)
+        raw_steps = np.bincount(step_of[members], weights=dur, minlength=n_steps)
+        kept_steps = np.bincount(step_of[members], weights=clamped, minlength=n_steps)
+        us = float(np.median(kept_steps))
+        out["stalled"] += max(float(np.median(raw_steps)) - us, 0.0)
+        kind = (
+            "eltwise"
+            if name in probe.eltwise_curves
+            else "conv"
+            if re.match(CONV_OPS, name)
+            else "matmul"
+        )
+        out[kind] += us
+        if speedup is None:
+            unknown += len(members)
+            continue
+        out["freed"] += us * (1 - 1 / max(speedup, 1e-3))
+    return out, unknown
+
+
+def model_share(ctx: Context) -> tuple[float, int] | None:
+    """The share (0-1) of the step, without the profiler, that the model's forward + backward
+    take, and the number of steps it is a median over: per unprofiled step (run metadata), the
+    step minus its DataLoader fetches and optimizer step()s, a median over those steps, over the
+    median step. None without unprofiled steps or their parts (older metadata)."""
+    meta = ctx.meta
+    idx = ctx.unprofiled_step_index
+    if meta is None or not idx:
+        return None
+    steps = meta.step_times_s
+    parts = [meta.fetch_times_s, *meta.optimizer_times_s.values()]
+    if any(len(p) < len(steps) for p in parts) or not meta.fetch_times_s:
+        return None
+    rest = [steps[i] - sum(p[i] for p in parts) for i in idx]
+    step = float(np.median([steps[i] for i in idx]))
+    return (min(max(float(np.median(rest)), 0.0) / step, 1.0) if step > 0 else 0.0), len(idx)
+
+
+def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int] | None:
+    """(the share of the step the fix frees, forward + backward's share of the step, steps) from
+    the model probe: (1 - bf16 / fp32 time of the model) x its share of the step; None when the
+    model was not timed or the step's parts are unknown (then the curves stand in)."""
+    if not probe.model_fp32_ms or probe.model_bf16_ms is None:
+        return None
+    share = model_share(ctx)
+    if share is None:
+        return None
+    return (1 - probe.model_bf16_ms / probe.model_fp32_ms) * share[0], share[0], share[1]
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -118,34 +242,79 @@ def check(ctx: Context) -> list[Finding]:
     if probe is None or ctx.gpu_timeline or ctx.trace.has_gpu_activity or autocast_seen(ctx):
         return []
     tr = ctx.trace
-    ops = _fp32_ops(ctx)
-    conv_us, mm_us, freed, unknown = _freed_us(ctx, ops, probe)
-    if freed <= 0:  # too small to gain from bf16: autocast's casts cost more than it frees
+    mats = _fp32_ops(ctx)
+    ops = np.sort(np.concatenate([mats, _eltwise_ops(ctx, probe)]))
+    t, unknown = _per_step(ctx, ops, probe)
+    conv_us, mm_us, elt_us, freed = t["conv"], t["matmul"], t["eltwise"], t["freed"]
+    measured = _measured(ctx, probe)
+    if conv_us + mm_us <= 0:
         return []
-    spans = iv.merge(tr.ts[ops], tr.end[ops])
-    op_share = unprofiled.share(ctx, conv_us + mm_us, spans)  # of the step without the profiler
-    saving_share = op_share * freed / (conv_us + mm_us)
+    if measured is not None:
+        saving_share, fb_share, n_steps = measured
+        if saving_share <= 0:  # the model runs slower in bf16: autocast's casts cost more
+            return []
+    else:
+        if freed <= 0:  # too small to gain: the casts cost more than it frees
+            return []
+        spans = iv.merge(tr.ts[ops], tr.end[ops])
+        ops_us = conv_us + mm_us + elt_us
+        # Of the median step without the profiler: never more than the share those ops take.
+        op_share = unprofiled.typical_share(ctx, ops_us, spans, minus_us=t["stalled"])
+        saving_share = op_share * freed / ops_us
     # Handed over in the profiled step's units (as `finding` takes them): the engine states it
     # on the unprofiled step.
     saving = saving_share * ctx.mean_step_us
     if ctx.pct(saving) < MIN_PCT:
         return []
-    longest = ops[np.argsort(-tr.dur[ops], kind="stable")]
+    longest = mats[np.argsort(-tr.dur[mats], kind="stable")]
     loc = next(filter(None, (ctx.location(i) for i in longest[:20].tolist())), None)
-    sizes = (
-        "; the speed-ups at the model's own sizes"
-        if probe.conv_curve or probe.matmul_curve
-        else " (one size only: metadata from an older trainprof)"
+    elt = f", {ms(elt_us)}/step in BatchNorm/ReLU/MaxPool" if elt_us > 0 else ""
+    traced = (
+        f"{ms(conv_us)}/step in convolutions and {ms(mm_us)}/step in matmuls{elt}, all fp32 "
+        f"(traced; medians over the recorded steps), no autocast, on a CPU with {probe.isa}."
     )
-    evidence = (
-        f"{ms(conv_us)}/step in convolutions and {ms(mm_us)}/step in matmuls, all fp32 "
-        f"(~{100 * op_share:.0f} % of the step without the profiler), no autocast, on a CPU "
-        f"with {probe.isa}. Measured on this CPU after the run, bf16 autocast ran a large "
-        f"convolution {probe.conv_speedup:.1f}x and a large matmul {probe.matmul_speedup:.1f}x "
-        f"as fast (forward + backward){sizes} free ~{100 * saving_share:.1f} % of the step."
-    )
-    if unknown:
-        evidence += f" {unknown} operators of unknown size are credited no gain."
+    if measured is not None:
+        f32, b16 = probe.model_fp32_ms or 0.0, probe.model_bf16_ms or 0.0
+        evidence = (
+            f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
+            f"batch, one thread: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
+            "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
+            + (", channels-last" if probe.model_channels_last else "")
+            + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
+            f"~{100 * fb_share:.0f} % of the step without the profiler (the step minus its "
+            f"DataLoader fetches and optimizer step, medians over {n_steps} unprofiled steps): "
+            f"the fix would free ~{100 * saving_share:.1f} % of the step."
+        )
+        metrics_basis: dict = {
+            "basis": "model",
+            "model_fp32_ms": f32,
+            "model_bf16_ms": b16,
+            "forward_backward_share_pct": round(100 * fb_share, 2),
+        }
+    else:
+        sizes = (
+            "; the speed-ups at the model's own sizes"
+            if probe.conv_curve or probe.matmul_curve
+            else " (one size only: metadata from an older trainprof)"
+        )
+        skipped = probe.model_skipped
+        why = f" (the model itself was not timed: {skipped})" if skipped else ""
+        evidence = (
+            f"{traced[:-1]}, ~{100 * op_share:.0f} % of the step without the profiler. Measured "
+            f"on this CPU after the run{why}, bf16 autocast ran a large convolution "
+            f"{probe.conv_speedup:.1f}x and a large matmul {probe.matmul_speedup:.1f}x as fast "
+            f"(forward + backward){sizes}"
+            + (", with the CNN's other layers in bf16 channels-last," if elt else "")
+            + f" free ~{100 * saving_share:.1f} % of the step."
+        )
+        if unknown:
+            evidence += f" {unknown} operators of unknown size are credited no gain."
+        metrics_basis = {
+            "basis": "curves",
+            "time_freed_ms_per_step": round(freed / 1000, 3),
+            "op_share_pct": round(100 * op_share, 2),
+            "stalled_ms_per_step": round(t["stalled"] / 1000, 3),
+        }
     return [
         finding(
             ctx,
@@ -159,11 +328,11 @@ def check(ctx: Context) -> list[Finding]:
             metrics={
                 "conv_ms_per_step": round(conv_us / 1000, 3),
                 "matmul_ms_per_step": round(mm_us / 1000, 3),
+                "eltwise_ms_per_step": round(elt_us / 1000, 3),
                 "isa": probe.isa,
                 "conv_speedup": probe.conv_speedup,
                 "matmul_speedup": probe.matmul_speedup,
-                "time_freed_ms_per_step": round(freed / 1000, 3),
-                "op_share_pct": round(100 * op_share, 2),
+                **metrics_basis,
             },
             at=longest[:50].tolist(),
         )

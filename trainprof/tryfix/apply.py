@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.patching import Patches
 
 
@@ -330,51 +331,14 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
     if device not in ("cuda", "cpu"):
         applied.skipped[rule] = f"autocast on {device} is not tried"
         return
-    forward = module.forward
     # On a CPU, oneDNN's bf16 convolutions want channels-last (cpu-bf16's fix says so, and its
-    # estimate's probe times them so): the model's weights and its 4-D inputs are converted.
-    cl = device == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
-    if cl:
-        try:  # the parameters in place: the optimizer keeps the same tensors
-            module.to(memory_format=torch.channels_last)
-        except (ValueError, RuntimeError):  # lazy parameters not created yet: bf16 alone
-            cl = False
-
-    def _cl(x: Any) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and x.is_floating_point():
-            return x.contiguous(memory_format=torch.channels_last)
-        return x
-
-    @functools.wraps(forward)
-    def autocast_forward(*args: Any, **kwargs: Any) -> Any:
-        if cl:
-            args = tuple(_cl(a) for a in args)
-            kwargs = {k: _cl(v) for k, v in kwargs.items()}
-        with torch.autocast(device_type=device, dtype=torch.bfloat16):
-            out = forward(*args, **kwargs)
-        # The loss runs outside this autocast region, in fp32 as autocast would run it (its
-        # fp32 list): bf16 logits beside an fp32 class weight make cross_entropy fail.
-        return _to_fp32(out)
-
-    module.forward = autocast_forward  # instance attribute: only this model
+    # estimate's model probe times the model so): the model's weights and 4-D inputs converted.
+    cl = install_autocast(module, device)
     applied.notes.append(
         f"bf16 autocast on {type(module).__name__}.forward ({device})"
         + (", channels-last weights and inputs" if cl else "")
     )
     # the model is kept by the script; undone with the process (rounds are one process each)
-
-
-def _to_fp32(x: Any) -> Any:
-    """bf16 tensors in a model's output (tensors, tuples, lists, dicts) back to fp32."""
-    if isinstance(x, torch.Tensor):
-        return x.float() if x.dtype == torch.bfloat16 else x
-    if isinstance(x, tuple) and not hasattr(x, "_fields"):
-        return tuple(_to_fp32(v) for v in x)
-    if isinstance(x, list):
-        return [_to_fp32(v) for v in x]
-    if isinstance(x, dict) and type(x) is dict:
-        return {k: _to_fp32(v) for k, v in x.items()}
-    return x  # other containers (HF ModelOutput, named tuples) as they are
 
 
 def _compile(module: torch.nn.Module, applied: Applied) -> None:

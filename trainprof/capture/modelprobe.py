@@ -1,0 +1,160 @@
+"""The user's own model, forward + backward on its last training batch: fp32 as the script ran it
+vs what `trainprof try --fix cpu-bf16` applies (capture/bf16fix: bf16 autocast, channels-last
+for a CNN, fp32 outputs). Timed after the script ends, for cpu-bf16's estimate.
+
+Per-operator speed-up curves applied to traced operator times (capture/cpumath) stayed far from
+what the fix measured on CNNs (amp_compile: 36 % estimated, 59 % measured): the layout change
+speeds up or slows down every layer, autocast adds casts between them, and the profiler inflates
+the traced times (~27,000 page faults per fp32 step). Timing the model itself measures all of
+that at once.
+
+The user's objects are never changed: two deep copies of the module are timed (BatchNorm running
+statistics and .grad of the script's model stay as they are), on the last batch's tensors
+(cloned for the probe: a forward that writes into its input writes into the clone). One intra-op
+thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not counted),
+the least of a few interleaved runs after a warm-up of each. Skipped, with the reason, when the
+model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or one fp32
+forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S.
+
+CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
+fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
+back to the OS and faulted in again), in the script's loop as in the probe, and its bf16
+channels-last run almost none. amp_compile, one thread: the probe's fp32 146-183 ms beside the
+run's own steps of 166-187 ms; with fixed malloc thresholds (benchmarks/fix_efficacy.py) 137 ms
+beside 135 ms. User time alone (which leaves the faults out) would understate what the fix saves
+such a loop.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainprof.capture.bf16fix import install_autocast
+
+MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
+MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
+BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
+MAX_REPS = 5
+
+
+@dataclass(frozen=True)
+class ModelTimes:
+    """One forward + backward of the model, ms of CPU time on one thread; or why not."""
+
+    fp32_ms: float | None = None
+    bf16_ms: float | None = None
+    reps: int = 0  # timed runs of each after the warm-up (0: the warm-ups' times)
+    model: str = ""  # the root module's class name
+    channels_last: bool = False  # the fix made the copy channels-last (a CNN)
+    skipped: str = ""  # why there are no times (empty when there are)
+
+
+def _float_sum(out: Any) -> torch.Tensor | None:
+    """The float tensors of a model's output that carry a gradient, summed (in fp32)."""
+    todo, parts = [out], []
+    while todo:
+        x = todo.pop()
+        if isinstance(x, torch.Tensor):
+            if x.is_floating_point() and x.requires_grad:
+                parts.append(x.float().sum())
+        elif isinstance(x, (tuple, list)):
+            todo.extend(x)
+        elif isinstance(x, dict):  # dicts, HF ModelOutput (an OrderedDict)
+            todo.extend(x.values())
+    return torch.stack(parts).sum() if parts else None
+
+
+def _step(module: torch.nn.Module, args: tuple, kwargs: dict) -> Callable[[], None]:
+    def run() -> None:
+        loss = _float_sum(module(*args, **kwargs))
+        if loss is None:
+            raise ValueError("the model's output has no float tensor with a gradient")
+        loss.backward()
+        for p in module.parameters():
+            p.grad = None
+
+    return run
+
+
+def _cloned(x: Any) -> Any:
+    """`x` with its tensors cloned (tuples, lists, dicts walked; other objects as they are)."""
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, (tuple, list)):
+        items = [_cloned(v) for v in x]
+        return tuple(items) if isinstance(x, tuple) else items
+    if isinstance(x, dict) and type(x) is dict:
+        return {k: _cloned(v) for k, v in x.items()}
+    return x
+
+
+def _model_bytes(module: torch.nn.Module) -> int:
+    tensors = [*module.parameters(), *module.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
+
+
+def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes:
+    """Forward + backward of copies of `module` on (args, kwargs): fp32 vs the bf16 fix."""
+    name = type(module).__name__
+    if hasattr(module, "_orig_mod") or name == "OptimizedModule":
+        return ModelTimes(model=name, skipped="a torch.compile'd model (compiling a copy is slow)")
+    size = _model_bytes(module)
+    if size > MAX_MODEL_BYTES:
+        return ModelTimes(model=name, skipped=f"the model is too large to copy ({size >> 20} MiB)")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    clock = time.thread_time
+    try:
+        # fork_rng: dropout draws leave the script's RNG alone; enable_grad: the script may have
+        # switched gradients off globally before it ended.
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            m32, m16 = copy.deepcopy(module), copy.deepcopy(module)
+            args, kwargs = _cloned(args), _cloned(kwargs)
+            for m in (m32, m16):
+                m.train()  # as it was when the batch was kept
+                for p in m.parameters():
+                    p.grad = None
+            cl = install_autocast(m16, "cpu")
+            fp32, bf16 = _step(m32, args, kwargs), _step(m16, args, kwargs)
+            started = time.perf_counter()
+            t = clock()
+            fp32()  # warm-up: oneDNN builds its kernels on the first call
+            first = clock() - t
+            if first > MAX_CALL_S:
+                return ModelTimes(
+                    model=name,
+                    skipped=f"one fp32 forward + backward took {first:.1f} s (over {MAX_CALL_S} s)",
+                )
+            t = clock()
+            bf16()
+            # A model slow enough that the warm-ups used the budget up: their times stand (they
+            # include building oneDNN's kernels, a small part of a call this long).
+            best32, best16 = first, clock() - t
+            reps = 0
+            while reps < MAX_REPS and time.perf_counter() - started < BUDGET_S:
+                t = clock()
+                fp32()
+                best32 = min(best32, clock() - t)
+                t = clock()
+                bf16()
+                best16 = min(best16, clock() - t)
+                reps += 1
+    except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
+        return ModelTimes(model=name, skipped=f"the copy or its call failed: {_reason(err)}")
+    finally:
+        torch.set_num_threads(threads)
+    return ModelTimes(
+        fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name,
+        channels_last=cl,
+    )  # fmt: skip
