@@ -18,10 +18,13 @@ from cpu_trace import record, with_meta
 from torch import nn
 
 import trainprof
+from trainprof.analysis.context import Context
 from trainprof.capture import cpumath, modelprobe
 from trainprof.capture.modelprobe import time_model
 from trainprof.diagnose import diagnose_path
+from trainprof.rules.cpu_bf16 import model_fraction
 from trainprof.runmeta import CpuBf16, RunMeta, Window
+from trainprof.trace.load import load_trace
 
 SMALL = {"wait": 1, "warmup": 1, "active": 2}
 
@@ -232,3 +235,49 @@ def test_without_the_steps_parts_or_model_times_the_curves_stand_in(cnn: Path, t
     (f,) = _bf16(with_meta(cnn, tmp_path / "skipped", _meta(skipped)))
     assert f.metrics["basis"] == "curves"
     assert "not timed: the model is too large" in f.evidence
+
+
+def test_a_loop_slower_than_the_probe_saves_down_to_the_fixed_models_time(
+    cnn: Path, tmp_path: Path
+):
+    """Forward + backward in the loop (7 ms) slower than the probe's fp32 copy (5 ms): with the
+    fix it takes the probe's bf16 time (2 ms), not 2/5 of 7 ms (the ratio under-estimated
+    fetch-heavy loops, whose fp32 model ran slower in the loop than in the probe)."""
+    probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0)
+    (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
+    assert f.est_saving_pct == pytest.approx(100 * (7 - 2) / 10, abs=0.02)  # ratio: 42 %
+
+
+MIXED = CNN.replace(
+    """def step(i):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+""",
+    """big = torch.randn(400, 400)
+
+def step(i):
+    opt.zero_grad()
+    with torch.profiler.record_function("trainprof/forward"):
+        out = model(x)
+    loss = nn.functional.cross_entropy(out, y)
+    with torch.profiler.record_function("trainprof/backward"):
+        loss.backward()
+    for _ in range(8):  # the loop's own work between backward and step: not the model's
+        (big @ big).sum()
+    opt.step()
+""",
+)
+
+
+def test_work_outside_the_models_forward_and_backward_is_not_credited(tmp_path: Path):
+    """The step minus fetch and optimizer holds the model's forward + backward and the loop's
+    other work (here matmuls outside the model): only the model's part, as the trace's
+    forward/backward ranges show it, is sped up by the fix."""
+    folder = record(tmp_path / "mixed", MIXED, steps=3)
+    ctx = Context(load_trace(next(folder.glob("*.json*"))))
+    g = model_fraction(ctx)
+    assert 0.05 < g < 0.8, g
+    probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0)
+    (f,) = _bf16(with_meta(folder, tmp_path / "m", _meta(probe)))
+    assert f.est_saving_pct == pytest.approx(42.0 * g, abs=0.5)

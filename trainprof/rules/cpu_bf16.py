@@ -24,12 +24,21 @@ statistics, gradients and mode stay as they were. That one measurement holds eve
 changes (faster convs and matmuls, slower small ones, the layout's effect on BatchNorm/ReLU/
 MaxPool, autocast's casts), and none of the profiler's distortion: under the profiler an fp32
 CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said 28-36 % where
-the fix measured 51-59 %. The saving is (1 - bf16 time / fp32 time) x the share of the step
-that forward + backward take without the profiler: per unprofiled step (run metadata), the step
-minus its DataLoader fetches and optimizer `step()`s (so the loss, zero_grad and the loop's
-Python count as forward + backward: a slight over-statement), a median over those steps, over
-the median step. A model that runs slower in bf16 (small matmuls: autocast casts every input
-and weight per call; try_mlp's MLP 0.5x) gets no finding. All figures come from the
+the fix measured 51-59 %. The model's forward + backward in the loop, M, is measured without
+the profiler: per unprofiled step (run metadata), the step minus its DataLoader fetches and
+optimizer `step()`s, a median over those steps, times the part of that time the recorded steps
+spend inside trainprof's `trainprof/forward` and `trainprof/backward` ranges (the loss, metrics,
+logging and the loop's Python are not the model's: the fix leaves them as they are). With the
+fix, forward + backward would take the probe's bf16 time B, scaled by M / fp32 time A when the
+loop ran faster than the probe (several intra-op threads): the saving is M - B x min(1, M / A),
+over the median step. Why not simply M x (1 - B / A): in the loop the fp32 model ran 1-19 %
+slower than its copy in the probe
+(most where the DataLoader fetches in the main process between steps; the cause was not
+isolated), while the fixed model ran as fast as in the probe (within 5 % on six CPU workloads,
+one thread, `benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops
+(quickstart 8.0 % where the fix measured 13.9 %; with this model 10.8 %). A model that runs
+slower in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP
+0.5x) gets no finding. All figures come from the
 unprofiled steps and the probe, not the trace, so a stalled recorded step cannot move the
 severity.
 
@@ -60,6 +69,7 @@ import re
 import numpy as np
 
 from trainprof.analysis import unprofiled
+from trainprof.analysis.breakdown import update_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.opflops import (
@@ -225,16 +235,43 @@ def model_share(ctx: Context) -> tuple[float, int] | None:
     return (min(max(float(np.median(rest)), 0.0) / step, 1.0) if step > 0 else 0.0), len(idx)
 
 
-def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int] | None:
-    """(the share of the step the fix frees, forward + backward's share of the step, steps) from
-    the model probe: (1 - bf16 / fp32 time of the model) x its share of the step; None when the
-    model was not timed or the step's parts are unknown (then the curves stand in)."""
-    if not probe.model_fp32_ms or probe.model_bf16_ms is None:
+FORWARD_BACKWARD = r"^trainprof/(forward|backward)$"
+
+
+def model_fraction(ctx: Context) -> float:
+    """The part (0-1) of the step outside fetches and optimizer steps that the model's forward
+    and backward take in the recorded steps (trainprof's forward/backward ranges), a median
+    over those steps: the rest (the loss, metrics, logging, the loop's Python) is not the
+    model's and the fix leaves it as it is. 1.0 when the trace has no such ranges."""
+    fb = ctx.spans(FORWARD_BACKWARD)
+    if not len(fb[0]):
+        return 1.0
+    st = ctx.steps
+    aside = iv.union(ctx.dataloader_spans, update_spans(ctx))
+    rest = st.durations - iv.overlap_each(st.start, st.end, aside)
+    inside = iv.overlap_each(st.start, st.end, iv.subtract(fb, aside))
+    ok = rest > 0
+    return float(np.clip(np.median(inside[ok] / rest[ok]), 0.0, 1.0)) if ok.any() else 1.0
+
+
+def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int, float] | None:
+    """(the share of the step the fix frees, forward + backward's share of the step, steps,
+    the fixed forward + backward in ms) from the model probe; None when the model was not timed
+    or the step's parts are unknown (then the curves stand in). The fixed loop's forward +
+    backward takes what the probe timed for the fixed model, scaled down by the loop's own speed
+    when the loop ran faster than the probe's fp32 copy (several threads: the probe's ratio)."""
+    a, b = probe.model_fp32_ms, probe.model_bf16_ms
+    if not a or b is None or ctx.unprofiled_step_us is None:
         return None
     share = model_share(ctx)
     if share is None:
         return None
-    return (1 - probe.model_bf16_ms / probe.model_fp32_ms) * share[0], share[0], share[1]
+    if b >= a:  # slower in bf16 (autocast's casts cost more than small matmuls gain)
+        return 0.0, share[0], share[1], b
+    step_ms = ctx.unprofiled_step_us / 1000
+    model_ms = model_fraction(ctx) * share[0] * step_ms
+    fixed_ms = b * min(1.0, model_ms / a)
+    return max(model_ms - fixed_ms, 0.0) / step_ms, share[0], share[1], fixed_ms
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -250,7 +287,7 @@ def check(ctx: Context) -> list[Finding]:
     if conv_us + mm_us <= 0:
         return []
     if measured is not None:
-        saving_share, fb_share, n_steps = measured
+        saving_share, fb_share, n_steps, fixed_ms = measured
         if saving_share <= 0:  # the model runs slower in bf16: autocast's casts cost more
             return []
     else:
@@ -281,9 +318,10 @@ def check(ctx: Context) -> list[Finding]:
             "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
             + (", channels-last" if probe.model_channels_last else "")
             + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
-            f"~{100 * fb_share:.0f} % of the step without the profiler (the step minus its "
-            f"DataLoader fetches and optimizer step, medians over {n_steps} unprofiled steps): "
-            f"the fix would free ~{100 * saving_share:.1f} % of the step."
+            f"~{100 * fb_share:.0f} % of the step without the profiler "
+            f"({fb_share * ctx.unprofiled_step_us / 1000:.1f} ms: the step minus its DataLoader "
+            f"fetches and optimizer step, medians over {n_steps} unprofiled steps); with the fix "
+            f"about {fixed_ms:.1f} ms: the fix would free ~{100 * saving_share:.1f} % of the step."
         )
         metrics_basis: dict = {
             "basis": "model",
