@@ -115,6 +115,15 @@ def test_worker_sweep_is_powers_of_two_up_to_the_cores() -> None:
         {"threads": 1, "control": True},  # the thread change alone, never the pick
     ]
     assert catalog.variants_for("dataloader-starvation", 4, True, 0)[0] == {"num_workers": 1}
+    # A run already on one intra-op thread: nothing to lower, no control to split off (it would
+    # be the baseline again, and its noise would be charged to the workers).
+    assert catalog.variants_for("dataloader-starvation", 2, False, 0, threads=1) == [
+        {"num_workers": 1}, {"num_workers": 2},
+    ]
+    assert catalog.variants_for("dataloader-starvation", 4, False, 0, threads=2) == [
+        {"num_workers": 1}, {"num_workers": 2}, {"num_workers": 4, "threads": 1},
+        {"threads": 1, "control": True},
+    ]
 
 
 # ----- statistics --------------------------------------------------------------------------------

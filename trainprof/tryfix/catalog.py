@@ -59,21 +59,29 @@ def worker_counts(cores: int, baseline: int | None) -> list[int]:
     return [c for c in counts if c != baseline]
 
 
-def variants_for(rule: str, cores: int, cuda: bool, baseline_workers: int | None) -> list[dict]:
-    """The option sets to measure for `rule` (several: a sweep, the best one kept)."""
+def variants_for(
+    rule: str, cores: int, cuda: bool, baseline_workers: int | None, threads: int | None = None
+) -> list[dict]:
+    """The option sets to measure for `rule` (several: a sweep, the best one kept). `threads`:
+    the run's intra-op threads (None: unknown)."""
     if rule == "dataloader-starvation":
         out = []
+        lowered: list[int] = []
         for n in worker_counts(cores, baseline_workers):
             opts: dict[str, Any] = {"num_workers": n}
             if n and not cuda:
                 # On a CPU run the workers and the model's intra-op threads share the cores:
                 # oversubscribed OpenMP threads spin and make the step slower than no workers.
-                opts["threads"] = max(1, cores - n)
+                # Lowered only: a run already on fewer threads keeps them (no change to split).
+                want = max(1, cores - n)
+                if threads is None or want < threads:
+                    opts["threads"] = want
+                    lowered.append(want)
             out.append(opts)
-        if not cuda and cores > 1:
-            # Control: the thread change alone, so that the sweep shows how much of its saving
-            # comes from the workers (never picked as the fix).
-            out.append({"threads": cores - 1, "control": True})
+        if not cuda and lowered:
+            # Control: the (first) thread change alone, so that the sweep shows how much of its
+            # saving comes from the workers (never picked as the fix).
+            out.append({"threads": lowered[0], "control": True})
         return out
     return [{}]
 

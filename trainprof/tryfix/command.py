@@ -150,7 +150,9 @@ class Trial:
                 v.skipped = "needs a CUDA device; this run was on the CPU"
                 self.by_rule[rule] = [v]
                 continue
-            options = catalog.variants_for(rule, cores, self.cuda, workers)
+            options = catalog.variants_for(
+                rule, cores, self.cuda, workers, self.meta.torch_threads
+            )
             self.by_rule[rule] = [
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
             ]
