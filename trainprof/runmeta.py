@@ -111,6 +111,21 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     batch_bytes: int = 0
 
 
+class OptimizerProbe(msgspec.Struct, kw_only=True):
+    """One optimizer class's step() that ran torch's single-tensor loop, timed after the script
+    on copies of its parameters (capture/optprobe): the loop vs what `trainprof try --fix
+    optimizer-foreach` applies, what `optimizer-foreach` reads on a CPU run."""
+
+    loop_ms: float | None = None  # step() with foreach=False, fused=False (as the script ran it)
+    fix_ms: float | None = None  # step() with the fix; both ms of this thread's CPU time
+    fix: str = ""  # fused | foreach: what the fix was (fused where the class and params allow)
+    reps: int = 0  # interleaved timed steps of each after a warm-up step (the least taken)
+    threads: int = 0  # torch intra-op threads the steps ran with (the script's, at its end)
+    tensors: int = 0  # parameter tensors
+    elements: int = 0  # their elements
+    skipped: str = ""  # why there are no times (empty when there are)
+
+
 class CompileEvent(msgspec.Struct, kw_only=True):
     """One frame Dynamo compiled (capture/dynamo.py), in the order they happened."""
 
@@ -193,6 +208,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     sync_warnings: list[SyncWarning] = []
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
     loader_ipc: LoaderIpc | None = None  # only for CPU-only runs fetching without workers
+    # CPU-only runs: per optimizer class that ran the single-tensor loop (named as in
+    # optimizer_times_s), its step() timed after the script. Empty otherwise and in older metadata.
+    optimizer_probe: dict[str, OptimizerProbe] = {}
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
     dynamo: DynamoInfo | None = None  # only when the script called torch.compile

@@ -1,8 +1,10 @@
 """What `fused=True` saves a single-tensor optimizer loop on CPU, for `optimizer-foreach`: the
-fused / single-tensor step() time ratio of each class with a fused CPU kernel (the least gain
-measured; the rule's docstring gives the measurements), plain SGD told from SGD with momentum by
-its steps' `mul_`, the update's share of the step without the profiler, and the saving, never
-more than the `_single_tensor_<name>` loop that fused=True replaces."""
+fix / single-tensor step() time ratio, measured on copies of the run's own optimizer after the
+script (capture/optprobe, `optimizer_probe` in the metadata), else (older metadata, a skipped
+probe) a fixed ratio per class with a fused CPU kernel (the least gain measured on small models;
+the rule's docstring gives the measurements), plain SGD told from SGD with momentum by its
+steps' `mul_`; the update's share of the step without the profiler, and the saving, never more
+than the `_single_tensor_<name>` loop that fused=True replaces."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from trainprof.analysis import unprofiled
 from trainprof.analysis.breakdown import update_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.optimizers import Loop, Update, single_frame_spans
+from trainprof.runmeta import OptimizerProbe
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import enclosing
@@ -48,20 +51,31 @@ def _update_share(ctx: Context, lp: Loop, up: Update) -> tuple[float, bool]:
 class FusedCpu:
     """fused=True's saving for one looping class with a fused CPU kernel (class in FUSED_OK)."""
 
-    ratio: float  # fused / single-tensor step() time taken for the class
+    ratio: float  # fix / single-tensor step() time taken for the class
     share: float  # the update's share of the step without the profiler (0 to 1)
     measured: bool  # share from the run's unprofiled steps (else the trace, profiler cost out)
     saved: float  # the share of the step fused=True saves (0 to 1)
+    probed: OptimizerProbe | None = None  # the ratio's measurement on the run's optimizer
+
+
+def probed_ratio(ctx: Context, cls: str) -> OptimizerProbe | None:
+    """The class's step() timed after the script (capture/optprobe), when it was."""
+    p = ctx.meta.optimizer_probe.get(cls) if ctx.meta is not None else None
+    return p if p is not None and p.loop_ms and p.fix_ms is not None else None
 
 
 def fused_cpu(ctx: Context, lp: Loop, up: Update) -> FusedCpu:
     """The saving of fused=True for the loop `lp`, whose update is `up`."""
-    ratio = FUSED_CPU_RATIO[lp.cls]
-    if lp.cls == "SGD" and not _momentum(ctx, lp):
-        ratio = PLAIN_SGD_RATIO
+    probed = probed_ratio(ctx, lp.cls)
+    if probed is not None:
+        ratio = probed.fix_ms / probed.loop_ms
+    else:
+        ratio = FUSED_CPU_RATIO[lp.cls]
+        if lp.cls == "SGD" and not _momentum(ctx, lp):
+            ratio = PLAIN_SGD_RATIO
     share, measured = _update_share(ctx, lp, up)
-    saved = (1 - ratio) * share
+    saved = max(1 - ratio, 0.0) * share  # a slower fix saves nothing (the finding is the loop)
     loop = single_frame_spans(ctx, lp.spans)
     if loop is not None and up.host > 0:  # never more than the per-tensor loop fused replaces
         saved = min(saved, share * min(ctx.per_step(iv.total(loop)) / up.host, 1.0))
-    return FusedCpu(ratio, share, measured, saved)
+    return FusedCpu(ratio, share, measured, saved, probed)

@@ -190,7 +190,7 @@ class Session:
 
     def _session(self, noise: StderrFilter) -> Generator[None, Outcome, SessionResult]:
         # torch is imported only now: argument errors above stay instant.
-        from trainprof.capture import cpumath, loaderipc, metadata
+        from trainprof.capture import cpumath, loaderipc, metadata, optprobe
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.evaluation import EvalSupport
         from trainprof.capture.metadata import MetaCollector
@@ -361,7 +361,10 @@ class Session:
                 root.last_call,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
+            looped = {k: v for k, v in stepper.stepped.items() if k not in stepper.closure_classes}
+            meta.optimizer_probe = optprobe.probe(looped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
+        stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
         for note in meta.notes:

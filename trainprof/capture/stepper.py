@@ -123,6 +123,10 @@ class Stepper:
         self.optimizer_times: dict[str, list[float]] = {}  # class -> seconds in step(), per step
         self.opt_s: dict[str, float] = {}  # the current step's, so far
         self.closure_classes: set[str] = set()  # step() got a closure: forward/backward inside
+        # class -> the optimizer of that class that stepped last (a plain reference: a script
+        # whose optimizer is local to main() has dropped it by the end), for the optimizer probe
+        # after the script (capture/optprobe); the session drops it then.
+        self.stepped: dict[str, Any] = {}
         # (shape, dtype) of the tensors of the first batch fetched on the script's thread
         self.first_batch: list[tuple[list[int], str]] | None = None
         self.recorded: list[int] = []
@@ -211,6 +215,7 @@ class Stepper:
                 if outer:
                     name = type(opt).__name__
                     stepper.opt_s[name] = stepper.opt_s.get(name, 0.0) + time.perf_counter() - t0
+                    stepper.stepped[name] = opt
                 S.opt_depth -= 1
                 if not S.opt_depth and stepper.pending and stepper._rank == OPTIMIZER:
                     stepper._advance()

@@ -24,12 +24,24 @@ per step (the launch gaps, which multi-tensor kernels remove); only idle not alr
 to the DataLoader or to host waits is counted. The kernels' own time is reported but not claimed:
 foreach kernels move the same bytes (fused ones move fewer). CPU: only classes with a fused CPU
 kernel are reported (foreach kernels there took 0.86x to 1.34x the loop's time, no reliable
-gain), and fused=True saves 1 - FUSED_CPU_RATIO of the update's time, the ratio per class taken
-at the least gain measured (fused.step() / single-tensor step(), one thread, torch 2.14, a
-2-core EPYC; models of 4 to 6 tensors, 2.3 K to 1.3 M parameters): Adam 0.11-0.24x (0.25
-taken), AdamW 0.11-0.37x (0.4), Adagrad 0.31-0.56x (0.55), SGD with momentum 0.49-0.68x (0.7);
-plain SGD (one `add_` per tensor, no `mul_` of a momentum buffer in its steps) 0.93-1.11x: no
-saving. The update's time is the median of the time trainprof measures in the class's step()
+gain), and the fix saves 1 - its step() time over the loop's of the update's time. That ratio is
+measured on the run's own optimizer after the script (capture/optprobe, `optimizer_probe` in the
+run metadata): two optimizers of its class with each param group's hyper-parameters, on copies
+of its parameters and gradients (the script's tensors and state are not touched), one with the
+loop (foreach=False, fused=False) and one with what `trainprof try --fix optimizer-foreach`
+applies (fused=True where supported, else foreach=True), a warm-up step each, then step()
+interleaved, the least of up to 20 runs within 0.5 s, CPU time of this thread, with the torch
+intra-op thread count the script left (the update ran with those threads; a fused kernel's
+share on other threads is counted only as this thread's wait for it). The gain depends on the
+tensors' number and size (a per-tensor loop of Python and dispatcher calls against one kernel):
+fixed ratios per class, taken at the least gain measured on models of 4 to 6 tensors, 2.3 K to
+1.3 M parameters (fused.step() / single-tensor step(), one thread, torch 2.14, a 2-core EPYC:
+Adam 0.11-0.24x, 0.25 taken; AdamW 0.11-0.37x, 0.4; Adagrad 0.31-0.56x, 0.55; SGD with momentum
+0.49-0.68x, 0.7; plain SGD, one `add_` per tensor and no `mul_` of a momentum buffer in its
+steps, 0.93-1.11x: no saving) missed the measured saving on 4 of 8 workloads; they stand in
+only where the probe did not run (older metadata, parameters over 256 MiB, a class that cannot
+be rebuilt from its param groups: the evidence says why). A fix slower than the loop saves
+nothing. The update's time is the median of the time trainprof measures in the class's step()
 over the run's unprofiled steps, as a share of their median step (older metadata: the recorded
 steps' update with the profiler's per-event cost taken out, analysis/unprofiled): a
 single-tensor loop is Python-heavy, and Adam's 0.13 ms for a 4-tensor MLP takes 0.84 ms with the
@@ -77,6 +89,14 @@ def _fix(cls: str, gpu: bool, meta: OptimizerInfo | None) -> str:
     if cls in FUSED_OK:
         return f"`torch.optim.{cls}(params, ..., fused=True)` (CPU fused kernels: torch >= 2.4)."
     return f"{prefix}`{cls}(params, ..., foreach=True)`: multi-tensor kernels, one launch per op."
+
+
+def _not_timed(ctx: Context, cls: str) -> str:
+    """Why the run's own optimizer was not timed (capture/optprobe)."""
+    probe = ctx.meta.optimizer_probe.get(cls) if ctx.meta is not None else None
+    if probe is not None and probe.skipped:
+        return f"not timed on this run's optimizer: {probe.skipped}"
+    return "not timed on this run's optimizer"
 
 
 def _finding(ctx: Context, lp: Loop) -> Finding:
@@ -127,12 +147,26 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
         where = "the run's steps outside the profiler" if measured else "profiler cost removed"
         evidence += (
             f" Without the profiler ({where}) the update is ~{100 * share:.1f} % of the step; "
-            "fused=True "
-            f"took {ratio:.2f}x the single-tensor time for {lp.cls}"
-            + (" without momentum" if ratio == PLAIN_SGD_RATIO else "")
-            + f" on CPU (torch 2.14, the least gain measured): ~{100 * saved:.1f} % of the step."
         )
-        metrics["fused_ratio"] = ratio
+        pr = fc.probed
+        if pr is not None:
+            evidence += (
+                f"{pr.fix}=True took {ratio:.2f}x the single-tensor time, timed after the run on "
+                f"copies of its {pr.tensors} parameter tensors ({pr.loop_ms:.3f} vs "
+                f"{pr.fix_ms:.3f} ms per step(), {pr.threads} thread"
+                + ("s" if pr.threads != 1 else "")
+                + f"): ~{100 * saved:.1f} % of the step."
+            )
+            metrics.update(probe_loop_ms=pr.loop_ms, probe_fix_ms=pr.fix_ms, probe_fix=pr.fix)
+        else:
+            evidence += (
+                f"fused=True took {ratio:.2f}x the single-tensor time for {lp.cls}"
+                + (" without momentum" if ratio == PLAIN_SGD_RATIO else "")
+                + " on CPU (torch 2.14, the least gain measured on small models; "
+                + _not_timed(ctx, lp.cls)
+                + f"): ~{100 * saved:.1f} % of the step."
+            )
+        metrics["fused_ratio"] = round(ratio, 3)
     else:
         saving, severity = 0.0, "low"
         evidence += " Not measurable here: the trace has no GPU timeline."

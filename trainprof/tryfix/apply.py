@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.bf16fix import install_autocast
+from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches
 
 
@@ -179,7 +180,7 @@ def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., Non
         elif "params" in kwargs:
             kwargs["params"] = list(kwargs["params"])
         try:
-            if fused and _fused_ok(params if params is not None else kwargs.get("params")):
+            if fused and fused_ok(params if params is not None else kwargs.get("params")):
                 try:
                     return orig(self, *args, **{**kwargs, "fused": True, "foreach": False})
                 except (RuntimeError, ValueError, TypeError):
@@ -189,28 +190,6 @@ def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., Non
             self._trainprof_fix = 0
 
     return __init__
-
-
-def _fused_ok(params: Any) -> bool:
-    """fused=True fails at the first step, not at construction, on params it does not support."""
-    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
-
-    if not params:
-        return False
-    tensors = []
-    for p in params:
-        if isinstance(p, dict):
-            if not isinstance(p["params"], torch.Tensor):
-                p["params"] = list(p["params"])  # a generator would be used up here
-            group = p["params"]
-            tensors += [group] if isinstance(group, torch.Tensor) else group
-        else:
-            tensors.append(p)
-    devices = set(_get_fused_kernels_supported_devices())
-    return all(
-        isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type in devices
-        for t in tensors
-    )
 
 
 # ----- backend flags (CUDA) --------------------------------------------------------------------

@@ -1,0 +1,166 @@
+"""The user's own optimizer, single-tensor loop vs what `trainprof try --fix optimizer-foreach`
+applies (fused=True where the class and the parameters support it, else foreach=True): one
+step() of each timed after the script ends, for optimizer-foreach's CPU estimate.
+
+Fixed per-class ratios (fused Adam at 0.25x the loop, measured on 4-6 tensor models) missed the
+measured saving on half the workloads: what fused=True saves depends on how many tensors there
+are and how large (a per-tensor loop of Python and dispatcher calls against one kernel whose own
+cost grows with the elements), so it is measured on the run's own parameters.
+
+The user's objects are never changed: two new optimizers of the same class are built on copies
+of the parameters that the script's optimizer holds (same shapes, dtypes and values) with copies
+of their gradients (random ones where a parameter has none), with each param group's
+hyper-parameters; the script's optimizer state is not read. Each takes one step first (its state
+is created there), then step() of each is timed, interleaved, the least of up to MAX_REPS runs,
+in CPU time of this thread (a shared machine's preemptions are not counted), within BUDGET_S.
+With the run's intra-op thread count (torch.get_num_threads() as the script left it): the update
+ran with those threads in the script. The single-tensor loop's ops on small tensors stay on this
+thread; a fused kernel splits its tensors among the threads, and this thread's CPU time counts
+its own part and its busy waiting for the others (OpenMP spins before it sleeps), so with
+several threads and large tensors the fused time can be understated. Skipped, with the reason,
+when the parameters are not all on the CPU, exceed MAX_PARAM_BYTES, or a copy cannot be built
+or stepped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any
+
+import torch
+
+from trainprof.runmeta import OptimizerProbe
+
+MAX_PARAM_BYTES = 256 << 20  # parameters: copies of them, their gradients and two states
+BUDGET_S = 0.5  # wall time from the warm-ups on after which no more timed steps are started
+MAX_REPS = 20
+
+
+def fused_ok(params: Any) -> bool:
+    """The tensors (a list of tensors or of param-group dicts) are all floating point on a
+    device with fused optimizer kernels: fused=True fails at the first step, not at
+    construction, on params it does not support."""
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    if not params:
+        return False
+    tensors = []
+    for p in params:
+        if isinstance(p, dict):
+            if not isinstance(p["params"], torch.Tensor):
+                p["params"] = list(p["params"])  # a generator would be used up here
+            group = p["params"]
+            tensors += [group] if isinstance(group, torch.Tensor) else group
+        else:
+            tensors.append(p)
+    devices = set(_get_fused_kernels_supported_devices())
+    return all(
+        isinstance(t, torch.Tensor) and t.is_floating_point() and t.device.type in devices
+        for t in tensors
+    )
+
+
+def single_tensor(opt: Any) -> bool:
+    """The optimizer ran torch's single-tensor loop: neither foreach nor fused asked for, on CPU
+    parameters (torch picks foreach by default only when every parameter is on CUDA)."""
+    groups = getattr(opt, "param_groups", None) or []
+    if not groups or "foreach" not in inspect.signature(type(opt).__init__).parameters:
+        return False
+    for g in groups:
+        if g.get("foreach") or g.get("fused"):
+            return False
+        if any(p.device.type != "cpu" for p in g["params"]):
+            return False
+    return True
+
+
+def _copy_groups(opt: Any) -> tuple[list[dict], int, int]:
+    """Param-group dicts on copies of the parameters (with copies of their gradients), the
+    tensors and the elements."""
+    groups, tensors, elements = [], 0, 0
+    for g in opt.param_groups:
+        params = []
+        for p in g["params"]:
+            if p.grad is not None and p.grad.is_sparse:
+                raise ValueError("a sparse gradient")
+            c = p.detach().clone().requires_grad_(True)
+            c.grad = p.grad.detach().clone() if p.grad is not None else torch.randn_like(c)
+            params.append(c)
+            tensors += 1
+            elements += p.numel()
+        hyper = {k: v for k, v in g.items() if k not in ("params", "foreach", "fused")}
+        groups.append({**hyper, "params": params})
+    return groups, tensors, elements
+
+
+def _build(cls: type, groups: list[dict], **flags: bool) -> Any:
+    return cls([{**g, **flags} for g in groups], **flags)
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
+
+
+def time_optimizer(opt: Any) -> OptimizerProbe:
+    """step() of copies of `opt`: the single-tensor loop vs fused=True (or foreach=True)."""
+    cls = type(opt)
+    threads = torch.get_num_threads()
+    info = OptimizerProbe(threads=threads)
+    try:
+        nbytes = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])
+        if nbytes > MAX_PARAM_BYTES:
+            info.skipped = f"the parameters are too large to copy ({nbytes >> 20} MiB)"
+            return info
+        groups, info.tensors, info.elements = _copy_groups(opt)
+        takes = inspect.signature(cls.__init__).parameters
+        loop = _build(cls, groups, foreach=False, **({"fused": False} if "fused" in takes else {}))
+        fix_groups = _copy_groups(opt)[0]  # its own copies: the two must not share tensors
+        fix = None
+        if "fused" in takes and fused_ok(fix_groups):
+            try:
+                fix, info.fix = _build(cls, fix_groups, foreach=False, fused=True), "fused"
+            except (RuntimeError, ValueError, TypeError):
+                pass  # as `try` does: a device or dtype fused does not support, foreach then
+        if fix is None:
+            fix, info.fix = _build(cls, fix_groups, foreach=True), "foreach"
+        clock = time.thread_time
+        started = time.perf_counter()
+        with torch.no_grad():
+            t = clock()
+            loop.step()  # warm-up: the state is created on the first step
+            best_loop = clock() - t
+            t = clock()
+            fix.step()
+            best_fix = clock() - t
+            reps = 0
+            while reps < MAX_REPS and time.perf_counter() - started < BUDGET_S:
+                t = clock()
+                loop.step()
+                best_loop = min(best_loop, clock() - t)
+                t = clock()
+                fix.step()
+                best_fix = min(best_fix, clock() - t)
+                reps += 1
+    except Exception as err:  # noqa: BLE001 - any failure means the fixed ratios instead
+        info.skipped = f"the copy or its step failed: {_reason(err)}"
+        return info
+    info.loop_ms, info.fix_ms, info.reps = round(best_loop * 1e3, 4), round(best_fix * 1e3, 4), reps
+    return info
+
+
+def probe(optimizers: dict[str, Any], cuda_used: bool) -> dict[str, OptimizerProbe]:
+    """Per class (as `optimizer_times_s` names them), the timed steps of the optimizer that ran
+    the single-tensor loop last; classes that did not are left out. Nothing on a CUDA run."""
+    if cuda_used:
+        return {}
+    out: dict[str, OptimizerProbe] = {}
+    for name, opt in optimizers.items():
+        try:
+            looped = single_tensor(opt)
+        except Exception:  # noqa: BLE001 - an optimizer we cannot read: not probed
+            continue
+        if looped:
+            out[name] = time_optimizer(opt)
+    return out
