@@ -7,10 +7,10 @@ measured saving on half the workloads: what fused=True saves depends on how many
 are and how large (a per-tensor loop of Python and dispatcher calls against one kernel whose own
 cost grows with the elements), so it is measured on the run's own parameters.
 
-The user's objects are never changed: two new optimizers of the same class are built on copies
-of the parameters that the script's optimizer holds (same shapes, dtypes and values) with copies
-of their gradients (random ones where a parameter has none), with each param group's
-hyper-parameters; the script's optimizer state is not read. Each takes one step first (its state
+The user's objects are never changed, nor kept: when an optimizer steps, its class, param
+groups' hyper-parameters and parameters' shapes and dtypes are noted (OptimizerSpec); after the
+script two new optimizers of that class are built on new parameters of those shapes with random
+gradients; the script's optimizer state is not read. Each takes one step first (its state
 is created there), then step() of each is timed, interleaved, the least of up to MAX_REPS runs,
 in CPU time of this thread (a shared machine's preemptions are not counted), within BUDGET_S.
 With the run's intra-op thread count (torch.get_num_threads() as the script left it): the update
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import inspect
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -75,22 +76,45 @@ def single_tensor(opt: Any) -> bool:
     return True
 
 
-def _copy_groups(opt: Any) -> tuple[list[dict], int, int]:
-    """Param-group dicts on copies of the parameters (with copies of their gradients), the
-    tensors and the elements."""
-    groups, tensors, elements = [], 0, 0
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What the probe needs of a script's optimizer, taken when it steps: its class, each param
+    group's hyper-parameters and its parameters' shapes and dtypes. Not the optimizer itself: a
+    reference would keep it alive, and the step finder takes the next optimizer as the one that
+    marks steps only once the first is gone (a function that builds its own per call)."""
+
+    cls: type
+    groups: list[dict]  # hyper-parameters, "params": [(shape, dtype)]
+    nbytes: int
+    looped: bool  # it ran the single-tensor loop (single_tensor)
+
+
+def spec_of(opt: Any) -> OptimizerSpec:
+    groups, nbytes = [], 0
     for g in opt.param_groups:
+        hyper = {k: v for k, v in g.items() if k not in ("params", "foreach", "fused")}
+        groups.append({**hyper, "params": [(tuple(p.shape), p.dtype) for p in g["params"]]})
+        nbytes += sum(p.numel() * p.element_size() for p in g["params"])
+    try:
+        looped = single_tensor(opt)
+    except Exception:  # noqa: BLE001 - an optimizer we cannot read: not probed
+        looped = False
+    return OptimizerSpec(type(opt), groups, nbytes, looped)
+
+
+def _copy_groups(spec: OptimizerSpec) -> tuple[list[dict], int, int]:
+    """Param-group dicts on new parameters of the spec's shapes and dtypes, with gradients
+    (random values: the update's cost does not depend on them), the tensors and the elements."""
+    groups, tensors, elements = [], 0, 0
+    for g in spec.groups:
         params = []
-        for p in g["params"]:
-            if p.grad is not None and p.grad.is_sparse:
-                raise ValueError("a sparse gradient")
-            c = p.detach().clone().requires_grad_(True)
-            c.grad = p.grad.detach().clone() if p.grad is not None else torch.randn_like(c)
+        for shape, dtype in g["params"]:
+            c = torch.randn(shape, dtype=dtype).requires_grad_(True)
+            c.grad = torch.randn_like(c)
             params.append(c)
             tensors += 1
-            elements += p.numel()
-        hyper = {k: v for k, v in g.items() if k not in ("params", "foreach", "fused")}
-        groups.append({**hyper, "params": params})
+            elements += c.numel()
+        groups.append({**g, "params": params})
     return groups, tensors, elements
 
 
@@ -104,19 +128,20 @@ def _reason(err: BaseException) -> str:
 
 
 def time_optimizer(opt: Any) -> OptimizerProbe:
-    """step() of copies of `opt`: the single-tensor loop vs fused=True (or foreach=True)."""
-    cls = type(opt)
+    """step() of copies of `opt` (an optimizer or its OptimizerSpec): the single-tensor loop vs
+    fused=True (or foreach=True)."""
+    spec = opt if isinstance(opt, OptimizerSpec) else spec_of(opt)
+    cls = spec.cls
     threads = torch.get_num_threads()
     info = OptimizerProbe(threads=threads)
     try:
-        nbytes = sum(p.numel() * p.element_size() for g in opt.param_groups for p in g["params"])
-        if nbytes > MAX_PARAM_BYTES:
-            info.skipped = f"the parameters are too large to copy ({nbytes >> 20} MiB)"
+        if spec.nbytes > MAX_PARAM_BYTES:
+            info.skipped = f"the parameters are too large to copy ({spec.nbytes >> 20} MiB)"
             return info
-        groups, info.tensors, info.elements = _copy_groups(opt)
+        groups, info.tensors, info.elements = _copy_groups(spec)
         takes = inspect.signature(cls.__init__).parameters
         loop = _build(cls, groups, foreach=False, **({"fused": False} if "fused" in takes else {}))
-        fix_groups = _copy_groups(opt)[0]  # its own copies: the two must not share tensors
+        fix_groups = _copy_groups(spec)[0]  # its own copies: the two must not share tensors
         fix = None
         if "fused" in takes and fused_ok(fix_groups):
             try:
@@ -157,10 +182,7 @@ def probe(optimizers: dict[str, Any], cuda_used: bool) -> dict[str, OptimizerPro
         return {}
     out: dict[str, OptimizerProbe] = {}
     for name, opt in optimizers.items():
-        try:
-            looped = single_tensor(opt)
-        except Exception:  # noqa: BLE001 - an optimizer we cannot read: not probed
-            continue
-        if looped:
-            out[name] = time_optimizer(opt)
+        spec = opt if isinstance(opt, OptimizerSpec) else spec_of(opt)
+        if spec.looped:
+            out[name] = time_optimizer(spec)
     return out

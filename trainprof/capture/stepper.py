@@ -56,6 +56,7 @@ from torch.profiler import ProfilerAction
 
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.launch import MaxStepsReached
+from trainprof.capture.optprobe import OptimizerSpec, spec_of
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 
@@ -123,10 +124,11 @@ class Stepper:
         self.optimizer_times: dict[str, list[float]] = {}  # class -> seconds in step(), per step
         self.opt_s: dict[str, float] = {}  # the current step's, so far
         self.closure_classes: set[str] = set()  # step() got a closure: forward/backward inside
-        # class -> the optimizer of that class that stepped last (a plain reference: a script
-        # whose optimizer is local to main() has dropped it by the end), for the optimizer probe
-        # after the script (capture/optprobe); the session drops it then.
-        self.stepped: dict[str, Any] = {}
+        # class -> what the optimizer probe (capture/optprobe, after the script) needs of the
+        # optimizer of that class that stepped last: its spec, not the optimizer (a reference
+        # would keep it alive, and the next one would never mark steps).
+        self.stepped: dict[str, OptimizerSpec] = {}
+        self.stepped_ids: dict[str, int] = {}
         # (shape, dtype) of the tensors of the first batch fetched on the script's thread
         self.first_batch: list[tuple[list[int], str]] | None = None
         self.recorded: list[int] = []
@@ -215,7 +217,9 @@ class Stepper:
                 if outer:
                     name = type(opt).__name__
                     stepper.opt_s[name] = stepper.opt_s.get(name, 0.0) + time.perf_counter() - t0
-                    stepper.stepped[name] = opt
+                    if stepper.stepped_ids.get(name) != id(opt):  # a new one: note its spec
+                        stepper.stepped[name] = spec_of(opt)
+                        stepper.stepped_ids[name] = id(opt)
                 S.opt_depth -= 1
                 if not S.opt_depth and stepper.pending and stepper._rank == OPTIMIZER:
                     stepper._advance()
