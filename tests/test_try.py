@@ -139,6 +139,17 @@ def test_saving_interval_and_verdicts() -> None:
     m3, lo3, hi3 = saving(fast, base)
     assert verdict(5.0, m3, lo3, hi3) == "slower"
     assert within_target(18.1, -0.9) is False  # the issue's FakeData case
+
+
+def test_three_rounds_that_disagree_confirm_nothing() -> None:
+    """Each round tight inside, the rounds apart (a machine whose load drifts between them):
+    savings of 10, 1 and 7 % are no evidence of a saving, however narrow each round is."""
+    base = [[10.0, 10.01, 9.99] * 5 for _ in range(3)]
+    variant = [[v, v + 0.01, v - 0.01] * 5 for v in (9.0, 9.9, 9.3)]
+    m, lo, hi = saving(base, variant)
+    assert 5 < m < 7
+    assert lo < 0 < hi  # the bootstrap of these 3 rounds alone said [1, 10]
+    assert verdict(0.0, m, lo, hi) == "none"
     assert within_target(2.0, 0.5) is True and within_target(12.0, 10.0) is True
     assert within_target(None, 3.0) is None
 
