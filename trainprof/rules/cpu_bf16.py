@@ -18,7 +18,7 @@ script ends, times forward + backward (the float outputs summed, `.backward()`) 
 copies of the module on that batch: one in fp32 as the script ran it, one under exactly what
 `trainprof try --fix cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast
 around the forward, channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One
-intra-op thread, CPU time of the thread, the least of up to 5 interleaved runs after a warm-up
+intra-op thread, CPU time of the thread, the least of up to 20 interleaved runs after a warm-up
 of each (`capture/modelprobe.py`). The script's model is not touched: its weights, BatchNorm
 statistics, gradients and mode stay as they were. That one measurement holds everything the fix
 changes (faster convs and matmuls, slower small ones, the layout's effect on BatchNorm/ReLU/
