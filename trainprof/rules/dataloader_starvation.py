@@ -51,7 +51,9 @@ MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
 
 
-def _cpu_evidence(model: CpuModel, cores: int, threads: int, others: float | None) -> str:
+def _cpu_evidence(
+    model: CpuModel, cores: int, threads: int, others: float | None, has_workers: bool = False
+) -> str:
     where = (
         "the run's steps outside the profiler" if model.measured
         else "the traced steps, the profiler's overhead taken out"
@@ -68,6 +70,8 @@ def _cpu_evidence(model: CpuModel, cores: int, threads: int, others: float | Non
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
         text += "."
+    elif has_workers:  # the probe runs only for loaders without workers
+        text += " The cost of handing batches between processes is in those times already."
     else:
         text += " The cost of handing batches between processes was not measured (older run)."
     threads_text = (
@@ -119,7 +123,7 @@ def check(ctx: Context) -> list[Finding]:
         if model is not None:
             load = ctx.meta.load if ctx.meta else None
             evidence += _cpu_evidence(model, cpus or 1, threads or 1,
-                                      load.other_cpus if load else None)
+                                      load.other_cpus if load else None, bool(n_workers))
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
     no_gain = model is not None and model.saving <= 0
