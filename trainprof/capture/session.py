@@ -361,8 +361,9 @@ class Session:
                 root.last_call,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
-            looped = {k: v for k, v in stepper.stepped.items() if k not in stepper.closure_classes}
-            meta.optimizer_probe = optprobe.probe(looped, bool(meta.devices))
+            # Also for a class stepped with a closure (Lightning): the probe steps its copies
+            # without one, and the rule leaves the closure's forward/backward out of the update.
+            meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
