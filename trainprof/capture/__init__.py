@@ -28,6 +28,9 @@ Modules, one job each:
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
+* modelprobe a copy of the user's model, fp32 vs the bf16 fix, timed after the script (cpu-bf16)
+* bf16fix    the bf16 autocast fix itself (channels-last for CNNs), shared with `trainprof try`
+* optprobe   copies of the run's optimizer, loop vs fused/foreach, timed after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log
 * progress   the little trainprof shows on a terminal
 * summary    step-time summary when no diagnosis is printed
