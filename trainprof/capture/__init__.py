@@ -27,6 +27,7 @@ Modules, one job each:
              written when its window closes
 * userprof   the script's own profiler: trainprof's steps aside before it starts; its traces
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
+* cputime    CPU time of two alternatives run alternately, the least of each (the probes below)
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
 * modelprobe a copy of the user's model, fp32 vs the bf16 fix, timed after the script (cpu-bf16)
 * bf16fix    the bf16 autocast fix itself (channels-last for CNNs), shared with `trainprof try`

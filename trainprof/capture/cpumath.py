@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from trainprof.analysis.opflops import conv_flops, matmul_flops
+from trainprof.capture.cputime import best_interleaved
 from trainprof.capture.modelprobe import ModelTimes, time_model
 from trainprof.runmeta import CpuBf16
 
@@ -55,17 +56,9 @@ def _speedup(
     ratios (3x to 7x for the same conv on a 2-core machine at load 6; medians of two
     back-to-back series once gave 44x where the quiet figure is 1.3x). CPU time does not count
     the time spent descheduled; the least of several drops what cache thrashing remains."""
-    clock = time.thread_time
     fp32()  # warm-up: oneDNN builds its kernels on the first call
     bf16()
-    best32 = best16 = float("inf")
-    for _ in range(reps):
-        t = clock()
-        fp32()
-        best32 = min(best32, clock() - t)
-        t = clock()
-        bf16()
-        best16 = min(best16, clock() - t)
+    best32, best16, _ = best_interleaved(fp32, bf16, reps)
     return round(best32 / max(best16, 1e-9), 2), round(best32 * 1e6, 1)
 
 

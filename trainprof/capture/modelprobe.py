@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.bf16fix import install_autocast
+from trainprof.capture.cputime import best_interleaved, cpu_time
 
 MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
@@ -114,7 +115,6 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
         return ModelTimes(model=name, skipped=f"the model is too large to copy ({size >> 20} MiB)")
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    clock = time.thread_time
     try:
         # fork_rng: dropout draws leave the script's RNG alone; enable_grad: the script may have
         # switched gradients off globally before it ended.
@@ -128,28 +128,17 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
             cl = install_autocast(m16, "cpu")
             fp32, bf16 = _step(m32, args, kwargs), _step(m16, args, kwargs)
             started = time.perf_counter()
-            t = clock()
-            fp32()  # warm-up: oneDNN builds its kernels on the first call
-            first = clock() - t
+            first = cpu_time(fp32)  # warm-up: oneDNN builds its kernels on the first call
             if first > MAX_CALL_S:
                 return ModelTimes(
                     model=name,
                     skipped=f"one fp32 forward + backward took {first:.1f} s (over {MAX_CALL_S} s)",
                 )
-            t = clock()
-            bf16()
+            first16 = cpu_time(bf16)
             # A model slow enough that the warm-ups used the budget up: their times stand (they
             # include building oneDNN's kernels, a small part of a call this long).
-            best32, best16 = first, clock() - t
-            reps = 0
-            while reps < MAX_REPS and time.perf_counter() - started < BUDGET_S:
-                t = clock()
-                fp32()
-                best32 = min(best32, clock() - t)
-                t = clock()
-                bf16()
-                best16 = min(best16, clock() - t)
-                reps += 1
+            best32, best16, reps = best_interleaved(fp32, bf16, MAX_REPS, BUDGET_S, started)
+            best32, best16 = min(best32, first), min(best16, first16)
     except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
         return ModelTimes(model=name, skipped=f"the copy or its call failed: {_reason(err)}")
     finally:

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from trainprof.capture.cputime import best_interleaved, cpu_time
 from trainprof.runmeta import OptimizerProbe
 
 MAX_PARAM_BYTES = 256 << 20  # parameters: copies of them, their gradients and two states
@@ -150,24 +151,14 @@ def time_optimizer(opt: Any) -> OptimizerProbe:
                 pass  # as `try` does: a device or dtype fused does not support, foreach then
         if fix is None:
             fix, info.fix = _build(cls, fix_groups, foreach=True), "foreach"
-        clock = time.thread_time
         started = time.perf_counter()
         with torch.no_grad():
-            t = clock()
-            loop.step()  # warm-up: the state is created on the first step
-            best_loop = clock() - t
-            t = clock()
-            fix.step()
-            best_fix = clock() - t
-            reps = 0
-            while reps < MAX_REPS and time.perf_counter() - started < BUDGET_S:
-                t = clock()
-                loop.step()
-                best_loop = min(best_loop, clock() - t)
-                t = clock()
-                fix.step()
-                best_fix = min(best_fix, clock() - t)
-                reps += 1
+            first_loop = cpu_time(loop.step)  # warm-up: the state is created on the first step
+            first_fix = cpu_time(fix.step)
+            best_loop, best_fix, reps = best_interleaved(
+                loop.step, fix.step, MAX_REPS, BUDGET_S, started
+            )
+            best_loop, best_fix = min(best_loop, first_loop), min(best_fix, first_fix)
     except Exception as err:  # noqa: BLE001 - any failure means the fixed ratios instead
         info.skipped = f"the copy or its step failed: {_reason(err)}"
         return info

@@ -1,0 +1,36 @@
+"""CPU time of this thread for two alternatives run alternately: what the after-run probes
+(cpumath, modelprobe, optprobe) compare. CPU time, not wall time: a shared machine deschedules a
+long run more often than a short one, which inflates wall-clock ratios; the least of several
+runs drops what cache thrashing remains."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+
+def cpu_time(fn: Callable[[], object]) -> float:
+    """Seconds of this thread's CPU time one call of `fn` takes."""
+    t = time.thread_time()
+    fn()
+    return time.thread_time() - t
+
+
+def best_interleaved(
+    a: Callable[[], object],
+    b: Callable[[], object],
+    reps: int,
+    budget_s: float = float("inf"),
+    started: float | None = None,
+) -> tuple[float, float, int]:
+    """(least CPU time of `a`, of `b`, runs of each): a and b alternately, up to `reps` times,
+    no new run once `budget_s` of wall time has passed since `started` (perf_counter; now if
+    None). inf for a side that never ran."""
+    started = time.perf_counter() if started is None else started
+    best_a = best_b = float("inf")
+    runs = 0
+    while runs < reps and time.perf_counter() - started < budget_s:
+        best_a = min(best_a, cpu_time(a))
+        best_b = min(best_b, cpu_time(b))
+        runs += 1
+    return best_a, best_b, runs
