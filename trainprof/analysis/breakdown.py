@@ -74,6 +74,22 @@ def update_spans(ctx: Context) -> iv.Intervals:
     return iv.subtract(_events(ctx, *host, pattern=_OPTIMIZER_STEP), closure_spans(ctx))
 
 
+def fetch_and_update_spans(ctx: Context) -> iv.Intervals:
+    """DataLoader fetches and the optimizer's own time: what of a step is neither the model's
+    forward/backward nor the loop around it (a CPU step's other parts are measured apart)."""
+    return ctx.memo(_fetch_and_update_spans)
+
+
+def _fetch_and_update_spans(ctx: Context) -> iv.Intervals:
+    return iv.union(ctx.dataloader_spans, update_spans(ctx))
+
+
+def steps_outside(ctx: Context, spans: iv.Intervals) -> np.ndarray:
+    """Each step's duration less its overlap with `spans` (µs, in step order)."""
+    st = ctx.steps
+    return st.durations - iv.overlap_each(st.start, st.end, spans)
+
+
 def category_sets(ctx: Context) -> Iterator[tuple[str, iv.Intervals]]:
     """(category, time set) in priority order, 'Other' excluded. Each set is built when the
     caller reaches it, so only one is held at a time (a large trace's are millions of

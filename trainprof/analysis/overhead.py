@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis.breakdown import update_spans
+from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
 from trainprof.analysis.dispatch import OP_PATTERN, split_other
 from trainprof.analysis.syncs import outermost
@@ -68,14 +68,14 @@ def cpu_ops(ctx: Context) -> CpuOps | None:
     if ctx.steps.thread is not None:
         ops = ops[tr.thread[ops] == ctx.steps.thread]
     ops = outermost(tr, ops[ctx.in_windows(ops)])
-    aside = iv.union(ctx.dataloader_spans, update_spans(ctx))
+    aside = fetch_and_update_spans(ctx)
     out = iv.contains(aside, tr.ts[ops])
     n = max(ctx.n_steps, 1)
     ops, left_out = ops[~out], int(out.sum())
     if not len(ops):
         return None
     st = ctx.steps
-    rest = st.durations - iv.overlap_each(st.start, st.end, aside)  # step by step
+    rest = steps_outside(ctx, aside)  # step by step
     return CpuOps(
         ops=ops,
         per_step=len(ops) / n,

@@ -69,7 +69,7 @@ import re
 import numpy as np
 
 from trainprof.analysis import unprofiled
-from trainprof.analysis.breakdown import update_spans
+from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.opflops import (
@@ -247,8 +247,8 @@ def model_fraction(ctx: Context) -> float:
     if not len(fb[0]):
         return 1.0
     st = ctx.steps
-    aside = iv.union(ctx.dataloader_spans, update_spans(ctx))
-    rest = st.durations - iv.overlap_each(st.start, st.end, aside)
+    aside = fetch_and_update_spans(ctx)
+    rest = steps_outside(ctx, aside)
     inside = iv.overlap_each(st.start, st.end, iv.subtract(fb, aside))
     ok = rest > 0
     return float(np.clip(np.median(inside[ok] / rest[ok]), 0.0, 1.0)) if ok.any() else 1.0
