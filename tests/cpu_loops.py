@@ -94,6 +94,22 @@ RECOMPILING = COMPILED.format(dynamic="False", length="8 + i")  # a new length e
 SETTLING = COMPILED.format(dynamic="None", length="8 + i")  # automatic dynamic shapes
 STABLE = COMPILED.format(dynamic="False", length="8")
 
+# try_mlp's optimizer: Adam with foreach=False on a 4-tensor MLP.
+ADAM = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
+
+def step(i):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
 STEP_LINE = line_of(BAD, "def step")
 OPTIMIZER_AT = f"train.py:{line_of(BAD, '# OPTIMIZER')}"
 

@@ -10,27 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cpu_loops import ADAM
 from cpu_trace import record
 
 from trainprof.analysis.fused_cpu import FUSED_CPU_RATIO
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import OptimizerInfo, RunMeta
 
-# try_mlp: Adam with foreach=False on a 4-tensor MLP.
-ADAM = """
-import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
-
-def step(i):
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
 # try_jpeg: plain SGD, one add_ per tensor: nothing for fused=True to merge.
 PLAIN_SGD = ADAM.replace("torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)",
                          "torch.optim.SGD(model.parameters(), lr=0.01, foreach=False)")

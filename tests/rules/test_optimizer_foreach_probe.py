@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_loops import ADAM
 from cpu_trace import record, with_meta
 from torch import nn
 
@@ -136,20 +137,6 @@ def test_a_run_records_the_probe_per_looping_class(tmp_path: Path):
 
 
 # ----- the rule's arithmetic -------------------------------------------------------------------
-ADAM = """
-import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
-opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
-x, y = torch.randn(32, 32), torch.randint(0, 10, (32,))
-
-def step(i):
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
 
 
 @pytest.fixture(scope="module")
