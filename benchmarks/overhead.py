@@ -196,7 +196,8 @@ def main() -> None:
         probe_costs(device)
         return
 
-    trainprof = Path(sys.executable).with_name("trainprof")
+    # `python -m trainprof`, the console script's code, also where no script was installed.
+    trainprof = [sys.executable, "-m", "trainprof"]
     script_args = [str(HERE), "--loop", "--steps", str(args.steps), "--device", device]
     plain_cmd = [sys.executable, *script_args]
     with tempfile.TemporaryDirectory() as tmp:
@@ -205,7 +206,7 @@ def main() -> None:
         for i in range(args.pairs):
             plain.append(_timed(plain_cmd))
             out = os.path.join(tmp, f"run{i}")
-            prof.append(_timed([str(trainprof), "run", "--out", out, *script_args]))
+            prof.append(_timed([*trainprof, "run", "--out", out, *script_args]))
             print(
                 f"pair {i + 1}: loop {plain[-1][0]:.3f} s vs {prof[-1][0]:.3f} s, "
                 f"process {plain[-1][1]:.2f} s vs {prof[-1][1]:.2f} s"
