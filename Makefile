@@ -29,16 +29,28 @@ lint: setup
 # benchmarks/overhead.py and benchmarks/fix_efficacy.py on the GPU. Installs nothing beyond
 # `make setup`. Everything printed is also kept in $(GPU_RESULTS)/ (gitignored), with the device
 # and versions, for copying the figures into README.md. The benchmarks run even when a test
-# fails; the target fails if any of the three did.
+# fails; the target fails if any of the three did. On a GPU machine without package registries
+# whose Python already has torch and trainprof's dependencies: `make gpu-test GPU_PY=python3`
+# (no venv, no install; trainprof from this folder). GPU_BENCH=0 runs the tests alone.
 GPU_RESULTS ?= gpu-results
+GPU_PY ?=
+GPU_BENCH ?= 1
+ifeq ($(GPU_PY),)
 gpu-test: setup
+GPU_RUN := $(PY)
+else
+GPU_RUN := PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_PY)
+endif
+gpu-test:
 	@mkdir -p $(GPU_RESULTS)
-	@$(PY) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: torch sees no CUDA device (torch.cuda.is_available() is False)')"
-	$(PY) -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(i, torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]" | tee $(GPU_RESULTS)/device.txt
+	@$(GPU_RUN) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: torch sees no CUDA device (torch.cuda.is_available() is False)')"
+	$(GPU_RUN) -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(i, torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]" | tee $(GPU_RESULTS)/device.txt
 	@bash -o pipefail -c 'status=0; \
-	  $(VENV)/bin/pytest -m gpu -v -rs tests/gpu 2>&1 | tee $(GPU_RESULTS)/tests.txt || status=1; \
-	  $(PY) benchmarks/overhead.py --device cuda 2>&1 | tee $(GPU_RESULTS)/overhead.txt || status=1; \
-	  $(PY) benchmarks/fix_efficacy.py --device cuda 2>&1 | tee $(GPU_RESULTS)/fix_efficacy.txt || status=1; \
+	  $(GPU_RUN) -m pytest -m gpu -v -rs -p no:cacheprovider tests/gpu 2>&1 | tee $(GPU_RESULTS)/tests.txt || status=1; \
+	  if [ "$(GPU_BENCH)" != 0 ]; then \
+	    $(GPU_RUN) benchmarks/overhead.py --device cuda 2>&1 | tee $(GPU_RESULTS)/overhead.txt || status=1; \
+	    $(GPU_RUN) benchmarks/fix_efficacy.py --device cuda 2>&1 | tee $(GPU_RESULTS)/fix_efficacy.txt || status=1; \
+	  fi; \
 	  echo "make gpu-test: results in $(GPU_RESULTS)/"; exit $$status'
 
 # Headless Chromium for the browser tests (Debian's package), when missing and we are root.
