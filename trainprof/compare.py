@@ -5,12 +5,15 @@ and printing live in `load_run()` and `compare_command()`.
 
 Step time
     From run metadata (`trainprof.json`, `step_times_s`: the wall time of every step of the run,
-    not only the traced window) when there is some. The first max(wait + warmup, 10 % of the
-    steps) are dropped as warm-up (at most half of them): `wait` and `warmup` are the profiler
-    schedule's, whose `wait` steps are the run's first (cold caches, allocator, cudnn autotune,
-    compile) and whose `warmup` steps run with the profiler starting up. Profiled steps stay in:
-    a few slow steps barely move a median. Steps holding an evaluation pass (`eval_steps`:
-    Lightning validation between two optimizer steps...) are left out: they are not training.
+    not only the traced window) when there is some; on a GPU, when both runs have them, the
+    GPU-side times (`gpu_step_times_s`: the spacing of CUDA events recorded at the step
+    boundaries, source "gpu"), since the host's follow the GPU only where the loop waits for it.
+    The first max(wait + warmup, 10 % of the steps) are dropped as warm-up (at most half of
+    them): `wait` and `warmup` are the profiler schedule's, whose `wait` steps are the run's
+    first (cold caches, allocator, cudnn autotune, compile) and whose `warmup` steps run with
+    the profiler starting up. Profiled steps stay in: a few slow steps barely move a median.
+    Steps holding an evaluation pass (`eval_steps`: Lightning validation between two optimizer
+    steps...) are left out: they are not training.
     Without metadata (a bare trace, a folder of traces) the trace's own step durations are used,
     none dropped (the profiler already skipped its warm-up), and a note says so: traces hold few
     steps, so the interval is wide. With several ranks, only the lowest rank's steps count.
@@ -66,7 +69,7 @@ JSON schema 1 (`--json`):
      "warnings": [str],        # different load or machines: the interval cannot be trusted
      "gate": null | {"fail_if_slower_pct", "tested": bool, "failed": bool, "reason": str}}
     Side = {"path", "traces": [str], "device": str, "status": str | null (run metadata's),
-            "steps": {"source": "metadata" | "trace", "count", "dropped", "median_ms",
+            "steps": {"source": "gpu" | "metadata" | "trace", "count", "dropped", "median_ms",
                       "median_low_ms", "median_high_ms", "mean_ms"},
             "gpu_busy_pct": float | null,
             "machine": null | {"cpu_model", "cpu_count", "cpus_online", "devices": [str],
@@ -101,7 +104,7 @@ WARMUP_SHARE = 0.10
 
 # ---- the result (JSON schema 1) -------------------------------------------------------------
 class StepStats(msgspec.Struct, kw_only=True):
-    source: str  # metadata | trace
+    source: str  # gpu | metadata | trace
     count: int  # steps used
     dropped: int  # warm-up steps left out
     median_ms: float
@@ -263,14 +266,23 @@ def _main_rank(diags: list[Diagnosis]) -> list[Diagnosis]:
     return [d for d in diags if (-1 if d.rank is None else d.rank) == low]
 
 
-def step_sample(run: RunInput) -> tuple[np.ndarray, str, int]:
-    """(step times in ms, source 'metadata' | 'trace', warm-up steps dropped)."""
+def gpu_timed(run: RunInput) -> bool:
+    """The run's metadata has GPU-side step times (capture/gpusteps.py) for most steps."""
+    t = run.meta.gpu_step_times_s if run.meta is not None else []
+    return bool(t) and 2 * sum(x is not None for x in t) >= len(run.meta.step_times_s)
+
+
+def step_sample(run: RunInput, gpu: bool = False) -> tuple[np.ndarray, str, int]:
+    """(step times in ms, source 'gpu' | 'metadata' | 'trace', warm-up steps dropped); `gpu`:
+    the GPU-side step times of the metadata, where the run has them."""
     if run.meta is not None and run.meta.step_times_s:
-        ms = np.asarray(run.meta.step_times_s, dtype=float) * 1000.0
+        host = gpu and gpu_timed(run)
+        times = run.meta.gpu_step_times_s if host else run.meta.step_times_s
+        ms = np.asarray([np.nan if t is None else t for t in times], dtype=float) * 1000.0
         k = warmup_steps(len(ms), run.meta)
         train = np.ones(len(ms), bool)  # steps holding an evaluation pass are not training
         train[[i for i in run.meta.eval_steps if i < len(ms)]] = False
-        return ms[k:][train[k:]], "metadata", k
+        return ms[k:][train[k:]], "gpu" if host else "metadata", k
     durs = [x for d in _main_rank(run.diagnoses) for x in d.steps.durations_ms]
     return np.asarray(durs, dtype=float), "trace", 0
 
@@ -595,9 +607,10 @@ def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
         else:
             evals = run.meta.eval_steps if run.meta is not None else []
             kept = [i for i in evals if i >= s.dropped]  # (earlier ones went with the warm-up)
+            gpu = " (GPU side: CUDA events at the step boundaries)" if s.source == "gpu" else ""
             notes.append(
                 f"{name}: step times of all {s.count + s.dropped + len(kept)} steps from run "
-                f"metadata; the first {s.dropped} dropped as warm-up"
+                f"metadata{gpu}; the first {s.dropped} dropped as warm-up"
                 + (f", {len(kept)} holding an evaluation pass left out." if kept else ".")
             )
         if side.status not in (None, "ok"):
@@ -630,8 +643,11 @@ def compare(
     a: RunInput, b: RunInput, seed: int = stats.SEED, resamples: int = stats.RESAMPLES
 ) -> Comparison:
     """Compare run B against run A (pure: no I/O)."""
-    xa, src_a, drop_a = step_sample(a)
-    xb, src_b, drop_b = step_sample(b)
+    # On a GPU, both runs' GPU-side step times when both have them: the host's follow the GPU
+    # only where the loop waits for it (capture/gpusteps.py).
+    gpu = gpu_timed(a) and gpu_timed(b)
+    xa, src_a, drop_a = step_sample(a, gpu)
+    xb, src_b, drop_b = step_sample(b, gpu)
     # A step of no (or no finite) time cannot be compared: a median of 0 would divide by zero.
     xa, xb = xa[np.isfinite(xa) & (xa > 0)], xb[np.isfinite(xb) & (xb > 0)]
     for name, x, run in (("A", xa, a), ("B", xb, b)):

@@ -184,6 +184,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     wall_time_s: float = 0.0
     step_source: str = "none"  # optimizer | backward | dataloader | none
     step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
+    # On CUDA: the GPU's time per step (same indices), from an event at every step boundary
+    # (capture/gpusteps.py); null where unknown (the first step, steps in a CUDA graph capture).
+    gpu_step_times_s: list[float | None] = []
     # The part of each step (same indices) spent in DataLoader fetches on the script's thread,
     # and in each optimizer class's step() (classes given a closure left out): outside the
     # profiler window, these costs without the profiler. Empty in older metadata.

@@ -243,6 +243,7 @@ class Session:
                 started_at=started_at,
                 step_source=steps.source,
                 step_times_s=[round(t, 6) for t in steps.step_times],
+                gpu_step_times_s=[None if t is None else round(t, 6) for t in steps.gpu_step_times],
                 fetch_times_s=[round(t, 6) for t in steps.fetch_times],
                 optimizer_times_s={
                     k: [round(t, 6) for t in v] for k, v in steps.optimizer_times.items()

@@ -55,6 +55,7 @@ from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerAction
 
 from trainprof.capture.compat import is_compiling
+from trainprof.capture.gpusteps import GpuStepClock
 from trainprof.capture.launch import MaxStepsReached
 from trainprof.capture.optprobe import OptimizerSpec, spec_of
 from trainprof.capture.patching import Patches
@@ -80,6 +81,7 @@ class StepSummary:
     eval_kinds: list[str] = field(default_factory=list)  # what evaluated, e.g. Lightning validation
     fetch_times: list[float] = field(default_factory=list)  # seconds per step in fetches
     optimizer_times: dict[str, list[float]] = field(default_factory=dict)  # class -> s per step
+    gpu_step_times: list[float | None] = field(default_factory=list)  # capture/gpusteps.py
 
 
 def _probe_closure(args: tuple, kwargs: dict) -> tuple[tuple, dict]:
@@ -118,6 +120,7 @@ class Stepper:
         self.t0 = time.perf_counter()
         self.step_start: float | None = None  # first activity of the current step
         self.step_times: list[float] = []
+        self.gpu_clock = GpuStepClock()
         self.fetch_times: list[float] = []  # per completed step: seconds in DataLoader fetches
         self.fetch_s = 0.0  # the current step's, so far
         self.fetch_t0: float | None = None  # the outermost fetch running now started then
@@ -328,6 +331,7 @@ class Stepper:
     def _advance(self) -> None:
         now = time.perf_counter()
         start = self.step_start if self.step_start is not None else self.t0
+        self.gpu_clock.mark(len(self.step_times))
         self.step_times.append(now - start)
         self._close_parts()
         self.pending = False
@@ -394,4 +398,5 @@ class Stepper:
             optimizer_times={
                 k: v for k, v in self.optimizer_times.items() if k not in self.closure_classes
             },
+            gpu_step_times=self.gpu_clock.times(len(self.step_times)),
         )
