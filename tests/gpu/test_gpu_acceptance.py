@@ -75,6 +75,9 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     after = fixed.diagnosis()
     assert not by_rule(after, "metric-sync"), rules(after)
     cmp = compare(broken, fixed)
+    # The fixed loop has no sync left: its host step times come in bursts, so compare must have
+    # used the GPU-side ones (CUDA events at the step boundaries) of both runs.
+    assert (cmp["a"]["steps"]["source"], cmp["b"]["steps"]["source"]) == ("gpu", "gpu"), cmp["a"]
     assert "metric-sync" in {x["rule"] for x in cmp["findings"] if x["status"] == "resolved"}
     assert_fix_pays(f["est_saving_pct"], cmp)
     # Last, as it may fail apart from the rest: on a CPU run of this script the location is the
