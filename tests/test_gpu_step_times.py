@@ -51,3 +51,14 @@ def test_clock_measures_nothing_without_cuda() -> None:
     for i in range(5):
         clock.mark(i)
     assert clock.times(5) == []  # this machine has no CUDA initialised: no events, no times
+
+
+def test_try_rounds_take_the_gpu_clock_only_when_it_timed_every_step() -> None:
+    from trainprof.tryfix.command import round_times
+
+    host = [0.5, 0.001, 0.001, 0.030]
+    assert round_times({"step_times_s": host, "gpu_step_times_s": [None, 0.01, 0.01, 0.01]}) == (
+        [0.5, 0.01, 0.01, 0.01], "gpu")  # fmt: skip
+    assert round_times({"step_times_s": host, "gpu_step_times_s": [None, 0.01, None, 0.01]}) == (
+        host, "host")  # fmt: skip
+    assert round_times({"step_times_s": host}) == (host, "host")  # a CPU round: no GPU times

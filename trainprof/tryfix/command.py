@@ -123,6 +123,7 @@ class Trial:
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
+        self.clocks: set[str] = set()  # the step clocks the rounds were timed on
 
     # ----- planning ----------------------------------------------------------------------------
     def plan(self) -> None:
@@ -259,7 +260,8 @@ class Trial:
         if skipped and len(skipped) == len(v.specs):
             v.skipped = "; ".join(skipped.values())
             return
-        times = res.get("step_times_s") or []
+        times, clock = round_times(res)
+        self.clocks.add(clock)
         timed = timed_steps(times, res.get("compile_steps") or [], WARMUP_STEPS)
         if not timed.kept:
             v.error = (f"the script ran {len(times)} steps, not more than the {timed.head} warm-up "
@@ -422,6 +424,7 @@ class Trial:
             "steps_per_round": self.steps,
             "warmup_steps_discarded": WARMUP_STEPS,
             "profiled": False,
+            "step_clock": "/".join(sorted(self.clocks)) or None,
             "interrupted": self.interrupted,
             "stopped_early": self.stopped,
             "estimates_note": self.est_note,
@@ -438,6 +441,17 @@ class Trial:
     def save(self) -> None:
         doc = self.document()
         write_atomic(self.run / TRY_NAME, json.dumps(doc, indent=2).encode("utf-8"))
+
+
+def round_times(res: dict) -> tuple[list[float], str]:
+    """A round's step times and their clock: the GPU's (CUDA events at the step boundaries,
+    capture/gpusteps.py) when known for every step but the first, which warm-up drops anyway;
+    else the host's, which follow the GPU only where the loop waits for it."""
+    host = res.get("step_times_s") or []
+    gpu = res.get("gpu_step_times_s") or []
+    if len(gpu) == len(host) > 1 and all(t is not None for t in gpu[1:]):
+        return [host[0], *gpu[1:]], "gpu"
+    return host, "host"
 
 
 def _name(rule: str, options: dict) -> str:

@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         error = outcome.message.strip().splitlines()[-1] if outcome.message.strip() else None
     result = {
         "step_times_s": [round(t, 6) for t in steps.step_times],
+        "gpu_step_times_s": [None if t is None else round(t, 6) for t in steps.gpu_step_times],
         "step_source": steps.source,
         "exit_code": outcome.exit_code,
         "status": outcome.status,
