@@ -5,16 +5,22 @@ host events open at that moment. Used to name the code that ran while the GPU id
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from trainprof.analysis.context import Context
+from trainprof.trace.frames import is_machinery_frame, is_user_file, parse_any_frame, shown_frame
 from trainprof.trace.model import Kind
 from trainprof.trace.steps import PROFILER_STEP
 
 _HOST = (Kind.CPU_OP, Kind.ANNOTATION, Kind.RUNTIME)
 NO_OP = "Python code with no operator running"
+PROFILER_WORK = "trainprof's own work around the script"
+# `trainprof/backward`, `trainprof/host_read:item@train.py:42|lib.py:9` (what, where)
+_PROBE = re.compile(r"^trainprof/(?:host_read:)?(?P<what>[^@|]+)(?:@(?P<loc>[^@|]+:\d+))?")
 
 
 def _thread_events(ctx: Context, thread: int) -> np.ndarray:
@@ -81,21 +87,67 @@ def stack_at(ctx: Context, thread: int | None, t: float) -> tuple[list[str], str
     return [], "none"
 
 
-def common_frame(stacks: list[list[str]]) -> tuple[str | None, list[str]]:
-    """The deepest frame shared by every stack (stacks innermost first), and the shared
-    outer part (innermost first). (None, []) when they share nothing."""
+def _op_name(name: str) -> str:
+    """A host event's name as the user knows it: trainprof's probes by what they wrap
+    (`trainprof/backward` -> `backward`, `trainprof/host_read:item@train.py:42` -> `item
+    (train.py:42)`)."""
+    m = _PROBE.match(name)
+    if not m:
+        return name
+    return f"{m.group('what')} ({m.group('loc')})" if m.group("loc") else m.group("what")
+
+
+def shown_stack(frames: list[str], source: str) -> list[str]:
+    """A stack (innermost first) as the user's code sees it: trainprof's and runpy's frames
+    left out (a wrapper stands for what it wraps, the runner for nothing), builtins without
+    their object's address; host events (source 'ops') with trainprof's probes renamed."""
+    if source == "ops":
+        return [_op_name(n) for n in frames]
+    return [shown_frame(f) for f in frames if not is_machinery_frame(f)]
+
+
+def _key(frame: str) -> str:
+    """What the frames of two stacks share when they are the same frame: a user frame's file
+    and function, whatever its line (a loop that was running when tracing began has the line
+    of the call it was making, or none: PyStacks.name_of), any other frame whole."""
+    f = parse_any_frame(frame)
+    if f and is_user_file(f[0]):
+        return f"{f[0]}: {f[2]}"
+    return frame
+
+
+def _one_frame(frames: list[str]) -> str:
+    """The frames of one level of several stacks, which share their _key, as one: with their
+    line when the stacks that know it agree, else with `?`."""
+    if all(f == frames[0] for f in frames):
+        return frames[0]
+    file, _, func = parse_any_frame(frames[0]) or ("", None, "")
+    lines = {p[1] for p in map(parse_any_frame, frames) if p and p[1] is not None}
+    return f"{file}({lines.pop() if len(lines) == 1 else '?'}): {func}"
+
+
+def common_frame(stacks: list[list[str]]) -> tuple[str | None, list[str], list[int]]:
+    """The deepest frame shared by every stack (stacks innermost first), the shared outer
+    part (innermost first), and, for a user frame, its line in each stack that knows it (it
+    differs when the stacks ran different lines of it). (None, [], []) when they share
+    nothing."""
     stacks = [s for s in stacks if s]
     if not stacks:
-        return None, []
+        return None, [], []
     rev = [s[::-1] for s in stacks]
     shared: list[str] = []
     for level in zip(*rev, strict=False):
-        if any(f != level[0] for f in level):
+        key = _key(level[0])
+        if any(_key(f) != key for f in level):
             break
-        shared.append(level[0])
+        shared.append(_one_frame(list(level)))
     if not shared:
-        return None, []
-    return shared[-1], shared[::-1]
+        return None, [], []
+    depth = len(shared) - 1
+    if _key(shared[-1]) == shared[-1]:  # not a user frame: its line is its `def`'s
+        return shared[-1], shared[::-1], []
+    lines = [p[1] for r in rev if (p := parse_any_frame(r[depth])) and p[1] is not None]
+    return shared[-1], shared[::-1], lines
 
 
 @dataclass
@@ -107,6 +159,28 @@ class GapGroup:
     idle_us: float = 0.0
     gaps: list[int] = field(default_factory=list)  # positions in the gaps given
     shared: list[str] = field(default_factory=list)  # common outer frames, innermost first
+    # The label's line -> the idle (us) of the samples that ran it: a user frame that ran
+    # several lines in the gaps (a module-level loop) is labelled `file(?): func`.
+    lines: dict[int, float] = field(default_factory=dict)
+    # The record_function range (`Optimizer.step#Adam.step`) open at most samples, the others
+    # in none, else "".
+    annotation: str = ""
+
+    def main_line(self) -> int | None:
+        """The label's line that ran in the most idle, if any."""
+        return max(self.lines, key=lambda k: (self.lines[k], -k)) if self.lines else None
+
+
+def _annotation_at(ctx: Context, thread: int | None, t: float) -> str:
+    """The innermost record_function range open on the training thread at t, trainprof's own
+    left out."""
+    if thread is None:
+        return ""
+    tr = ctx.trace
+    for i in open_events(ctx, thread, t).tolist():
+        if tr.kind[i] == Kind.ANNOTATION and not tr.name(i).startswith("trainprof/"):
+            return tr.name(i)
+    return ""
 
 
 def _samples(length: float) -> int:
@@ -115,25 +189,39 @@ def _samples(length: float) -> int:
 
 def group_gaps(ctx: Context, gaps: tuple[np.ndarray, np.ndarray], most: int) -> list[GapGroup]:
     """The `most` longest gaps, each sampled at a few points on the training thread and named by
-    the deepest frame common to its samples (NO_OP when none), grouped by name, the most idle
-    first."""
+    the deepest frame common to its samples (NO_OP when none; stacks as `shown_stack` gives
+    them), grouped by name, the most idle first."""
     starts, ends = gaps
     lengths = ends - starts
     order = np.argsort(-lengths, kind="stable")[:most]
     thread = ctx.steps.thread
     groups: dict[str, GapGroup] = {}
+    annotations: dict[str, Counter[str]] = {}  # label -> range -> samples
     for g in order.tolist():
         n = _samples(float(lengths[g]))
         pts = starts[g] + lengths[g] * (np.arange(1, n + 1) / (n + 1))
-        stacks, source = [], "none"
+        stacks, source, ranges = [], "none", Counter()
         for t in pts.tolist():
             fr, src = stack_at(ctx, thread, t)
-            stacks.append(fr)
+            stacks.append(shown_stack(fr, src))
             source = src if fr else source
-        label, shared = common_frame(stacks)
-        if label is None:
-            label, source = NO_OP, "none"
+            ranges[_annotation_at(ctx, thread, t)] += 1
+        label, shared, lines = common_frame(stacks)
+        if label is None and source != "none" and not any(stacks):
+            label = PROFILER_WORK  # every sample in trainprof's or runpy's frames only
+        elif label is None:
+            label, source, shared, lines = NO_OP, "none", [], []
         grp = groups.setdefault(label, GapGroup(label, source, shared=shared))
         grp.idle_us += float(lengths[g])
         grp.gaps.append(g)
+        for line in lines:
+            grp.lines[line] = grp.lines.get(line, 0.0) + float(lengths[g]) / n
+        annotations.setdefault(label, Counter()).update(ranges)
+    for label, grp in groups.items():
+        # One range, open at most samples; the others in none (the code around it: torch's
+        # optimizer wrapper runs its hooks outside `Optimizer.step#...`).
+        named = [k for k in annotations[label] if k]
+        total = sum(annotations[label].values())
+        if len(named) == 1 and 2 * annotations[label][named[0]] > total:
+            grp.annotation = named[0]
     return sorted(groups.values(), key=lambda x: -x.idle_us)

@@ -18,7 +18,13 @@ switches between queued kernels: host-side fixes will not speed them up). The lo
 are sampled (a few points
 each, on the training thread) and named by the deepest Python frame common to all samples of a
 gap (`with_stack` traces), else by the `Call stack` of the running operator (2021 traces), else
-by the host events open at that moment. Gaps with the same name are summed; each name above
+by the host events open at that moment. trainprof's own frames and runpy's are left out (the
+wrapper `trainprof run` puts around `opt.step()` stands for the step it wraps; runpy is how the
+script was started), and a user frame is the same frame at whatever line it ran (a loop at
+module level runs several in one gap): it is named by its file and the lines its samples ran,
+the finding pointing at the line that ran in most of the idle. A library frame is named by the
+`record_function` range open around it (`Optimizer.step#Adam.step`) or else the `nn.Module`
+whose forward ran it. Gaps with the same name are summed; each name above
 5 % of the step is one finding (at most 3), the remainder one more if it is above 3 %.
 
 Saving estimate: the idle time itself, per step: what moving that work off the critical path
@@ -38,12 +44,19 @@ from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
-from trainprof.trace.frames import first_user_frame, parse_frame
+from trainprof.trace.frames import (
+    first_user_frame,
+    frame_location,
+    is_user_file,
+    parse_any_frame,
+    parse_frame,
+)
 
 MIN_GROUP_PCT = 5.0
 MIN_REST_PCT = 3.0
 MAX_FINDINGS = 3
 SAMPLED_GAPS = 64
+MAX_LINES = 4
 
 PREPROCESS = re.compile(
     r"(?i)preprocess|transform|tokeni[sz]|decode|collate|augment|image_process|feature_extract"
@@ -82,11 +95,53 @@ FIX_NO_OP = (
 )
 
 
-def _pretty(label: str) -> str:
-    p = parse_frame(label)
-    if p:
-        return f"{p[2]} ({p[0]}:{p[1]})"
-    return label
+def _lines(lines: list[int]) -> str:
+    return f"line {lines[0]}" if len(lines) == 1 else "lines " + ", ".join(map(str, lines))
+
+
+def _what(grp: GapGroup) -> str:
+    """The code a group ran, for a person: a user frame by its file and line(s) (a loop at
+    module level has no function to name), a library frame by the record_function range open
+    around it (`Optimizer.step#Adam.step`) or the nn.Module whose forward ran it when there is
+    one, with its function and place; an operator by its name."""
+    if grp.source == "none":
+        return NO_OP.lower()
+    p = parse_any_frame(grp.label)
+    if p is None:
+        return grp.label
+    file, line, func = p
+    if is_user_file(file):
+        # The lines that ran in most of the idle first, at most 4, then in source order.
+        lines = sorted(sorted(grp.lines, key=lambda k: -grp.lines[k])[:MAX_LINES])
+        if line is not None or len(lines) == 1:
+            place = f"{file}:{line if line is not None else lines[0]}"
+        else:
+            place = f"{file} {_lines(lines)}" if lines else file
+        return f"{place} (module level)" if func == "<module>" else f"{func} ({place})"
+    around = grp.annotation or _module_of(grp)
+    return f"{around} ({func}, {file}:{line})" if around else f"{func} ({file}:{line})"
+
+
+def _module_of(grp: GapGroup) -> str:
+    """The innermost `nn.Module: Name` frame between a library label and the user's code: the
+    module whose forward ran the library code."""
+    for f in grp.shared:
+        if f.startswith("nn.Module: "):
+            return f
+        p = parse_any_frame(f)
+        if p and is_user_file(p[0]):
+            break
+    return ""
+
+
+def _location(grp: GapGroup) -> str | None:
+    """The user's line: the label's own (its line that ran in the most idle), else the first
+    user frame around it."""
+    p = parse_any_frame(grp.label)
+    line = grp.main_line()
+    if p and line is not None and p[1] is None:
+        return frame_location(f"{p[0]}({line}): {p[2]}")
+    return first_user_frame(grp.shared)
 
 
 def _generic(ctx: Context) -> str:
@@ -114,7 +169,7 @@ def _finding(ctx: Context, grp: GapGroup, gaps: tuple[np.ndarray, np.ndarray]) -
     longest = int(idx[np.argmax(lengths)])
     step_k = int(np.searchsorted(ctx.steps.start, starts[longest], side="right")) - 1
     offset = starts[longest] - ctx.steps.start[max(step_k, 0)]
-    what = _label(grp)
+    what = _what(grp)
     evidence = (
         f"GPU idle {ms(saving)}/step ({ctx.pct(saving):.1f} % of the step) while the training "
         f"thread ran {what}: {len(idx)} gap(s), the longest {ms(float(lengths.max()))} starting "
@@ -122,8 +177,8 @@ def _finding(ctx: Context, grp: GapGroup, gaps: tuple[np.ndarray, np.ndarray]) -
     )
     if grp.source == "ops":
         evidence += " (Named by the operators open then: the trace has no Python stacks.)"
-    loc = first_user_frame(grp.shared) if grp.source in ("python", "callstack") else None
-    title = f"GPU idle while the CPU runs {_pretty(grp.label)}: {ctx.pct(saving):.0f} % of the step"
+    loc = _location(grp) if grp.source in ("python", "callstack") else None
+    title = f"GPU idle while the CPU runs {what}: {ctx.pct(saving):.0f} % of the step"
     if grp.source == "none":
         title = f"GPU idle during Python code between ops: {ctx.pct(saving):.0f} % of the step"
     f = finding(
@@ -147,10 +202,6 @@ def _finding(ctx: Context, grp: GapGroup, gaps: tuple[np.ndarray, np.ndarray]) -
     return f
 
 
-def _label(grp: GapGroup) -> str:
-    return NO_OP.lower() if grp.source == "none" else f"`{grp.label}`"
-
-
 def check(ctx: Context) -> list[Finding]:
     if not ctx.gpu_timeline or not ctx.on_gpu:
         return []
@@ -167,7 +218,7 @@ def check(ctx: Context) -> list[Finding]:
         return out
     n = len(gaps[0]) / max(ctx.n_steps, 1)
     others = [g for g in groups if g not in named][:3]
-    places = ", ".join(f"{_label(g)} {ctx.pct(ctx.per_step(g.idle_us)):.1f} %" for g in others)
+    places = ", ".join(f"{_what(g)} {ctx.pct(ctx.per_step(g.idle_us)):.1f} %" for g in others)
     evidence = (
         f"GPU idle {ms(rest)}/step ({ctx.pct(rest):.1f} % of the step) in ~{n:.0f} host gaps per "
         "step that neither the DataLoader, host waits nor launch overhead explain"
@@ -183,7 +234,7 @@ def check(ctx: Context) -> list[Finding]:
             evidence=evidence,
             fix=FIX_NO_OP if top is not None and top.source == "none" else _generic(ctx),
             saving_us_per_step=rest,
-            location=first_user_frame(top.shared) if top is not None else None,
+            location=_location(top) if top is not None else None,
             metrics={
                 "idle_ms_per_step": round(rest / 1000, 3),
                 "gaps_per_step": round(n, 1),

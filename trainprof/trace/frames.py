@@ -25,6 +25,10 @@ _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
 # `...@train.py:42|/venv/.../site-packages/transformers/trainer.py:1911` (the library's line).
 _PROBE_LOC = re.compile(r"@(?P<loc>[^@|]+:\d+)(?:\|(?P<lib>[^@|]+:\d+))?$")
 _SITE_PACKAGES = re.compile(r"^.*?[/\\](?:site|dist)-packages[/\\]")
+_ANY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+|\?)\): (?P<func>.*)$")
+# trainprof's files as Kineto names them (relative to sys.path, or absolute), and runpy's.
+_MACHINERY = re.compile(r"(?:^|[/\\])trainprof[/\\]|^<frozen runpy>$|(?:^|[/\\])runpy\.py$")
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>$)")
 
 # Kineto strips sys.path prefixes, so library frames often look like "transformers/x.py":
 # recognise the common training stack by its top-level package.
@@ -45,6 +49,31 @@ def parse_frame(text: str) -> tuple[str, int, str] | None:
     if not m:
         return None
     return m.group("file"), int(m.group("line")), m.group("func")
+
+
+def parse_any_frame(text: str) -> tuple[str, int | None, str] | None:
+    """Like parse_frame, and a frame whose line is unknown (`train.py(?): <module>`, see
+    PyStacks.name_of) gives None for its line."""
+    m = _ANY_FRAME.match(text.strip())
+    if not m:
+        return None
+    line = m.group("line")
+    return m.group("file"), int(line) if line != "?" else None, m.group("func")
+
+
+def is_machinery_frame(text: str) -> bool:
+    """A frame of what runs the user's code, not of the code itself: trainprof's own (its
+    runner, and the wrappers and hooks it puts around optimizer steps, backward, forwards and
+    host reads) and runpy's (how `trainprof run` and `python -m` start a script). Naming what
+    the user's code did leaves them out: a wrapper stands for what it wraps."""
+    f = parse_any_frame(text)
+    return f is not None and bool(_MACHINERY.search(f[0]))
+
+
+def shown_frame(text: str) -> str:
+    """A frame as a person reads it: a builtin without its object's address (`<built-in
+    method to of Tensor object>`), which differs from one tensor to the next."""
+    return _ADDRESS.sub("", text)
 
 
 @lru_cache(maxsize=65536)
