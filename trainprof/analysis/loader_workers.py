@@ -3,7 +3,14 @@ worker processes would save. On a GPU trace the saving is the GPU idle inside fe
 trace it comes from a model of the step with n workers sharing the cores with the model's threads
 (the fetch and the step without the profiler, the per-batch cost of handing batches between
 processes; the rule's docstring states the model); the suggested worker count follows from the
-same figures."""
+same figures.
+
+A fetch from a loader that has workers is two things: the loop WAITING for a batch no worker has
+handed over yet (the workers are too slow: more workers, prefetch help), and the loop RECEIVING
+one that is there (unpickling it, mapping each tensor's shared memory, sending the next indices:
+the same with any number of workers). `fetch_split` tells them apart by the Python frames the
+trace holds inside the fetches (with_stack); only the waiting part counts as starvation.
+"""
 
 from __future__ import annotations
 
@@ -15,6 +22,15 @@ import numpy as np
 from trainprof.analysis import unprofiled
 from trainprof.analysis.context import Context
 from trainprof.trace import intervals as iv
+from trainprof.trace.model import Kind
+
+# Python frames in which the loop blocks inside a fetch until a worker hands a batch over: the
+# data queue's poll (multiprocessing.connection.wait -> selectors' select) without pin_memory,
+# queue.Queue.get's Condition.wait (the pin-memory thread's queue) with it. Seen on an H100 run
+# with 4 workers: 13 µs per step of select in a 1.36 ms profiled fetch, the rest unpickling the
+# batch (torch/multiprocessing/reductions.py rebuild_storage_fd: a socket hand-shake with the
+# worker's resource_sharer per tensor) and _try_put_index.
+WAIT_FRAMES = r"(^|/)selectors\.py\(\d+\): select$|(^|/)threading\.py\(\d+\): wait$"
 
 
 def workers(ctx: Context) -> int | None:
@@ -30,12 +46,66 @@ def workers(ctx: Context) -> int | None:
     return None
 
 
+@dataclass(frozen=True)
+class FetchSplit:
+    """A fetch with workers, per traced step (µs): waiting for a worker vs the loop's own work to
+    receive the batch. `stacks` False: the trace holds no Python frames inside the fetches, so
+    the two cannot be told apart (`wait` is then the whole fetch)."""
+
+    stacks: bool
+    wait: float  # blocked until a worker hands a batch over (WAIT_FRAMES)
+    receive: float  # the rest of the fetch
+    receive_events: float  # recorded events per step in that rest (the profiler's cost there)
+    wait_spans: iv.Intervals  # where the loop waited, clipped to the fetches in the steps
+    receive_spans: iv.Intervals
+
+    def wait_share(self, ctx: Context) -> float:
+        """The share (0-1) of the fetch spent waiting, without the profiler: the profiler
+        inflates the Python-heavy receiving (per recorded event, analysis/unprofiled), not the
+        time blocked in a system call."""
+        if not self.stacks:
+            return 1.0
+        rest = unprofiled.time_without_profiler(ctx, self.receive, self.receive_events)
+        total = self.wait + rest
+        return self.wait / total if total > 0 else 0.0
+
+
+def fetch_split(ctx: Context) -> FetchSplit:
+    """The fetches in the steps split into waiting and receiving (memoised)."""
+    return ctx.memo(_fetch_split)
+
+
+def _fetch_split(ctx: Context) -> FetchSplit:
+    tr = ctx.trace
+    fetches = iv.intersect(ctx.dataloader_spans, ctx.windows)
+    threads = np.unique(tr.thread[ctx.dataloader_idx])
+    py = tr.where_kind(Kind.PYTHON)
+    py = py[np.isin(tr.thread[py], threads)]
+    stacks = bool(iv.contains(fetches, tr.ts[py]).any()) if len(py) else False
+    if not stacks:
+        total = ctx.per_step(iv.total(fetches))
+        return FetchSplit(False, total, 0.0, 0.0, fetches, iv.EMPTY)
+    w = tr.where_name(WAIT_FRAMES, Kind.PYTHON)
+    w = w[np.isin(tr.thread[w], threads)]
+    waits = iv.intersect(iv.merge(tr.ts[w], tr.end[w]), fetches)
+    rest = iv.subtract(fetches, waits)
+    return FetchSplit(
+        stacks=True,
+        wait=ctx.per_step(iv.total(waits)),
+        receive=ctx.per_step(iv.total(rest)),
+        receive_events=unprofiled.events_in(ctx, rest),
+        wait_spans=waits,
+        receive_spans=rest,
+    )
+
+
 @dataclass
 class CpuModel:
     """The CPU estimate's figures, per step in µs (see the rule's docstring)."""
 
     step: float  # S, without the profiler
     fetch: float  # F, without the profiler
+    removable: float  # the part of F that workers take off the loop (F with num_workers=0)
     measured: bool  # F and S from the run's unprofiled steps (else derived from the trace)
     receive: float  # R per batch (0: not measured)
     worker: float  # W per batch
@@ -68,8 +138,19 @@ def _median_part(ctx: Context, part: list[float]) -> float | None:
     return float(np.median([part[i] for i in idx])) * 1e6
 
 
-def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | None:
-    """The CPU estimate (None without unprofiled steps in the metadata)."""
+def unprofiled_fetch(ctx: Context) -> float | None:
+    """The median fetch time per unprofiled step (µs), from the run metadata (None: not timed)."""
+    if ctx.meta is None or ctx.unprofiled_step_us is None:
+        return None
+    return _median_part(ctx, ctx.meta.fetch_times_s)
+
+
+def cpu_model(
+    ctx: Context, fetch: float, k: float, cores: int, wait_share: float = 1.0
+) -> CpuModel | None:
+    """The CPU estimate (None without unprofiled steps in the metadata). `wait_share`: the part
+    of the fetch that workers take off the loop (1 with num_workers=0; with workers, the waiting
+    for them: the receiving stays the loop's own work)."""
     step = ctx.unprofiled_step_us
     if step is None:
         return None
@@ -78,15 +159,16 @@ def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | No
     if f is None:
         f = unprofiled.share(ctx, fetch, ctx.dataloader_spans) * step
     f = min(f, step)
-    m = max(step - f, 1.0)
+    fw = f * wait_share  # with workers already, the receiving stays the loop's own work
+    m = max(step - fw, 1.0)
     ipc = ctx.meta.loader_ipc
     r = 1000 * ipc.receive_ms if ipc else 0.0
     w = 1000 * ipc.worker_ms if ipc else 0.0
-    best = min(range(1, max(cores, 1) + 1), key=lambda n: fixed_step(m, f, k, r, w, cores, n))
+    best = min(range(1, max(cores, 1) + 1), key=lambda n: fixed_step(m, fw, k, r, w, cores, n))
     return CpuModel(
-        step=step, fetch=f, measured=measured, receive=r, worker=w,
+        step=step, fetch=f, removable=fw, measured=measured, receive=r, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed_step(m, f, k, r, w, cores, best),
+        threads=max(1, cores - best), fixed=fixed_step(m, fw, k, r, w, cores, best),
     )  # fmt: skip
 
 
@@ -94,31 +176,81 @@ def cpu_model(ctx: Context, fetch: float, k: float, cores: int) -> CpuModel | No
 class Estimate:
     """What workers would save, for a fetch time per traced step."""
 
-    share: float  # % of the step spent fetching (of the unprofiled step with a CPU model)
+    share: float  # % of the step spent fetching (of the unprofiled step where it was timed)
     saving: float  # µs per traced step
     model: CpuModel | None  # the CPU estimate, when the core count and step times allow one
     suggest: int  # the num_workers to suggest
+    # A loader with workers, its fetches split by the trace's Python frames (else None):
+    split: FetchSplit | None = None
+    wait: float = 0.0  # % of the step waiting for workers (of the unprofiled step where timed)
+    receive: float = 0.0  # % of the step receiving batches from them (likewise)
+    receive_saving: float = 0.0  # µs per traced step: the GPU idle while receiving
+    plain: float | None = None  # the fetch per unprofiled step (µs), where the run timed it
+
+    @property
+    def starving(self) -> float:
+        """% of the step that more workers could take off: the waiting where it is known."""
+        return self.wait if self.split is not None else self.share
+
+
+def _gpu_saving(ctx: Context, spans: iv.Intervals, amount: float | None) -> float:
+    """The GPU idle inside `spans` (a part of the fetches), per traced step in µs. `amount`: that
+    part's µs per unprofiled step, when timed; the idle is then its idle fraction of that,
+    handed over in the traced step's units (the engine takes savings as a share of it)."""
+    part = ctx.per_step(iv.total(spans))
+    idle = ctx.per_step(iv.total(iv.intersect(ctx.attribution["dataloader"], spans)))
+    step = ctx.unprofiled_step_us
+    if amount is None or step is None or part <= 0:
+        return idle
+    return amount * (idle / part) / step * ctx.mean_step_us
 
 
 def estimate(
-    ctx: Context, fetch: float, k: float, cpus: int | None, threads: int | None
+    ctx: Context,
+    fetch: float,
+    k: float,
+    cpus: int | None,
+    threads: int | None,
+    has_workers: bool = False,
 ) -> Estimate:
     """The saving of worker processes for `fetch` µs of fetching per traced step (`k` fetches per
-    step), on `cpus` cores running `threads` torch threads (None: unknown)."""
+    step), on `cpus` cores running `threads` torch threads (None: unknown); `has_workers`: the
+    loader has workers already (its fetches are split into waiting and receiving)."""
+    split = fetch_split(ctx) if has_workers else None
+    if split is not None and not split.stacks:
+        split = None  # no frames: the whole fetch counts, as for a loader without workers
+    q = split.wait_share(ctx) if split is not None else 1.0
     share = ctx.pct(fetch)
+    # The fetch without the profiler, which inflates a Python-heavy fetch many times over (1.36
+    # ms profiled vs 0.10 ms unprofiled per step with 4 workers on an H100): timed by the run at
+    # every step.
+    plain = unprofiled_fetch(ctx)
+    step = ctx.unprofiled_step_us
+    if plain is not None and step:
+        plain = min(plain, step)
+        share = 100 * plain / step
     model = None
+    receive_saving = 0.0
     if ctx.gpu_timeline:
-        saving = ctx.per_step(iv.total(ctx.attribution["dataloader"]))
-    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus)) is not None:
-        share = 100 * model.fetch / model.step
+        fetches = iv.intersect(ctx.dataloader_spans, ctx.windows)
+        spans = split.wait_spans if split is not None else fetches
+        saving = _gpu_saving(ctx, spans, None if plain is None else plain * q)
+        if split is not None:
+            rest = None if plain is None else plain * (1 - q)
+            receive_saving = _gpu_saving(ctx, split.receive_spans, rest)
+    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus, q)) is not None:
+        if plain is None:  # older metadata: the fetch's traced share, the profiler taken out
+            share = 100 * unprofiled.share(ctx, fetch, ctx.dataloader_spans)
         # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
         # takes them): the engine states it in ms of the unprofiled step, as the evidence does.
         saving = model.saving / model.step * ctx.mean_step_us
     else:
-        saving = fetch
+        saving = fetch * q
+    wait = share * q
+    receive = share - wait if split is not None else 0.0
     # Without a CPU model: enough workers to produce one batch per compute-only step.
     compute = max(ctx.mean_step_us - fetch, 1.0)
-    need = math.ceil(fetch / compute) + 1
+    need = math.ceil(fetch * q / compute) + 1
     cap = cpus if cpus else 8
     suggest = model.workers if model is not None else max(2, min(need, cap))
-    return Estimate(share, saving, model, suggest)
+    return Estimate(share, saving, model, suggest, split, wait, receive, receive_saving, plain)
