@@ -24,7 +24,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note = {RULE: estimate}, {}, None
     t.edit, t.combined, t.combined_note = [], None, None
-    t.interrupted, t.stopped = False, None
+    t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.base = Variant("baseline", [])
     ctl = Variant("control", [{"rule": RULE, "options": {"threads": 1, "control": True}}])
     wrk = Variant("workers", [{"rule": RULE, "options": {"num_workers": 1, "threads": 1}}])
