@@ -25,10 +25,11 @@ def test_timesformer_gpu_idle_names_preprocess_and_ranks_first():
     assert m["frame"] == "transformers/pipelines/video_classification.py(129): preprocess"
     assert m["frame_source"] == "python"
     assert m["gaps"] == 1
-    assert m["longest_gap_ms"] == pytest.approx(216.844, abs=0.01)
-    assert m["longest_gap_offset_ms"] == pytest.approx(1.11, abs=0.01)
-    assert f.est_saving_ms_per_step == pytest.approx(216.844, abs=0.01)
-    assert f.est_saving_pct == pytest.approx(56.69, abs=0.02)
+    # The whole gap: the torch.cuda.synchronize() before it blocked 14 µs, all it can cost.
+    assert m["longest_gap_ms"] == pytest.approx(217.844, abs=0.01)
+    assert m["longest_gap_offset_ms"] == pytest.approx(0.11, abs=0.01)
+    assert f.est_saving_ms_per_step == pytest.approx(217.844, abs=0.01)
+    assert f.est_saving_pct == pytest.approx(56.95, abs=0.02)
     assert f.location == "moca/library/model_hub/huggingface/model/adapters/pipeline/model.py:40"
     assert "DataLoader workers" in f.fix and "on the GPU" in f.fix and "previous batch" in f.fix
 

@@ -22,10 +22,12 @@ def test_gpu_bound_trace_has_no_sync_or_copy_finding_above_low():
 
 def test_timesformer_result_copy_waiting_on_a_busy_gpu_is_not_a_cost():
     d = diagnosis(TIMESFORMER)
-    # The 125.9 ms cudaMemcpyAsync waits while the GPU is 99 % busy: little GPU idle.
+    # The 125.9 ms cudaMemcpyAsync waits while the GPU is 99 % busy: no GPU idle while it waits;
+    # what it may cost is the idle after it, 4.4 ms at the end of the step while the host
+    # post-processes the result (1.3 % of the step).
     for f in d.findings:
         if f.rule in SYNC_RULES:
-            assert f.est_saving_ms_per_step < 5.0, f
+            assert f.est_saving_pct < 1.5, f
             assert f.severity not in ABOVE_LOW
 
 

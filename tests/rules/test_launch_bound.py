@@ -40,8 +40,10 @@ def test_launch_bound_bert_small():
     f = d.findings[0]
     assert (f.rule, f.severity) == ("launch-bound", "high")
     m = f.metrics
-    assert m["idle_ms_per_step"] == pytest.approx(3.085, abs=0.002)
-    assert f.est_saving_pct == pytest.approx(69.7, abs=0.1)
+    # The two syncs of the step claim only the host's few µs blocked in them (the GPU, 7 % busy,
+    # is never ahead of the CPU): the idle after them is the launches'.
+    assert m["idle_ms_per_step"] == pytest.approx(3.288, abs=0.002)
+    assert f.est_saving_pct == pytest.approx(74.3, abs=0.1)
     assert m["kernels_per_step"] == 60
     assert (m["median_kernel_us"], m["median_launch_us"]) == (
         pytest.approx(4.64, abs=0.01),

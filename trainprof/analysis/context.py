@@ -8,10 +8,20 @@ Idle attribution (each idle instant inside a step goes to the first cause that c
    (analysis/queued.py); no rule claims it;
 1. `dataloader`: the host is inside a DataLoader fetch;
 2. `host_wait`: the host is blocked in a synchronising call (stream/device/event sync, a blocking
-   copy such as pageable HtoD or DtoH);
-3. `refill`: a blocking call returned to an idle GPU, and the host has not yet launched the next
-   work (capped at the end of the next launch call, and at REFILL_CAP_US: past that the GPU
-   waits on the host's own CPU work, which would idle it with or without the sync);
+   copy such as pageable HtoD or DtoH, the device-to-host copy of a read such as `.item()`);
+3. `refill`: the idle a blocking call causes after it returns. A sync empties the GPU's queue:
+   until the GPU again runs work that was queued before its previous work ended, it runs only
+   what the host launches one by one (small kernels, launch latency, the host's own work, the
+   next step's fetch). Without the sync the GPU would have had queued work there, but only as
+   much as the host was ahead of it, which is the time the host waited in the call: with CPU
+   work C, blocked time W and GPU work G per step, the step is C + W with the sync and
+   max(C, G) without, so removing it saves min(W, C + W - G), at most the wait and at most the
+   idle. A call's refill is therefore the earliest idle after it, until the queue refills or
+   the next blocking call, up to the call's duration less the idle already counted while it
+   blocked (host_wait); what a call leaves unspent carries on to the next call of the same kind
+   in the step (the two reads of `if nans.any() or nans_weight.any():`), never to another kind,
+   which another fix removes. In a launch-bound step (the GPU never ahead of the CPU) a sync
+   costs only its wait; behind a GPU-heavy one, the idle after it;
 4. `other`: everything else (host CPU work, dispatch, Python).
 
 Because the causes partition the idle time, two rules can never claim the same idle microsecond.
@@ -29,12 +39,12 @@ from typing import Any, TypeVar
 import numpy as np
 
 from trainprof.analysis.model import Device
-from trainprof.analysis.queued import queued_idle
+from trainprof.analysis.queued import queue_refilled_after, queued_idle
 from trainprof.runmeta import RunMeta
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import PyStacks, event_frames, event_location
 from trainprof.trace.model import GPU_KINDS, Kind, Trace
-from trainprof.trace.nesting import enclosing
+from trainprof.trace.nesting import enclosing, outermost
 from trainprof.trace.steps import (
     DATALOADER_NEXT,
     GENERIC_EVAL,
@@ -51,9 +61,6 @@ SYNC_CALLS = (
 )
 ASYNC_COPY_CALLS = r"^(cuda|hip)Memcpy(Async|DtoHAsync|HtoDAsync)?(_v2)?$"
 LAUNCH_CALLS = r"Launch|Memcpy|Memset"
-# A refill longer than this is the host doing its own CPU work before the next launch: that idle
-# would remain without the sync, so it is left to `other` (the gpu-idle rule names the frame).
-REFILL_CAP_US = 1000.0
 COMM_KERNEL = r"(?i)nccl|rccl"
 
 # Ops that force a host-device sync, with the name a user knows them by.
@@ -91,6 +98,10 @@ class Blocking:
     copy: np.ndarray  # memcpy direction for copies ('' for syncs)
     wait_idle: np.ndarray  # µs of GPU idle while the host waited (attributed host_wait)
     refill_idle: np.ndarray  # µs of GPU idle after it returned (attributed refill)
+    # µs of GPU idle after it returned until the GPU's queue refilled (or the next blocking
+    # call), before the cap at the host's wait: what refill_idle would be if the GPU had been
+    # ahead of the host by at least that much
+    after_idle: np.ndarray
     in_dataloader: np.ndarray  # bool
     memcpy_idx: np.ndarray  # the GPU copy it issued, -1 for syncs
 
@@ -338,7 +349,7 @@ class Context:
         gm = tr.where_kind(Kind.MEMCPY)
         gm = gm[tr.launch[gm] >= 0]
         copy_of = dict(zip(tr.launch[gm].tolist(), gm.tolist(), strict=True))  # call -> copy
-        keep, kinds, mem = [], [], []
+        keep, kinds, mem, pinned = [], [], [], []
         for i in copies.tolist():
             m = copy_of.get(i, -1)
             d = memcpy_direction(tr.name(m)) if m >= 0 else ""
@@ -347,6 +358,20 @@ class Context:
                 keep.append(i)
                 kinds.append(d)
                 mem.append(m)
+            elif d == "dtoh_pinned":
+                pinned.append((i, m))
+        if pinned:
+            # A read of a GPU value (`.item()`, `if tensor:`, nonzero) copies it into pinned
+            # memory and then synchronises: the copy call is part of the host's wait for the
+            # value. An async copy into pinned memory elsewhere (non_blocking=True) is no wait.
+            calls = np.array([i for i, _ in pinned], np.int64)
+            reads = tr.where_name(sync_op_pattern(), Kind.CPU_OP, Kind.ANNOTATION)
+            inside = enclosing(tr, reads, calls) >= 0
+            for (i, m), ok in zip(pinned, inside.tolist(), strict=True):
+                if ok:
+                    keep.append(i)
+                    kinds.append("dtoh_pinned")
+                    mem.append(m)
         idx = np.r_[syncs, np.array(keep, np.int64)].astype(np.int64)
         copy = np.array([""] * len(syncs) + kinds, dtype=object)
         memi = np.r_[np.full(len(syncs), -1), np.array(mem, np.int64)].astype(np.int64)
@@ -356,47 +381,75 @@ class Context:
     @cached_property
     def attribution(self) -> dict[str, iv.Intervals]:
         """Idle GPU time inside the steps, split by cause (see the module docstring)."""
+        return self._sync_idle[0]
+
+    @cached_property
+    def _sync_idle(self) -> tuple[dict[str, iv.Intervals], np.ndarray, np.ndarray]:
+        """The attribution, and for each blocking call (_blocking_raw order) the refill it was
+        given and the idle after it before the cap (module docstring, step 3)."""
         queued = queued_idle(self)
         idle = iv.subtract(self.gpu_idle, queued)
         tr = self.trace
-        b_idx = self._blocking_raw[0]
+        b = self._blocking_raw[0]
+        b_ts, b_end = tr.ts[b], tr.end[b]
         dl = iv.intersect(idle, self.dataloader_spans)
         rest = iv.subtract(idle, dl)
-        hw = iv.intersect(rest, iv.merge(tr.ts[b_idx], tr.end[b_idx]))
+        hw = iv.intersect(rest, iv.merge(b_ts, b_end))
         rest = iv.subtract(rest, hw)
-        rf = iv.intersect(rest, iv.merge(tr.end[b_idx], self._refill_ends))
+        # After each call: until the GPU's queue refills, or the next blocking call (which
+        # drains it again and owns what follows); earlier calls first where windows overlap
+        # (calls on several threads).
+        nxt = iv.first_after(b_ts, b_ts, b_end)
+        hi = np.minimum(queue_refilled_after(self, b_end), nxt)
+        lo = np.maximum(b_end, np.r_[-np.inf, np.maximum.accumulate(hi)[:-1]]) if len(b) else b_end
+        hi = np.maximum(hi, lo)
+        after = iv.intersect(rest, iv.merge(lo, hi))
+        # What each call may claim: the host's wait in it, less the idle already counted while it
+        # blocked; pooled over the calls of one kind in a step (the host's lead from an early
+        # wait carries on to the next one's refill when the idle before it used less: removing
+        # both saves up to both waits), never from one kind of sync to another, which a
+        # different fix removes.
+        budget = np.maximum(tr.dur[b] - iv.overlap_each(b_ts, b_end, hw), 0.0)
+        claim = pooled(iv.overlap_each(lo, hi, after), budget, self._sync_kinds)
+        cut = np.minimum(iv.reach(after, lo, claim), hi)
+        rf = iv.intersect(after, iv.merge(lo, cut))
         other = iv.subtract(rest, rf)
-        return {"queued": queued, "dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
+        att = {"queued": queued, "dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
+        return att, iv.overlap_each(lo, cut, rf), iv.overlap_each(lo, hi, after)
 
     @cached_property
-    def _refill_ends(self) -> np.ndarray:
-        """Where the refill after each blocking call (_blocking_raw order) ends: the GPU's next
-        start, but no later than the end of the host's next launch call."""
+    def _sync_kinds(self) -> np.ndarray:
+        """For each blocking call (_blocking_raw order), a key of its step and kind: the
+        outermost sync or copy op around it (`aten::item`, `aten::is_nonzero`, `aten::to`; the
+        call's own name for an explicit synchronize), and whether that op makes a pageable
+        host-to-device copy (pageable-memcpy's) or reads the GPU."""
         tr = self.trace
-        ends = tr.end[self._blocking_raw[0]]
-        nxt_gpu = iv.next_start_after(self.gpu_busy, ends)
-        launches = tr.where_name(LAUNCH_CALLS, Kind.RUNTIME)
-        l_end = iv.first_after(tr.ts[launches], tr.end[launches], ends)
-        busy_at_end = iv.contains(self.gpu_busy, ends)
-        stop = np.minimum(np.minimum(nxt_gpu, l_end), ends + REFILL_CAP_US)
-        return np.where(busy_at_end, ends, stop)
+        b, copy, _ = self._blocking_raw
+        ops = tr.where_name(f"{sync_op_pattern()}|{COPY_OPS}", Kind.CPU_OP, Kind.ANNOTATION)
+        top = enclosing(tr, outermost(tr, ops), b)
+        top = np.where(top >= 0, top, b)
+        step = np.searchsorted(self.steps.start, tr.ts[b], side="right")
+        # A pageable copy's op also synchronises (non_blocking=False): the op's calls go together.
+        htod = np.isin(top, top[copy == "pageable_htod"])
+        keys = np.stack([step, tr.name_id[top].astype(np.int64), htod.astype(np.int64)], axis=1)
+        return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
 
     @cached_property
     def blocking(self) -> Blocking:
         tr = self.trace
         idx, copy, memi = self._blocking_raw
-        att = self.attribution
+        att, refill, after = self._sync_idle
         wait = iv.overlap_each(tr.ts[idx], tr.end[idx], att["host_wait"])
-        refill = iv.overlap_each(tr.end[idx], self._refill_ends, att["refill"])
         # Calls on several threads can overlap: never hand out more than the attributed total.
-        for col, key in ((wait, "host_wait"), (refill, "refill")):
-            tot, have = iv.total(att[key]), float(col.sum())
-            if have > tot > 0:
-                col *= tot / have
+        tot, have = iv.total(att["host_wait"]), float(wait.sum())
+        if have > tot > 0:
+            wait *= tot / have
         in_dl = iv.contains(self.dataloader_spans, tr.ts[idx])
         in_win = iv.contains(self.windows, tr.ts[idx])
         keep = in_win
-        return Blocking(idx[keep], copy[keep], wait[keep], refill[keep], in_dl[keep], memi[keep])
+        return Blocking(
+            idx[keep], copy[keep], wait[keep], refill[keep], after[keep], in_dl[keep], memi[keep]
+        )
 
     # ---- who caused a blocking call ----------------------------------------------------------
     def owners(self, pattern: str, queries: np.ndarray) -> np.ndarray:
@@ -409,6 +462,22 @@ class Context:
 
     def pct(self, us_per_step: float) -> float:
         return 100.0 * us_per_step / self.mean_step_us if self.mean_step_us > 0 else 0.0
+
+
+def pooled(avail: np.ndarray, budget: np.ndarray, group: np.ndarray) -> np.ndarray:
+    """Claims taken in order (the arrays' order), each min(avail, its budget + what the earlier
+    ones of its group left unspent). The carry is Lindley's recursion
+    W_k = max(0, W_(k-1) + budget_k - avail_k), solved per group with running sums."""
+    out = np.zeros(len(avail))
+    order = np.argsort(group, kind="stable")  # each group's calls together, in their order
+    g = group[order]
+    cuts = np.flatnonzero(np.diff(g)) + 1
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(g)], strict=True):  # a few per step
+        at = order[a:b]
+        run = np.cumsum(budget[at] - avail[at])
+        carry = run - np.minimum(np.minimum.accumulate(run), 0.0)
+        out[at] = budget[at] + np.r_[0.0, carry[:-1]] - carry
+    return out
 
 
 def sync_op_pattern() -> str:

@@ -84,6 +84,33 @@ def _launched_at(ctx: Context) -> np.ndarray:
     return out
 
 
+def queue_refilled_after(ctx: Context, t: np.ndarray) -> np.ndarray:
+    """For each time t: the first moment at or after t when the GPU had queued work again, i.e.
+    the end of the GPU work just before the first work starting at or after t that had been
+    launched before that end (the GPU went on to it without waiting for the host); no earlier
+    than t, inf when that never happens. A sync empties the GPU's queue: up to this moment the
+    GPU runs only what the host launches one by one. Work whose launch the trace cannot place
+    (NaN in launched_at) ends the search at its own start, the first sign of the GPU's work."""
+    t = np.asarray(t, np.float64)
+    g = ctx.gpu_events  # sorted by start
+    if not len(g) or not len(t):
+        return np.full(len(t), np.inf)
+    tr = ctx.trace
+    starts, ends = tr.ts[g], tr.end[g]
+    ready = launched_at(ctx)
+    prev_end = np.r_[-np.inf, np.maximum.accumulate(ends)[:-1]]
+    known = ~np.isnan(ready)
+    refilled = ~known | (ready <= prev_end)
+    point = np.where(known, prev_end, starts)
+    # The first refilled work at or after each index (len(g): none), by a reverse running min.
+    idx = np.where(refilled, np.arange(len(g)), len(g))
+    first = np.minimum.accumulate(idx[::-1])[::-1]
+    k = np.searchsorted(starts, t, side="left")
+    j = np.r_[first, len(g)][k]
+    at = np.where(j < len(g), point[np.minimum(j, len(g) - 1)], np.inf)
+    return np.maximum(at, t)
+
+
 @dataclass
 class Gaps:
     """The GPU idle inside the step windows, one row per idle interval."""

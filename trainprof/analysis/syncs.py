@@ -27,8 +27,8 @@ from trainprof.trace.frames import (
     probe_location,
     split_stack,
 )
-from trainprof.trace.model import Kind, Trace
-from trainprof.trace.nesting import END_SLACK, enclosing
+from trainprof.trace.model import Kind
+from trainprof.trace.nesting import enclosing, outermost
 
 _CALL_LABEL = {
     "DeviceSynchronize": "synchronize",
@@ -48,9 +48,12 @@ class SyncSite:
     in_metric: bool
     in_optimizer: bool = False  # inside Optimizer.step#: torch's own code
     count: int = 0  # occurrences inside the step windows
-    calls: int = 0  # blocking runtime calls they made
-    host_us: float = 0.0  # host time blocked
-    cost_us: float = 0.0  # GPU idle attributed to them
+    calls: int = 0  # blocking runtime calls they made (a read's copy and its sync: two)
+    host_us: float = 0.0  # host time blocked in them
+    cost_us: float = 0.0  # GPU idle attributed to them (at most host_us: Context, refill)
+    # GPU idle while they blocked and after them until the GPU's queue refilled, before the cap
+    # at the host's wait: more than cost_us when the GPU was not ahead of the host
+    idle_us: float = 0.0
     ops: list[int] = field(default_factory=list)
     # The library code between the user's line and the op, when a library did it: `via` is
     # what is shown after the user's line (file:line, see trace.frames.call_chain), `library`
@@ -58,22 +61,6 @@ class SyncSite:
     via: list[str] = field(default_factory=list)
     library: list[str] = field(default_factory=list)
     _stacks: Counter = field(default_factory=Counter, repr=False)
-
-
-def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
-    """Drop events nested inside another event of the same set on the same thread."""
-    if not len(idx):
-        return idx
-    keep = []
-    for t in np.unique(trace.thread[idx]):
-        sub = idx[trace.thread[idx] == t]
-        sub = sub[np.lexsort((-trace.dur[sub], trace.ts[sub]))]
-        ends = trace.end[sub]
-        prev_max = np.r_[-np.inf, np.maximum.accumulate(ends)[:-1]]
-        nested = (trace.ts[sub] < prev_max) & (ends <= prev_max + END_SLACK)
-        keep.append(sub[~nested])
-    out = np.concatenate(keep)
-    return out[np.argsort(trace.ts[out], kind="stable")]
 
 
 def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals, frames: list[str]) -> bool:
@@ -112,6 +99,7 @@ def _sync_sites(ctx: Context) -> list[SyncSite]:
     ops = outermost(tr, ops[ctx.in_windows(ops)])
     b = ctx.blocking
     b_idx, b_cost, b_copy = b.idx, b.cost, b.copy
+    b_idle = b.wait_idle + b.after_idle
     owner = enclosing(tr, ops, b_idx)
     # Blocking calls outside any sync op: a copy (`.to()`/`.cpu()` with non_blocking=False makes
     # a copy and a stream sync) or an explicit synchronize.
@@ -166,6 +154,7 @@ def _sync_sites(ctx: Context) -> list[SyncSite]:
             site.calls += 1
             site.host_us += float(tr.dur[b_idx[j]])
             site.cost_us += float(b_cost[j])
+            site.idle_us += float(b_idle[j])
     for site in groups.values():
         site.library = list(site._stacks.most_common(1)[0][0])
         site.via = call_chain(site.library, FRAMEWORK_HOMES) if site.location else []

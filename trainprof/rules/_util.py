@@ -58,3 +58,25 @@ def occurrences(ctx: Context, idx: Iterable[int]) -> list[list[float]]:
 
 
 GPU_ONLY_NOTE = "would stall a GPU"
+
+
+def sync_cost(ctx: Context, host_us: float, cost_us: float, idle_us: float) -> str:
+    """Evidence for what syncs cost on a GPU timeline (totals over the trace; analysis/syncs.py
+    SyncSite): the GPU idle they cause, and which bound held (Context, `refill`): the idle from
+    each call until the GPU ran queued work again, or the host's wait in them when the GPU was
+    not that far ahead of the host."""
+    host, cost, idle = ctx.per_step(host_us), ctx.per_step(cost_us), ctx.per_step(idle_us)
+    share = f"{ctx.pct(cost):.1f} % of the step"
+    if host < idle and idle > cost + max(1.0, 0.01 * idle):
+        return (
+            f"The GPU idles {ms(idle)}/step after these calls until it runs queued work again, "
+            f"but the host waited only {ms(host)}/step in them: the GPU was not ahead of the "
+            f"CPU by more, so removing them queues at most that much more work: {ms(cost)}/step "
+            f"({share}). The rest of that idle is the host's own pace (launches, Python) and "
+            f"stays unless the host runs further ahead of the GPU (the profiler's overhead slows "
+            f"it in the traced steps)."
+        )
+    return (
+        f"Host blocked {ms(host)}/step, GPU idle caused {ms(cost)}/step ({share}), from each "
+        f"call until the GPU ran queued work again."
+    )

@@ -23,9 +23,17 @@ connector), the library frames in between (`via`); the fix is then said in the f
 `TrainingArguments(logging_nan_inf_filter=False)`), or marked "upstream" when the library's own
 code does it and no setting removes it.
 
-Saving estimate: the GPU idle attributed to these calls (host blocked while the GPU idled, plus
-the refill gap until the next launch, capped at 1 ms), per step. On a CPU-only trace the same ops
-cost nothing measurable: they are listed as "would stall a GPU", severity low, no saving claimed.
+Saving estimate: the GPU idle these calls cause, per step: the idle while the host was blocked
+in them, plus the idle after each until the GPU again runs work that was queued before its
+previous work ended (a sync empties the queue; the GPU then runs only what the host launches one
+by one: small kernels, launch latency, the next step's fetch), bounded by the host's time
+blocked in them. With CPU work C, blocked time W and GPU work G per step, the step takes C + W
+with the syncs and max(C, G) without, so removing them saves min(W, C + W - G): at most the wait
+and at most the GPU's idle. In a launch-bound loop (GPU idle, but never ahead of the CPU) a
+`.item()` costs about its wait, tens of µs; behind a GPU-heavy step it costs the idle after it.
+The evidence says which bound held (`gpu_idle_after_ms_per_step`: the idle after them before the
+bound). On a CPU-only trace the same ops cost nothing measurable: they are listed as "would
+stall a GPU", severity low, no saving claimed.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from trainprof.analysis.logreads import logging_owns
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import SyncSite, sync_sites
 from trainprof.rules import Rule
-from trainprof.rules._util import GPU_ONLY_NOTE, finding, ms
+from trainprof.rules._util import GPU_ONLY_NOTE, finding, sync_cost
 
 WHAT = {
     "item": "`.item()` (aten::item) reads a GPU scalar on the host",
@@ -101,6 +109,7 @@ def check(ctx: Context) -> list[Finding]:
             "blocking_calls": site.calls,
             "host_blocked_ms_per_step": round(ctx.per_step(site.host_us) / 1000, 3),
             "gpu_idle_ms_per_step": round(cost / 1000, 3),
+            "gpu_idle_after_ms_per_step": round(ctx.per_step(site.idle_us) / 1000, 3),
         }
         if not ctx.gpu_timeline:
             where = "on CPU" if ctx.device.kind == "cpu" else "here (no GPU activity recorded)"
@@ -121,10 +130,8 @@ def check(ctx: Context) -> list[Finding]:
                 )
             )
             continue
-        evidence = (
-            f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step), host blocked "
-            f"{ms(ctx.per_step(site.host_us))}/step, GPU idle caused {ms(cost)}/step "
-            f"({ctx.pct(cost):.1f} % of the step)."
+        evidence = f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step). " + sync_cost(
+            ctx, site.host_us, site.cost_us, site.idle_us
         )
         if site.calls and cost < 0.05 * ctx.per_step(site.host_us):
             evidence += " The GPU stayed busy while the host waited: little to gain."

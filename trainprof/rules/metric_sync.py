@@ -8,8 +8,11 @@ Detection: sync sites (see host-sync) inside trainprof's `trainprof/metric.*` pr
 `torchmetrics/` frame in their Python stack; the metric classes and their `nan_strategy` come
 from the run metadata when present.
 
-Saving estimate: the GPU idle attributed to those syncs per step. On a CPU trace: "would stall a
-GPU", severity low, no saving claimed.
+Saving estimate: the GPU idle those syncs cause per step, counted as host-sync counts it: the
+idle while the host waits in them and after them until the GPU again runs queued work, bounded
+by the host's time blocked in them (removing a sync saves at most the wait, and at most the
+idle). The evidence says which bound held. On a CPU trace: "would stall a GPU", severity low, no
+saving claimed.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.syncs import sync_sites
 from trainprof.rules import Rule
-from trainprof.rules._util import GPU_ONLY_NOTE, finding, ms
+from trainprof.rules._util import GPU_ONLY_NOTE, finding, sync_cost
 
 FIX = (
     'MeanMetric(nan_strategy="disable") (torchmetrics >= 1.7); update with tensors on the '
@@ -52,8 +55,10 @@ def check(ctx: Context) -> list[Finding]:
     evidence = f"{count} syncs in {ctx.n_steps} steps ({per_step:.3g}/step) inside TorchMetrics " \
         f"({', '.join(labels)})"
     evidence += f"; metrics: {named}." if named else "."
+    host = sum(s.host_us for s in sites)
+    idle = sum(s.idle_us for s in sites)
     if ctx.gpu_timeline:
-        evidence += f" GPU idle caused {ms(cost)}/step."
+        evidence += " " + sync_cost(ctx, host, sum(s.cost_us for s in sites), idle)
         saving, severity = cost, None
     else:
         evidence += f" Costs nothing on CPU, but {GPU_ONLY_NOTE} every time."
@@ -67,8 +72,13 @@ def check(ctx: Context) -> list[Finding]:
             fix=FIX,
             saving_us_per_step=saving,
             location=loc,
-            metrics={"count": count, "per_step": round(per_step, 3),
-                     "gpu_idle_ms_per_step": round(cost / 1000, 3)},
+            metrics={
+                "count": count,
+                "per_step": round(per_step, 3),
+                "host_blocked_ms_per_step": round(ctx.per_step(host) / 1000, 3),
+                "gpu_idle_ms_per_step": round(cost / 1000, 3),
+                "gpu_idle_after_ms_per_step": round(ctx.per_step(idle) / 1000, 3),
+            },
             severity=severity,
             at=[op for s in sites for op in s.ops],
         )

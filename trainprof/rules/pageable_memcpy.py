@@ -11,7 +11,10 @@ counted here too, not under host-sync). ROCm traces (`Memcpy HtoD (Host -> Devic
 say whether the source was pinned and are not reported.
 
 Saving estimate: the GPU idle attributed to those calls (host blocked while the GPU idled, plus
-the refill gap after them), per step. Copy time on the GPU itself is not counted as a saving.
+the refill after them until the GPU's queue refills), bounded by the host's time blocked in them
+(as host-sync counts it: the call synchronises the stream before it copies, and without it the
+GPU would have had only that much more queued work), per step. Copy time on the GPU itself is
+not counted as a saving.
 """
 
 from __future__ import annotations

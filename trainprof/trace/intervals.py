@@ -61,6 +61,22 @@ def overlap_each(starts: np.ndarray, ends: np.ndarray, iv: Intervals) -> np.ndar
     return _covered_before(iv, ends) - _covered_before(iv, starts)
 
 
+def reach(iv: Intervals, x: np.ndarray, amount: np.ndarray) -> np.ndarray:
+    """For each x: the first point y >= x with `amount` of the merged set inside [x, y) (x when
+    the amount is 0 or less, inf when less than that lies after x)."""
+    x = np.asarray(x, np.float64)
+    amount = np.asarray(amount, np.float64)
+    s, e = iv
+    if not len(s):
+        return np.where(amount > 0, np.inf, x)
+    cum = np.r_[0.0, np.cumsum(e - s)]  # cum[i]: covered before interval i
+    target = _covered_before(iv, x) + amount
+    i = np.searchsorted(cum[1:], target, side="left")  # the interval where the amount is reached
+    ic = np.clip(i, 0, len(s) - 1)
+    y = np.where(i < len(s), s[ic] + (target - cum[ic]), np.inf)
+    return np.where(amount > 0, np.maximum(y, x), x)
+
+
 def contains(iv: Intervals, x: np.ndarray) -> np.ndarray:
     """Whether each point lies inside the merged set."""
     s, e = iv

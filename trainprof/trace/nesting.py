@@ -155,3 +155,19 @@ def _sweep(s: list[float], e: list[float]) -> np.ndarray:
             par[i] = stack[-1]
         stack.append(i)
     return np.array(par, np.int64)
+
+
+def outermost(trace: Trace, idx: np.ndarray) -> np.ndarray:
+    """Drop events nested inside another event of the same set on the same thread."""
+    if not len(idx):
+        return idx
+    keep = []
+    for t in np.unique(trace.thread[idx]):
+        sub = idx[trace.thread[idx] == t]
+        sub = sub[np.lexsort((-trace.dur[sub], trace.ts[sub]))]
+        ends = trace.end[sub]
+        prev_max = np.r_[-np.inf, np.maximum.accumulate(ends)[:-1]]
+        nested = (trace.ts[sub] < prev_max) & (ends <= prev_max + END_SLACK)
+        keep.append(sub[~nested])
+    out = np.concatenate(keep)
+    return out[np.argsort(trace.ts[out], kind="stable")]
