@@ -99,11 +99,12 @@ def _lines(lines: list[int]) -> str:
     return f"line {lines[0]}" if len(lines) == 1 else "lines " + ", ".join(map(str, lines))
 
 
-def _what(grp: GapGroup) -> str:
+def _what(grp: GapGroup, brief: bool = False) -> str:
     """The code a group ran, for a person: a user frame by its file and line(s) (a loop at
     module level has no function to name), a library frame by the record_function range open
     around it (`Optimizer.step#Adam.step`) or the nn.Module whose forward ran it when there is
-    one, with its function and place; an operator by its name."""
+    one, with its function and place unless `brief` (a title: the evidence has them); an
+    operator by its name."""
     if grp.source == "none":
         return NO_OP.lower()
     p = parse_any_frame(grp.label)
@@ -119,6 +120,8 @@ def _what(grp: GapGroup) -> str:
             place = f"{file} {_lines(lines)}" if lines else file
         return f"{place} (module level)" if func == "<module>" else f"{func} ({place})"
     around = grp.annotation or _module_of(grp)
+    if around and brief:
+        return around
     return f"{around} ({func}, {file}:{line})" if around else f"{func} ({file}:{line})"
 
 
@@ -178,7 +181,9 @@ def _finding(ctx: Context, grp: GapGroup, gaps: tuple[np.ndarray, np.ndarray]) -
     if grp.source == "ops":
         evidence += " (Named by the operators open then: the trace has no Python stacks.)"
     loc = _location(grp) if grp.source in ("python", "callstack") else None
-    title = f"GPU idle while the CPU runs {what}: {ctx.pct(saving):.0f} % of the step"
+    title = (
+        f"GPU idle while the CPU runs {_what(grp, brief=True)}: {ctx.pct(saving):.0f} % of the step"
+    )
     if grp.source == "none":
         title = f"GPU idle during Python code between ops: {ctx.pct(saving):.0f} % of the step"
     f = finding(
