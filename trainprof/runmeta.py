@@ -107,6 +107,11 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     startup_ms: float = 0.0  # iter() to the first batch with one worker
     worker_ms: float = 0.0  # per batch, the worker's hand-over (shared memory, pickling)
     receive_ms: float = 0.0  # per batch, the main process's receiving of a waiting batch
+    # The same with `busy_workers` workers fetching the next batches meanwhile (CPU work sized
+    # like the run's fetch) and the loop computing between receives (None: not measured): a
+    # busy worker answers the per-tensor hand-shake late. What the CPU estimate uses.
+    receive_busy_ms: float | None = None
+    busy_workers: int = 0
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
 

@@ -77,6 +77,11 @@ def test_fixed_step_model():
     assert fixed_step(m=10.0, f=30.0, k=1, r=0.0, w=0.0, cores=2, n=2) == 20.0
     # A tiny fetch: the hand-over costs more than it saves (try_mlp: 0.2 ms fetch, 1.3 ms receive).
     assert fixed_step(m=0.5, f=0.2, k=1, r=1.3, w=3.5, cores=2, n=1) > 0.7
+    # Receiving from busy workers: 4 ms on the loop's path, of which 0.5 ms CPU work (the rest
+    # blocked on a worker's hand-shake, its core free): the cores' bound counts only that.
+    assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2) == 22.0
+    assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2, r_cpu=0.5) == 20.25
+    assert fixed_step(m=20.0, f=10.0, k=1, r=4.0, w=0.0, cores=2, n=2, r_cpu=0.5) == 24.0
 
 
 def test_the_unprofiled_fetch_is_what_counts(loop: Path, tmp_path: Path):
@@ -118,3 +123,23 @@ def test_severity_from_the_unprofiled_medians(loop: Path, tmp_path: Path):
     b = _starvation(with_meta(loop, tmp_path / "b", busy))
     assert (a.severity, a.est_saving_pct) == (b.severity, b.est_saving_pct)
     assert a.severity == "high"
+
+
+def test_the_receiving_with_busy_workers_is_what_counts(loop: Path, tmp_path: Path):
+    """A worker busy fetching answers the per-tensor hand-shake late (try_fakedata with 2
+    workers: 4.1 ms per batch in the loop, 1.2 ms from the probe's idle worker): the model takes
+    the probe's figure with busy workers where it has one, the idle one otherwise."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    idle = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2)
+    busy = LoaderIpc(receive_ms=0.5, receive_busy_ms=4.0, busy_workers=2, worker_ms=1.0, tensors=2)
+    a = _starvation(with_meta(loop, tmp_path / "idle", _meta(steps, fetch, idle)))
+    b = _starvation(with_meta(loop, tmp_path / "busy", _meta(steps, fetch, busy)))
+    assert a.metrics["receive_ms_per_batch"] == pytest.approx(0.5)
+    assert b.metrics["receive_ms_per_batch"] == pytest.approx(4.0)
+    # M = 10, F = 10, W = 1 on 2 cores: with R = 4 the loop's own path M + R = 14 ms bounds the
+    # step (whichever worker count); with R = 0.5 the cores do, 10.75 ms.
+    assert a.metrics["fixed_step_ms"] == pytest.approx(10.75)
+    assert b.metrics["fixed_step_ms"] == pytest.approx(14.0)
+    assert b.est_saving_pct == pytest.approx(100 * (20 - 14) / 20, abs=0.05)
+    assert "while 2 worker(s) fetch the next ones" in b.evidence
+    assert "while" not in a.evidence.split("to receive it")[1].split(".")[0]

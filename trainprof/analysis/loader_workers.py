@@ -21,6 +21,7 @@ import numpy as np
 
 from trainprof.analysis import unprofiled
 from trainprof.analysis.context import Context
+from trainprof.runmeta import LoaderIpc
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 
@@ -108,6 +109,8 @@ class CpuModel:
     removable: float  # the part of F that workers take off the loop (F with num_workers=0)
     measured: bool  # F and S from the run's unprofiled steps (else derived from the trace)
     receive: float  # R per batch (0: not measured)
+    receive_idle: float  # R from an idle worker (the probe's other figure)
+    busy_workers: int  # workers fetching meanwhile when R was timed (0: R is the idle figure)
     worker: float  # W per batch
     startup_ms: float | None  # the workers' start-up, once per run
     workers: int  # n, the best worker count
@@ -119,15 +122,30 @@ class CpuModel:
         return max(self.step - self.fixed, 0.0)
 
 
-def fixed_step(m: float, f: float, k: float, r: float, w: float, cores: int, n: int) -> float:
+def fixed_step(
+    m: float, f: float, k: float, r: float, w: float, cores: int, n: int,
+    r_cpu: float | None = None,
+) -> float:  # fmt: skip
     """The step with `n` workers (µs): compute `m`, fetch `f`, `k` batches per step, receive `r`
-    and hand-over `w` per batch, on `cores` cores with max(1, cores - n) torch threads."""
+    and hand-over `w` per batch, on `cores` cores with max(1, cores - n) torch threads. `r_cpu`:
+    the part of `r` that is CPU work (default all of it); the rest is the loop blocked until a
+    busy worker answers the hand-shake, which lengthens the loop's own path but leaves its core
+    to the workers."""
     threads = max(1, cores - n)
+    rc = r if r_cpu is None else min(r_cpu, r)
     return max(
         m + k * r,
         (f + k * w) / n,
-        (m * min(threads, cores) + f + k * (w + r)) / cores,
+        (m * min(threads, cores) + f + k * (w + rc)) / cores,
     )
+
+
+def receive_ms(ipc: LoaderIpc) -> float:
+    """The probe's per-batch receiving (ms) the CPU model uses: timed with workers busy fetching
+    the next batches where the probe did (a busy worker answers the per-tensor hand-shake late:
+    try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle one),
+    else with an idle worker (older metadata)."""
+    return ipc.receive_busy_ms if ipc.receive_busy_ms is not None else ipc.receive_ms
 
 
 def _median_part(ctx: Context, part: list[float]) -> float | None:
@@ -162,13 +180,19 @@ def cpu_model(
     fw = f * wait_share  # with workers already, the receiving stays the loop's own work
     m = max(step - fw, 1.0)
     ipc = ctx.meta.loader_ipc
-    r = 1000 * ipc.receive_ms if ipc else 0.0
+    r = 1000 * receive_ms(ipc) if ipc else 0.0
+    ri = 1000 * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
+
+    def fixed(n: int) -> float:
+        return fixed_step(m, fw, k, r, w, cores, n, r_cpu=ri)
+
     w = 1000 * ipc.worker_ms if ipc else 0.0
-    best = min(range(1, max(cores, 1) + 1), key=lambda n: fixed_step(m, fw, k, r, w, cores, n))
+    best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
-        step=step, fetch=f, removable=fw, measured=measured, receive=r, worker=w,
+        step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
+        busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed_step(m, fw, k, r, w, cores, best),
+        threads=max(1, cores - best), fixed=fixed(best),
     )  # fmt: skip
 
 

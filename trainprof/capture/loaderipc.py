@@ -15,12 +15,27 @@ every time as a collate makes. Figures: `startup_ms` (iter() to the first batch:
 the first hand-over), `worker_ms` (per batch, the rate at which batches arrive while the main
 process only waits: the worker's side, or the receiving where that is slower), `receive_ms`
 (per batch, the main process's side, timing next() on batches already waiting; the least of
-three tries). About 0.1-0.3 s; skipped
-where `fork` is not available (the spawn start method would import torch again, seconds).
+three tries), all with a worker that has nothing else to do.
+
+In the loop with the fix the workers are busy fetching the next batches while the loop receives
+one, and the receiving is slower then: each tensor's file descriptor comes from the worker's
+resource-sharer thread (connect, challenge, recvmsg: torch/multiprocessing/reductions.py
+rebuild_storage_fd), which must win the worker's interpreter lock from the fetch, and a core
+(try_fakedata with 2 workers on 2 cores: 4.1 ms per batch in the loop against 1.2 ms from the
+idle worker). So the probe times it again that way, `receive_busy_ms`: `busy_workers` workers
+(BUSY_WORKERS, at most the cores: what the fix starts on a small machine) each spend the run's
+median fetch time of CPU before every batch (`busy`: Python between small tensor ops, as
+decoding and transforms let go of the lock now and then), the main process spends the rest of
+the run's median step between receives, and next() is timed only on a batch that is there
+already (the wait for one is the workers' pace, not the receiving; batches taken as they arrive,
+`in_order=False`). Both figures are scaled down together to at most BUSY_CAP per batch, within
+the probe's budget. About 0.2-0.5 s in all; skipped where `fork` is not available (the spawn
+start method would import torch again, seconds).
 """
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing
 import statistics
 import sys
@@ -34,19 +49,40 @@ from trainprof.runmeta import LoaderIpc, RunMeta
 MIN_FETCH_SHARE = 0.02  # fetch time / step time over the run below which workers cannot matter
 BATCHES = 12  # batches timed back to back for the worker's rate
 READY = 4  # batches waiting in the queue when receiving is timed (prefetch_factor)
+BUSY_WORKERS = 2  # workers in the busy variant (at most the cores): what the fix starts on 2 cores
+BUSY_BATCHES = 5  # batches received in the busy variant, after BUSY_WARM untimed ones
+BUSY_WARM = 2
+# The busy variant's per-batch fetch and compute, scaled down together so that the longer of the
+# two is at most this (s): ~(BUSY_WARM + BUSY_BATCHES) x this in all, within the probe's budget.
+BUSY_CAP = 0.015
 
 
-class _Batches(torch.utils.data.Dataset):
-    """Fresh tensors of the given shapes at every index (as collate builds a new batch)."""
+class Batches(torch.utils.data.Dataset):
+    """Fresh tensors of the given shapes at every index (as collate builds a new batch), each
+    after `busy_s` of this thread's CPU time spent as a dataset's fetch spends it (`busy`)."""
 
-    def __init__(self, spec: list[tuple[list[int], str]]) -> None:
+    def __init__(self, spec: list[tuple[list[int], str]], busy_s: float = 0.0) -> None:
         self.spec = [(tuple(shape), getattr(torch, dtype, torch.float32)) for shape, dtype in spec]
+        self.busy_s = busy_s
 
     def __len__(self) -> int:
         return 1 << 30
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, ...]:
+        if self.busy_s > 0:
+            busy(self.busy_s)
         return tuple(torch.zeros(shape, dtype=dtype) for shape, dtype in self.spec)
+
+
+def busy(seconds: float) -> None:
+    """`seconds` of this thread's CPU time in work like a fetch's or a step's: Python between
+    small tensor ops (which let go of the interpreter's lock, as decoding and transforms do), so
+    that a worker's resource-sharer thread must win the lock and a core as it does in a run."""
+    end = time.thread_time() + seconds
+    t = torch.zeros(256)
+    while time.thread_time() < end:
+        sum(i * i for i in range(200))
+        t.add_(1.0)
 
 
 def wanted(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> bool:
@@ -61,14 +97,55 @@ def wanted(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> bool:
     return bool(shares) and statistics.median(shares) >= MIN_FETCH_SHARE
 
 
+def _loader(spec: list[tuple[list[int], str]], workers: int, busy_s: float = 0.0) -> Any:
+    kwargs: dict[str, Any] = dict(
+        batch_size=None, num_workers=workers, persistent_workers=True, prefetch_factor=READY,
+        multiprocessing_context="fork",
+    )  # fmt: skip
+    if workers > 1 and "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters:
+        # Batches as they arrive: next() on one that is there never waits for another worker's.
+        kwargs["in_order"] = False
+    return torch.utils.data.DataLoader(Batches(spec, busy_s), **kwargs)
+
+
+def receive_busy(
+    spec: list[tuple[list[int], str]], workers: int, fetch_s: float, compute_s: float
+) -> float | None:
+    """The loop's receiving of a batch that is there (s, the median), while `workers` workers
+    keep fetching the next ones (`fetch_s` of CPU each) and the main process computes
+    (`compute_s` of CPU per batch) between receives: the run's loop with the fix, its cores
+    shared as they will be. None where it cannot be measured."""
+    scale = min(1.0, BUSY_CAP / max(fetch_s, compute_s, 1e-6))
+    it: Any = None
+    try:
+        it = iter(_loader(spec, workers, fetch_s * scale))
+        next(it)
+        # Whether a batch is there already (multiprocessing.Queue._poll): the wait for one that
+        # is not is the workers' pace, timed elsewhere, not the receiving.
+        ready = getattr(getattr(it, "_data_queue", None), "_poll", None)
+        times = []
+        for i in range(BUSY_WARM + BUSY_BATCHES):
+            busy(compute_s * scale)
+            if ready is not None:
+                ready(5.0)
+            t0 = time.perf_counter()
+            next(it)
+            if i >= BUSY_WARM:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+    except Exception:  # noqa: BLE001 - no workers here (a sandbox, /dev/shm full): no figure
+        return None
+    finally:
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+
+
 def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
     """The worker's costs for batches of `spec`; None where it cannot be measured."""
     if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
         return None
-    loader = torch.utils.data.DataLoader(
-        _Batches(spec), batch_size=None, num_workers=1, persistent_workers=True,
-        prefetch_factor=READY, multiprocessing_context="fork",
-    )  # fmt: skip
+    loader = _loader(spec, 1)
     it: Any = None
     try:
         t0 = time.perf_counter()
@@ -109,4 +186,19 @@ def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
 
 
 def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc | None:
-    return measure(spec) if spec and wanted(meta, spec) else None
+    if not spec or not wanted(meta, spec):
+        return None
+    ipc = measure(spec)
+    if ipc is None:
+        return None
+    # The run's median fetch and the rest of its step, for the busy variant's workers and loop.
+    fetch = statistics.median(meta.fetch_times_s[1:])
+    compute = statistics.median(
+        max(t - f, 0.0) for t, f in zip(meta.step_times_s[1:], meta.fetch_times_s[1:], strict=False)
+    )
+    workers = max(1, min(BUSY_WORKERS, meta.cpu_count or 1))
+    busy_s = receive_busy(spec, workers, fetch, compute)
+    if busy_s is not None:
+        ipc.receive_busy_ms = round(1000 * busy_s, 3)
+        ipc.busy_workers = workers
+    return ipc

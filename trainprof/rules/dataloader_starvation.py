@@ -48,7 +48,8 @@ On a CPU trace the workers take the fetch off the loop, but:
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(max(1, C - n)), and the fixed step is the largest of the loop's own
   work M + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU work
-  spread over the cores, (M min(T', C) + F + k (W + R)) / C with T' = max(1, C - n) threads.
+  spread over the cores, (M min(T', C) + F + k (W + R_cpu)) / C with T' = max(1, C - n)
+  threads (R_cpu: the CPU work in R, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
 - not modelled: the thread change's own effect on M (fewer intra-op threads: slower on a quiet
   machine for a model that scales, faster on one whose cores other jobs share, where threads
@@ -57,12 +58,20 @@ On a CPU trace the workers take the fetch off the loop, but:
   processes' load: the cores are taken as the run's own (the evidence says when other processes
   kept half a CPU or more busy during the run).
 With workers already, only the waiting part of F is the workers' work in that model (the
-receiving stays in the loop's M). With num_workers=0 the receiving R is the probe's, whose worker
-is idle: a worker busy decoding answers the per-tensor hand-shake late (its resource-sharer
-thread waits for the interpreter's lock, or for a core), so the loop's real R can be larger
-(try_fakedata with 2 workers: 4.1 ms per batch in the loop against 1.2 ms probed on a quiet
-2-core machine, 7.9 against 1.6 ms on a loaded one, 4-6 ms of it blocked in that hand-shake) -
-not modelled; on the quiet machine the estimate still held (46.6 % predicted, 43.4 % measured).
+receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
+are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
+per-tensor hand-shake late (its resource-sharer thread waits for the interpreter's lock, or for
+a core): try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle
+worker on a quiet 2-core machine, 7.9 against 1.6 ms on a loaded one. Most of that extra time the
+loop is blocked, its core free for the workers: R lengthens the loop's own path (M + k R), but
+the cores' bound counts only the receiving's CPU work, R_cpu = the idle worker's figure
+(receive_ms). On a loaded 2-core machine (load 1.6-3, another job using a CPU) the probe gave
+5.4-10.4 ms busy against 0.7-3.0 ms idle for try_fakedata and try_jpeg; try_jpeg's estimate went
+from 35.2-35.6 % to 25.3-32.8 % (26-27 % measured on a quiet machine); try_fakedata's did not
+move (45-47 %, 23 % measured: the cores' bound holds there, and its workers' fetch takes a third
+more CPU than the loop's, 33 vs 25 ms per batch under `trainprof try`: FakeData seeds every
+sample, which formats the stack, deeper in a worker; not modelled). Older metadata: R_cpu = R =
+the idle figure.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
@@ -102,6 +111,11 @@ def _cpu_evidence(
             f" Measured here after the run, a worker hands over a batch like these in "
             f"{ms(model.worker)} and the loop takes {ms(model.receive)} to receive it"
         )
+        if model.busy_workers:
+            text += (
+                f" while {model.busy_workers} worker(s) fetch the next ones "
+                f"({ms(model.receive_idle)} from an idle worker)"
+            )
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
         text += "."

@@ -1,0 +1,56 @@
+"""capture/loaderipc: the probe of a DataLoader worker's costs, run after a CPU script fetching
+without workers. Structure only (which variants ran, what was recorded), no timing asserts."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import time
+
+import pytest
+
+from trainprof.capture import loaderipc
+from trainprof.runmeta import DataLoaderInfo, RunMeta
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods(),
+    reason="the probe forks its workers",
+)
+
+SPEC = [([8, 1, 4, 4], "float32"), ([8], "int64")]
+
+
+def _meta(cpus: int) -> RunMeta:
+    # A fetch of 4 ms in a 10 ms step: worth the probe.
+    return RunMeta(
+        cpu_count=cpus, dataloaders=[DataLoaderInfo(num_workers=0, batch_size=8)],
+        step_times_s=[0.010] * 12, fetch_times_s=[0.004] * 12,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("cpus", [1, 2, 8])
+def test_the_probe_times_the_receiving_with_busy_workers(cpus: int):
+    """Besides the idle worker's figures, the probe receives batches while as many workers as
+    the fix starts (2, at most the cores) fetch the next ones, and records that figure."""
+    ipc = loaderipc.probe(_meta(cpus), SPEC)
+    assert ipc is not None
+    assert ipc.receive_ms > 0 and ipc.worker_ms > 0 and ipc.tensors == 2
+    assert ipc.receive_busy_ms is not None and ipc.receive_busy_ms > 0
+    assert ipc.busy_workers == min(2, cpus)
+
+
+def test_no_probe_for_a_tiny_fetch():
+    meta = _meta(2)
+    meta.fetch_times_s = [0.0001] * 12
+    assert loaderipc.probe(meta, SPEC) is None
+
+
+def test_busy_workers_spend_the_fetch_on_the_cpu():
+    """The busy variant's dataset spends the CPU time it is given before each batch (its loop
+    ends only once this thread's CPU clock has moved that far), and hands over fresh tensors of
+    the script's shapes."""
+    data = loaderipc.Batches(SPEC, busy_s=0.01)
+    t0 = time.thread_time()
+    x, y = data[0]
+    assert time.thread_time() - t0 >= 0.01
+    assert tuple(x.shape) == (8, 1, 4, 4) and tuple(y.shape) == (8,)
