@@ -479,11 +479,11 @@ class Context:
         tr = self.trace
         probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
         probes = outermost(tr, probes[self.in_windows(probes)])
-        n = len(self.steps)
-        step_of = lambda t: np.searchsorted(self.steps.start, t, side="right") - 1  # noqa: E731
-        traced = np.bincount(step_of(tr.ts[probes]), tr.dur[probes], minlength=n)[:n]
+        n, starts = len(self.steps), self.steps.start
+        p_step = np.searchsorted(starts, tr.ts[probes], side="right") - 1  # all inside a window
+        traced = np.bincount(p_step, tr.dur[probes], minlength=n)[:n]
         read = (enclosing(tr, probes, b) >= 0) & (copy != "pageable_htod") & self.in_windows(b)
-        s = step_of(tr.ts[b[read]])
+        s = np.searchsorted(starts, tr.ts[b[read]], side="right") - 1
         d = tr.dur[b[read]]
         total = np.bincount(s, d, minlength=n)[:n]
         short = np.maximum(rw.scaled_us - traced, 0.0)
