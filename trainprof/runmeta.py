@@ -197,6 +197,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # profiler window, these costs without the profiler. Empty in older metadata.
     fetch_times_s: list[float] = []
     optimizer_times_s: dict[str, list[float]] = {}
+    # The part of each step (same indices) the script's thread spent inside the host reads
+    # trainprof wraps (`.item()`, `if tensor:`, `.tolist()`, `.cpu()`, `.numpy()` by user code,
+    # or of a non-CPU tensor by a library; not in DataLoader fetches): on a GPU, outside the
+    # profiler window, the host's wait for the GPU in them without the profiler. Empty in older
+    # metadata.
+    sync_times_s: list[float] = []
     window: Window = msgspec.field(default_factory=Window)
     # Steps (indices into step_times_s) that held an evaluation pass (Lightning validation, HF
     # Trainer.evaluate, a model.eval() forward without grad): not training, left out of statistics.

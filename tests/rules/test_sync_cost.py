@@ -2,6 +2,8 @@
 idle while the host waits in it and after it until the GPU again runs queued work, bounded by
 the host's time blocked in the syncs. With CPU work C, blocked time W and GPU work G per step,
 the step is C + W with the syncs and max(C, G) without: removing them saves min(W, C + W - G).
+W is the traced wait, or for host reads the wait timed without the profiler (`sync_times_s`)
+when that share of the step is the larger.
 
 Hand-written traces show the two bounds (a launch-bound step where the GPU is never ahead of the
 CPU; a GPU-heavy step whose queue a sync empties), and the shared traces that the host never
@@ -20,6 +22,7 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.ledger import ledger
 from trainprof.engine import analyze_context
 from trainprof.engine import context as full_context
+from trainprof.runmeta import RunMeta, Window
 from trainprof.trace import intervals as iv
 from trainprof.trace.load import load_trace
 
@@ -74,10 +77,10 @@ class Events:
         self.call("cudaStreamSynchronize", ts + 2 + copy_us, sync_us, None)
         return end
 
-    def context(self, tmp_path: Path) -> Context:
+    def context(self, tmp_path: Path, meta: RunMeta | None = None) -> Context:
         path = tmp_path / "trace.json"
         path.write_text(json.dumps({"traceEvents": self.events}))
-        return full_context(load_trace(path))
+        return full_context(load_trace(path), meta)
 
 
 def _blocked(ctx: Context) -> float:
@@ -116,6 +119,81 @@ def test_launch_bound_step_a_read_costs_its_wait_not_the_host_work_after_it(tmp_
         pytest.approx(blocked)
     )
     assert by_rule(d, "gpu-idle") or by_rule(d, "launch-bound")
+
+
+def _launch_bound_with_probe() -> tuple[Events, float]:
+    """The launch-bound step above, its read inside trainprof's host-read probe range (30 µs);
+    returns the trace and the probe's duration."""
+    ev = Events()
+    ev.host("ProfilerStep#1", 0, 1000, "user_annotation")
+    ev.kernel(0, 2, 8, 10)
+    ev.kernel(20, 22, 28, 10)
+    ev.host("trainprof/host_read:item@train.py:5", 59, 30, "user_annotation")
+    end = ev.read("aten::item", 60, copy_us=16, sync_us=8, copy_at=79)
+    ev.host("aten::copy_", end + 1, 300)
+    t = end + 310
+    while t < 960:
+        ev.kernel(t, t + 2, t + 10, 10)
+        t += 40
+    return ev, 30.0
+
+
+def _meta(sync_s: float | None, steps: int = 12) -> RunMeta:
+    """Step 1 recorded (step 0 warms the profiler up), the rest unprofiled: 1 ms steps, as in
+    the trace, each with `sync_s` seconds in host reads (None: metadata from before they were
+    timed)."""
+    return RunMeta(
+        step_times_s=[0.001] * steps,
+        sync_times_s=[] if sync_s is None else [sync_s] * steps,
+        window=Window(wait=0, warmup=1, active=1, recorded_steps=[1]),
+    )
+
+
+@pytest.mark.parametrize("unprofiled_us", [None, 10.0, 200.0])
+def test_a_read_is_bounded_by_its_wait_without_the_profiler_when_that_is_longer(
+    tmp_path, unprofiled_us
+):
+    # The profiler slows the host's own work, so a loop the GPU bounds without it waits less in
+    # the traced steps. Here the read waits 24 µs traced (30 µs in its probe range); without the
+    # profiler the host spent `unprofiled_us` per 1 ms step in its reads (run metadata).
+    ev, probe_us = _launch_bound_with_probe()
+    ctx = ev.context(tmp_path, _meta(None if unprofiled_us is None else unprofiled_us * 1e-6))
+    f = only(analyze_context(ctx), "host-sync")
+    blocked = _blocked(ctx)
+    m = f.metrics
+    assert blocked == pytest.approx(24.0) and m["gpu_idle_after_ms_per_step"] > 0.3
+    if unprofiled_us is None or unprofiled_us <= probe_us:  # old metadata, or no longer
+        assert m["gpu_idle_ms_per_step"] == pytest.approx(blocked / 1000, abs=1e-3)
+        assert "without the profiler" not in f.evidence
+        return
+    rw = ctx.read_wait
+    assert rw is not None and rw.unprofiled_us == pytest.approx(unprofiled_us)
+    assert rw.traced_us == pytest.approx(probe_us)
+    # The step's reads may claim the unprofiled wait (same step length: same share), less the
+    # part of the probe range that is no blocking call (the op's dispatch).
+    bound = blocked + unprofiled_us - probe_us
+    assert m["host_wait_bound_ms_per_step"] == pytest.approx(bound / 1000, abs=1e-3)
+    assert m["gpu_idle_ms_per_step"] == pytest.approx(bound / 1000, abs=1e-3)
+    assert m["gpu_idle_ms_per_step"] < m["gpu_idle_after_ms_per_step"]  # that bound still holds
+    assert "the host waited only 0.19 ms/step without the profiler" in f.evidence
+    assert "Without the profiler the host waited 0.20 ms/step in the reads" in f.evidence
+
+
+def test_a_long_unprofiled_wait_lets_the_read_claim_the_idle_after_it(tmp_path):
+    # Without the profiler the host waits 800 µs of the 1 ms step in its reads (the GPU bounds
+    # the loop): the bound no longer binds, the read claims the idle after it.
+    ev, _ = _launch_bound_with_probe()
+    ctx = ev.context(tmp_path, _meta(800e-6))
+    f = only(analyze_context(ctx), "host-sync")
+    m = f.metrics
+    assert m["host_wait_bound_ms_per_step"] > m["gpu_idle_after_ms_per_step"] > 0.3
+    assert m["gpu_idle_ms_per_step"] == pytest.approx(m["gpu_idle_after_ms_per_step"], abs=1e-3)
+    assert "waited only" not in f.evidence and "without the profiler" in f.evidence.lower()
+    # The ledger stays a partition: the refill is still nobody else's.
+    led = ledger(ctx)
+    for name, part in led.parts().items():
+        if name != "refill":
+            assert iv.total(iv.intersect(part, led.attribution["refill"])) == 0.0, name
 
 
 def _gpu_heavy(second_read: bool) -> Events:

@@ -21,7 +21,11 @@ Idle attribution (each idle instant inside a step goes to the first cause that c
    blocked (host_wait); what a call leaves unspent carries on to the next call of the same kind
    in the step (the two reads of `if nans.any() or nans_weight.any():`), never to another kind,
    which another fix removes. In a launch-bound step (the GPU never ahead of the CPU) a sync
-   costs only its wait; behind a GPU-heavy one, the idle after it;
+   costs only its wait; behind a GPU-heavy one, the idle after it. The profiler slows the
+   host's own work (1.6-2.8x per phase on an H100 ResNet-18 step), so a loop the GPU bounds
+   without it can look host-bound in the trace, its waits shorter: where the run metadata timed
+   the host reads without the profiler (`sync_times_s`), a step's reads may claim up to that
+   wait as a share of the step when it is the longer (`read_wait`, `_read_extra`);
 4. `other`: everything else (host CPU work, dispatch, Python).
 
 Because the causes partition the idle time, two rules can never claim the same idle microsecond.
@@ -104,6 +108,10 @@ class Blocking:
     after_idle: np.ndarray
     in_dataloader: np.ndarray  # bool
     memcpy_idx: np.ndarray  # the GPU copy it issued, -1 for syncs
+    # µs: the host's wait in it that bounds refill_idle: its duration here, for a host read
+    # with its share of the reads' wait timed without the profiler when that is longer
+    # (Context.read_wait, _read_extra)
+    cap: np.ndarray = field(default_factory=lambda: np.zeros(0))
 
     @property
     def cost(self) -> np.ndarray:
@@ -111,6 +119,23 @@ class Blocking:
 
     def __len__(self) -> int:
         return len(self.idx)
+
+
+@dataclass(frozen=True)
+class ReadWait:
+    """The host's time inside the probed host reads (`.item()`, `if tensor:`, `.cpu()`, ...)."""
+
+    traced_us: float  # per traced step, from the `trainprof/host_read:` ranges
+    unprofiled_us: float  # per step without the profiler: the median over the unprofiled steps
+    # unprofiled_us as a share of the unprofiled step, in the traced step's µs: what the
+    # traced_us would be if the profiler slowed the reads as much as the rest of the step
+    scaled_us: float
+    steps: int  # unprofiled steps timed
+
+    @property
+    def factor(self) -> float:
+        """How much longer the reads are, as a share of the step, without the profiler."""
+        return self.scaled_us / self.traced_us
 
 
 T = TypeVar("T")
@@ -384,9 +409,9 @@ class Context:
         return self._sync_idle[0]
 
     @cached_property
-    def _sync_idle(self) -> tuple[dict[str, iv.Intervals], np.ndarray, np.ndarray]:
+    def _sync_idle(self) -> tuple[dict[str, iv.Intervals], np.ndarray, np.ndarray, np.ndarray]:
         """The attribution, and for each blocking call (_blocking_raw order) the refill it was
-        given and the idle after it before the cap (module docstring, step 3)."""
+        given, the idle after it before the cap and the cap (module docstring, step 3)."""
         queued = queued_idle(self)
         idle = iv.subtract(self.gpu_idle, queued)
         tr = self.trace
@@ -409,13 +434,61 @@ class Context:
         # wait carries on to the next one's refill when the idle before it used less: removing
         # both saves up to both waits), never from one kind of sync to another, which a
         # different fix removes.
-        budget = np.maximum(tr.dur[b] - iv.overlap_each(b_ts, b_end, hw), 0.0)
+        cap = tr.dur[b] + self._read_extra
+        budget = np.maximum(cap - iv.overlap_each(b_ts, b_end, hw), 0.0)
         claim = pooled(iv.overlap_each(lo, hi, after), budget, self._sync_kinds)
         cut = np.minimum(iv.reach(after, lo, claim), hi)
         rf = iv.intersect(after, iv.merge(lo, cut))
         other = iv.subtract(rest, rf)
         att = {"queued": queued, "dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
-        return att, iv.overlap_each(lo, cut, rf), iv.overlap_each(lo, hi, after)
+        return att, iv.overlap_each(lo, cut, rf), iv.overlap_each(lo, hi, after), cap
+
+    @cached_property
+    def read_wait(self) -> ReadWait | None:
+        """The host's time in the reads trainprof wraps (`trainprof/host_read:` ranges), in the
+        traced steps and timed without the profiler (run metadata's `sync_times_s`, median over
+        the unprofiled steps); None without reads in the traced steps or without that timing
+        (older metadata, fewer than 5 unprofiled steps)."""
+        meta, idx, plain = self.meta, self.unprofiled_step_index, self.unprofiled_step_us
+        if meta is None or not idx or not plain or len(meta.sync_times_s) < len(meta.step_times_s):
+            return None
+        tr = self.trace
+        probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
+        traced = self.per_step(
+            iv.total(iv.intersect(iv.merge(tr.ts[probes], tr.end[probes]), self.windows))
+        )
+        if traced <= 0:
+            return None
+        unprof = float(np.median([meta.sync_times_s[i] for i in idx])) * 1e6
+        return ReadWait(traced, unprof, unprof / plain * self.mean_step_us, len(idx))
+
+    @cached_property
+    def _read_extra(self) -> np.ndarray:
+        """For each blocking call (_blocking_raw order), the wait (µs) added to its duration to
+        bound the idle it may claim: in a step whose host reads (`trainprof/host_read:` ranges)
+        took less than the reads timed without the profiler (`read_wait.scaled_us`), the
+        difference, shared among the step's read calls (those inside such a range; a pageable
+        host-to-device copy is none) by their duration. The profiler slows the host's own work,
+        so a loop the GPU bounds without it looks host-bound in the trace, with shorter waits
+        (a few µs in some steps). 0 for every other call."""
+        b, copy, _ = self._blocking_raw
+        extra = np.zeros(len(b))
+        rw = self.read_wait if len(b) else None  # no blocking call (a CPU trace): nothing to do
+        if rw is None:
+            return extra
+        tr = self.trace
+        probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
+        probes = outermost(tr, probes[self.in_windows(probes)])
+        n, starts = len(self.steps), self.steps.start
+        p_step = np.searchsorted(starts, tr.ts[probes], side="right") - 1  # all inside a window
+        traced = np.bincount(p_step, tr.dur[probes], minlength=n)[:n]
+        read = (enclosing(tr, probes, b) >= 0) & (copy != "pageable_htod") & self.in_windows(b)
+        s = np.searchsorted(starts, tr.ts[b[read]], side="right") - 1
+        d = tr.dur[b[read]]
+        total = np.bincount(s, d, minlength=n)[:n]
+        short = np.maximum(rw.scaled_us - traced, 0.0)
+        extra[read] = short[s] * d / np.maximum(total[s], 1e-9)
+        return extra
 
     @cached_property
     def _sync_kinds(self) -> np.ndarray:
@@ -438,7 +511,7 @@ class Context:
     def blocking(self) -> Blocking:
         tr = self.trace
         idx, copy, memi = self._blocking_raw
-        att, refill, after = self._sync_idle
+        att, refill, after, cap = self._sync_idle
         wait = iv.overlap_each(tr.ts[idx], tr.end[idx], att["host_wait"])
         # Calls on several threads can overlap: never hand out more than the attributed total.
         tot, have = iv.total(att["host_wait"]), float(wait.sum())
@@ -448,7 +521,8 @@ class Context:
         in_win = iv.contains(self.windows, tr.ts[idx])
         keep = in_win
         return Blocking(
-            idx[keep], copy[keep], wait[keep], refill[keep], after[keep], in_dl[keep], memi[keep]
+            idx[keep], copy[keep], wait[keep], refill[keep], after[keep], in_dl[keep], memi[keep],
+            cap[keep],
         )
 
     # ---- who caused a blocking call ----------------------------------------------------------

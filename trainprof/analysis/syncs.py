@@ -54,6 +54,9 @@ class SyncSite:
     # GPU idle while they blocked and after them until the GPU's queue refilled, before the cap
     # at the host's wait: more than cost_us when the GPU was not ahead of the host
     idle_us: float = 0.0
+    # the bound on cost_us: host_us, or for host reads scaled to their wait timed without the
+    # profiler when that is longer (Context.read_wait)
+    cap_us: float = 0.0
     ops: list[int] = field(default_factory=list)
     # The library code between the user's line and the op, when a library did it: `via` is
     # what is shown after the user's line (file:line, see trace.frames.call_chain), `library`
@@ -98,7 +101,7 @@ def _sync_sites(ctx: Context) -> list[SyncSite]:
     ops = tr.where_name(sync_op_pattern(), *host)
     ops = outermost(tr, ops[ctx.in_windows(ops)])
     b = ctx.blocking
-    b_idx, b_cost, b_copy = b.idx, b.cost, b.copy
+    b_idx, b_cost, b_copy, b_cap = b.idx, b.cost, b.copy, b.cap
     b_idle = b.wait_idle + b.after_idle
     owner = enclosing(tr, ops, b_idx)
     # Blocking calls outside any sync op: a copy (`.to()`/`.cpu()` with non_blocking=False makes
@@ -155,6 +158,7 @@ def _sync_sites(ctx: Context) -> list[SyncSite]:
             site.host_us += float(tr.dur[b_idx[j]])
             site.cost_us += float(b_cost[j])
             site.idle_us += float(b_idle[j])
+            site.cap_us += float(b_cap[j])
     for site in groups.values():
         site.library = list(site._stacks.most_common(1)[0][0])
         site.via = call_chain(site.library, FRAMEWORK_HOMES) if site.location else []

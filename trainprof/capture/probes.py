@@ -6,9 +6,11 @@
 * `trainprof/backward`: torch.autograd.backward (Tensor.backward goes through it),
 * `trainprof/host_read:<kind>@<file>:<line>`: Tensor.item / tolist / cpu / numpy / __bool__ by user
   code (directly, or through a library when the tensor is not on the CPU); file:line is the
-  first user frame, in the name so the diagnosis has it even without with_stack.
+  first user frame, in the name so the diagnosis has it even without with_stack. The time in
+  these reads is also summed per step, in every step (the stepper's `sync_times`).
 
-Every wrapper checks one boolean (S.recording) and otherwise calls straight through. The root
+Every wrapper checks one boolean (S.recording) and otherwise calls straight through, but for
+the host reads, timed in every step (a perf_counter pair). The root
 forward uses a global pre-hook that removes itself for the duration of the root call, so nested
 modules keep nn.Module's hook-free fast path.
 """
@@ -19,6 +21,7 @@ import functools
 import itertools
 import sys
 import threading
+import time
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable
@@ -60,7 +63,9 @@ def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootF
     root.install(patches)
     _install_backward(patches, stepper)
     for kind in HOST_READS:
-        patches.wrap(torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user))
+        patches.wrap(
+            torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user, stepper)
+        )
     return root
 
 
@@ -313,34 +318,68 @@ def _install_backward(patches: Patches, stepper: Stepper) -> None:
     patches.wrap(torch.autograd, "backward", make)
 
 
-def _host_read(kind: str, orig: Callable[..., Any], user: UserCode) -> Callable[..., Any]:
+def _host_read(
+    kind: str, orig: Callable[..., Any], user: UserCode, stepper: Stepper
+) -> Callable[..., Any]:
     """`trainprof/host_read:<kind>@<user file>:<line>`, and for a read a library makes
-    `...@<user file>:<line>|<library file>:<line>`. Not inside a DataLoader fetch."""
+    `...@<user file>:<line>|<library file>:<line>`. Not inside a DataLoader fetch.
+
+    In every step, recorded or not, the time the script's thread spends inside the reads the
+    range would mark (user code's, a library's of a non-CPU tensor) goes to the stepper's
+    `sync_s`: outside the profiler window, the host's wait for the GPU in them without the
+    profiler's overhead. One perf_counter pair per read, added to a float."""
     prefix = f"trainprof/host_read:{kind}@"
     getframe = sys._getframe
+    get_ident = threading.get_ident
+    clock = time.perf_counter
 
     @functools.wraps(orig)
     def read(self: Any, *args: Any, **kwargs: Any) -> Any:
         # Inside a DataLoader fetch (a dataset's `__getitem__`, a sampler, a collate_fn) tensors
-        # are the CPU's in any run: never a device sync.
-        if is_compiling() or not S.recording or S.fetch_depth:
+        # are the CPU's in any run: never a device sync. A read inside a timed one (a tensor
+        # subclass's __torch_function__ reading again) is part of the outer one.
+        if is_compiling() or not S.enabled or S.fetch_depth or S.reading:
             return orig(self, *args, **kwargs)
-        caller = getframe(1)
         # Library code reading a CPU tensor (Adam's step counters, per parameter) can never be a
         # device sync: skipped. User code is always recorded: on a CPU-only run its reads are
         # what would stall a GPU. Library reads of device tensors (GradScaler's found_inf,
         # Lightning's logged values) are charged to the user line that called the library,
         # followed by `|file:line` of the library line that reads (Kineto has only its `def`).
+        # A device tensor's read outside the window needs no frame (~0.2 µs): looked up last.
+        caller = None
+        if self.is_cpu:
+            caller = getframe(1)
+            if not user.is_user(caller.f_code.co_filename):
+                return orig(self, *args, **kwargs)
+        timed = get_ident() == S.main_thread  # a step's wait is its own thread's
+        if not S.recording:
+            if not timed:
+                return orig(self, *args, **kwargs)
+            S.reading = True
+            t0 = clock()
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                stepper.sync_s += clock() - t0
+                S.reading = False
+        if caller is None:
+            caller = getframe(1)
         filename = caller.f_code.co_filename
-        in_user = user.is_user(filename)
-        if self.is_cpu and not in_user:
-            return orig(self, *args, **kwargs)
         where = user.location(caller)
         if where is None:  # no user code above it
             return orig(self, *args, **kwargs)
-        if not in_user:
+        if not user.is_user(filename):
             where = f"{where}|{filename}:{caller.f_lineno}"
-        with record_function(prefix + where):
-            return orig(self, *args, **kwargs)
+        if not timed:
+            with record_function(prefix + where):
+                return orig(self, *args, **kwargs)
+        S.reading = True
+        t0 = clock()
+        try:
+            with record_function(prefix + where):
+                return orig(self, *args, **kwargs)
+        finally:
+            stepper.sync_s += clock() - t0
+            S.reading = False
 
     return read

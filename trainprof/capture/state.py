@@ -19,6 +19,7 @@ class CaptureState:
         "fetch_depth",
         "backward_depth",
         "eval_depth",
+        "reading",
         "metric_types",
     )
 
@@ -33,6 +34,7 @@ class CaptureState:
         self.fetch_depth = 0  # inside a DataLoader fetch: nn.Module transforms are not the model
         self.backward_depth = 0  # inside backward(): checkpointing re-runs forwards there
         self.eval_depth = 0  # inside a framework's evaluation loop (capture/evaluation)
+        self.reading = False  # inside a timed host read (probes): a nested one is not timed again
         self.metric_types: tuple[type, ...] = ()  # torchmetrics.Metric, once the script imports it
 
 

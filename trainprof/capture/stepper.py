@@ -25,8 +25,10 @@ torch-labelled range. Inside optimizer.step() (LBFGS closures, Lightning's autom
 optimization) forward/backward are not steps; the closure runs in a `trainprof/closure` range.
 
 Steps are numbered from 0 like ProfilerStep#N; `step_times` has the wall time of every step,
-`fetch_times` the part of it spent in DataLoader fetches, and `optimizer_times` (per optimizer
-class) the part spent in its step(): outside the profiler window these are the costs without the
+`fetch_times` the part of it spent in DataLoader fetches, `sync_times` the part spent inside the
+host reads the probes wrap (`.item()`, `if tensor:`, `.tolist()`, `.cpu()`, `.numpy()`: on a GPU,
+the host's wait for it), and `optimizer_times` (per optimizer class) the part spent in its
+step(): outside the profiler window these are the costs without the
 profiler's overhead, which inflates Python-heavy work (a fetch, a single-tensor optimizer loop)
 several times over inside it. A class whose step() is given a closure (LBFGS, Lightning's
 automatic optimization runs forward/backward there) is left out of `optimizer_times`.
@@ -80,6 +82,7 @@ class StepSummary:
     eval_steps: list[int] = field(default_factory=list)  # completed steps holding an evaluation
     eval_kinds: list[str] = field(default_factory=list)  # what evaluated, e.g. Lightning validation
     fetch_times: list[float] = field(default_factory=list)  # seconds per step in fetches
+    sync_times: list[float] = field(default_factory=list)  # seconds per step in host reads
     optimizer_times: dict[str, list[float]] = field(default_factory=dict)  # class -> s per step
     gpu_step_times: list[float | None] = field(default_factory=list)  # capture/gpusteps.py
 
@@ -124,6 +127,8 @@ class Stepper:
         self.fetch_times: list[float] = []  # per completed step: seconds in DataLoader fetches
         self.fetch_s = 0.0  # the current step's, so far
         self.fetch_t0: float | None = None  # the outermost fetch running now started then
+        self.sync_times: list[float] = []  # per completed step: seconds in probed host reads
+        self.sync_s = 0.0  # the current step's, so far (added to by capture/probes' host reads)
         self.optimizer_times: dict[str, list[float]] = {}  # class -> seconds in step(), per step
         self.opt_s: dict[str, float] = {}  # the current step's, so far
         self.closure_classes: set[str] = set()  # step() got a closure: forward/backward inside
@@ -318,10 +323,12 @@ class Stepper:
         return self.profiling and self.prof.current_action in RECORDING
 
     def _close_parts(self) -> None:
-        """The fetch and optimizer time of the step just completed."""
+        """The fetch, host-read and optimizer time of the step just completed."""
         n = len(self.step_times) - 1  # steps before this one
         self.fetch_times.append(self.fetch_s)
         self.fetch_s = 0.0
+        self.sync_times.append(self.sync_s)
+        self.sync_s = 0.0
         for name in self.opt_s.keys() - self.optimizer_times.keys():
             self.optimizer_times[name] = [0.0] * n
         for name, times in self.optimizer_times.items():
@@ -395,6 +402,7 @@ class Stepper:
             open_step_recorded=self.recording,
             profiler_error=self.error,
             fetch_times=self.fetch_times,
+            sync_times=self.sync_times,
             optimizer_times={
                 k: v for k, v in self.optimizer_times.items() if k not in self.closure_classes
             },

@@ -60,23 +60,43 @@ def occurrences(ctx: Context, idx: Iterable[int]) -> list[list[float]]:
 GPU_ONLY_NOTE = "would stall a GPU"
 
 
-def sync_cost(ctx: Context, host_us: float, cost_us: float, idle_us: float) -> str:
+def sync_cost(
+    ctx: Context, host_us: float, cost_us: float, idle_us: float, cap_us: float | None = None
+) -> str:
     """Evidence for what syncs cost on a GPU timeline (totals over the trace; analysis/syncs.py
     SyncSite): the GPU idle they cause, and which bound held (Context, `refill`): the idle from
     each call until the GPU ran queued work again, or the host's wait in them when the GPU was
-    not that far ahead of the host."""
+    not that far ahead of the host. `cap_us`: that bound when it is not the traced wait
+    `host_us` (host reads timed without the profiler: Context.read_wait)."""
     host, cost, idle = ctx.per_step(host_us), ctx.per_step(cost_us), ctx.per_step(idle_us)
+    cap = ctx.per_step(cap_us) if cap_us is not None else host
     share = f"{ctx.pct(cost):.1f} % of the step"
-    if host < idle and idle > cost + max(1.0, 0.01 * idle):
+    rw = ctx.read_wait
+    unprof = ""
+    if rw is not None and cap > host * 1.001 + 1.0:
+        plain = ctx.unprofiled_step_us or 1.0
+        unprof = (
+            f" Without the profiler the host waited {ms(rw.unprofiled_us)}/step in the reads "
+            f"trainprof times ({100 * rw.unprofiled_us / plain:.1f} % of the step, median of "
+            f"{rw.steps} unprofiled steps), {rw.factor:.2g}x "
+            f"their share in the traced steps, whose own host work the profiler slows: these "
+            f"calls' wait counts as {ms(cap)}/step here, not the {ms(host)}/step traced."
+        )
+    if cap < idle and idle > cost + max(1.0, 0.01 * idle):
+        waited = "without the profiler" if unprof else "in them"
         return (
             f"The GPU idles {ms(idle)}/step after these calls until it runs queued work again, "
-            f"but the host waited only {ms(host)}/step in them: the GPU was not ahead of the "
+            f"but the host waited only {ms(cap)}/step {waited}: the GPU was not ahead of the "
             f"CPU by more, so removing them queues at most that much more work: {ms(cost)}/step "
             f"({share}). The rest of that idle is the host's own pace (launches, Python) and "
-            f"stays unless the host runs further ahead of the GPU (the profiler's overhead slows "
-            f"it in the traced steps)."
+            f"stays unless the host runs further ahead of the GPU"
+            + (
+                f".{unprof}"
+                if unprof
+                else " (the profiler's overhead slows it in the traced steps)."
+            )
         )
     return (
         f"Host blocked {ms(host)}/step, GPU idle caused {ms(cost)}/step ({share}), from each "
-        f"call until the GPU ran queued work again."
+        f"call until the GPU ran queued work again.{unprof}"
     )

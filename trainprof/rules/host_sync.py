@@ -32,8 +32,14 @@ with the syncs and max(C, G) without, so removing them saves min(W, C + W - G): 
 and at most the GPU's idle. In a launch-bound loop (GPU idle, but never ahead of the CPU) a
 `.item()` costs about its wait, tens of µs; behind a GPU-heavy step it costs the idle after it.
 The evidence says which bound held (`gpu_idle_after_ms_per_step`: the idle after them before the
-bound). On a CPU-only trace the same ops cost nothing measurable: they are listed as "would
-stall a GPU", severity low, no saving claimed.
+bound). The profiler slows the host's own work (1.6-2.8x per phase on an H100), so a loop the
+GPU bounds without it waits less in the traced steps: where the run metadata timed the host
+reads (`.item()`, `if tensor:`, `.cpu()`, ...) in the steps outside the profiler window
+(`sync_times_s`), a step's reads are bounded by that wait, as a share of the step, when it is
+the longer (`host_wait_bound_ms_per_step`), and the evidence says how long the host waited in
+them without the profiler. Explicit synchronizes and pageable copies keep the traced wait.
+On a CPU-only trace the same ops cost nothing measurable: they are listed as "would stall a
+GPU", severity low, no saving claimed.
 """
 
 from __future__ import annotations
@@ -130,8 +136,10 @@ def check(ctx: Context) -> list[Finding]:
                 )
             )
             continue
+        # the bound on the saving: host_blocked, or the wait timed without the profiler
+        metrics["host_wait_bound_ms_per_step"] = round(ctx.per_step(site.cap_us) / 1000, 3)
         evidence = f"{site.count} in {ctx.n_steps} steps ({per_step:.3g}/step). " + sync_cost(
-            ctx, site.host_us, site.cost_us, site.idle_us
+            ctx, site.host_us, site.cost_us, site.idle_us, site.cap_us
         )
         if site.calls and cost < 0.05 * ctx.per_step(site.host_us):
             evidence += " The GPU stayed busy while the host waited: little to gain."

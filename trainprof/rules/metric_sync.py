@@ -11,8 +11,10 @@ from the run metadata when present.
 Saving estimate: the GPU idle those syncs cause per step, counted as host-sync counts it: the
 idle while the host waits in them and after them until the GPU again runs queued work, bounded
 by the host's time blocked in them (removing a sync saves at most the wait, and at most the
-idle). The evidence says which bound held. On a CPU trace: "would stall a GPU", severity low, no
-saving claimed.
+idle), or by the wait in the host reads timed without the profiler (`sync_times_s` in the run
+metadata) when that share of the step is the longer: the profiler slows the host's own work,
+so a loop the GPU bounds looks host-bound in the trace. The evidence says which bound held.
+On a CPU trace: "would stall a GPU", severity low, no saving claimed.
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ def check(ctx: Context) -> list[Finding]:
     evidence += f"; metrics: {named}." if named else "."
     host = sum(s.host_us for s in sites)
     idle = sum(s.idle_us for s in sites)
+    bound: dict[str, float] = {}
     if ctx.gpu_timeline:
-        evidence += " " + sync_cost(ctx, host, sum(s.cost_us for s in sites), idle)
+        cap = sum(s.cap_us for s in sites)
+        # the bound on the saving: host_blocked, or the wait timed without the profiler
+        bound = {"host_wait_bound_ms_per_step": round(ctx.per_step(cap) / 1000, 3)}
+        evidence += " " + sync_cost(ctx, host, sum(s.cost_us for s in sites), idle, cap)
         saving, severity = cost, None
     else:
         evidence += f" Costs nothing on CPU, but {GPU_ONLY_NOTE} every time."
@@ -78,6 +84,7 @@ def check(ctx: Context) -> list[Finding]:
                 "host_blocked_ms_per_step": round(ctx.per_step(host) / 1000, 3),
                 "gpu_idle_ms_per_step": round(cost / 1000, 3),
                 "gpu_idle_after_ms_per_step": round(ctx.per_step(idle) / 1000, 3),
+                **bound,
             },
             severity=severity,
             at=[op for s in sites for op in s.ops],
