@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainprof.analysis.context import COPY_OPS, Context
+from trainprof.analysis.context import Context
+from trainprof.analysis.syncops import COPY_OPS
 from trainprof.analysis.syncs import outermost
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind, Trace

@@ -10,15 +10,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainprof.analysis.breakdown import update_spans
-from trainprof.analysis.context import (
+from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
+from trainprof.analysis.syncops import (
     COPY_OPS,
     HOST_READ_PROBE,
     METRIC_SPANS,
-    Context,
     sync_op_label,
     sync_op_pattern,
 )
-from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import (
     call_chain,
