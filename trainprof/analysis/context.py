@@ -191,6 +191,14 @@ class Context:
         plain = self.unprofiled_steps_s
         return float(np.median(plain)) * 1e6 if plain else None
 
+    def unprofiled_median_us(self, per_step_s: Sequence[float]) -> float | None:
+        """The median over the unprofiled steps (µs) of a per-step time the run metadata holds
+        beside step_times_s (fetch_times_s, sync_times_s, ...); None where it was not timed."""
+        idx = self.unprofiled_step_index
+        if not idx or len(per_step_s) < len(self.meta.step_times_s):
+            return None
+        return float(np.median([per_step_s[i] for i in idx])) * 1e6
+
     @cached_property
     def device(self) -> Device:
         tr = self.trace

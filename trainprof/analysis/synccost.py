@@ -152,8 +152,9 @@ def read_wait(ctx: Context) -> ReadWait | None:
     traced steps and timed without the profiler (run metadata's `sync_times_s`, median over
     the unprofiled steps); None without reads in the traced steps or without that timing
     (older metadata, fewer than 5 unprofiled steps)."""
-    meta, idx, plain = ctx.meta, ctx.unprofiled_step_index, ctx.unprofiled_step_us
-    if meta is None or not idx or not plain or len(meta.sync_times_s) < len(meta.step_times_s):
+    plain = ctx.unprofiled_step_us
+    unprof = ctx.unprofiled_median_us(ctx.meta.sync_times_s) if ctx.meta and plain else None
+    if unprof is None:
         return None
     tr = ctx.trace
     probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
@@ -162,8 +163,8 @@ def read_wait(ctx: Context) -> ReadWait | None:
     )
     if traced <= 0:
         return None
-    unprof = float(np.median([meta.sync_times_s[i] for i in idx])) * 1e6
-    return ReadWait(traced, unprof, unprof / plain * ctx.mean_step_us, len(idx))
+    steps = len(ctx.unprofiled_step_index)
+    return ReadWait(traced, unprof, unprof / plain * ctx.mean_step_us, steps)
 
 
 def _read_extra(ctx: Context) -> np.ndarray:
