@@ -50,7 +50,7 @@ class SyncSite:
     count: int = 0  # occurrences inside the step windows
     calls: int = 0  # blocking runtime calls they made (a read's copy and its sync: two)
     host_us: float = 0.0  # host time blocked in them
-    cost_us: float = 0.0  # GPU idle attributed to them (at most host_us: Context, refill)
+    cost_us: float = 0.0  # GPU idle attributed to them (at most host_us: analysis/synccost.py)
     # GPU idle while they blocked and after them until the GPU's queue refilled, before the cap
     # at the host's wait: more than cost_us when the GPU was not ahead of the host
     idle_us: float = 0.0
