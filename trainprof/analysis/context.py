@@ -348,14 +348,17 @@ class Context:
 
     @cached_property
     def sync_cost(self) -> SyncCost:
+        """The attribution with each blocking call's refill and cap (analysis/synccost.py)."""
         return synccost.sync_cost(self)
 
     @cached_property
     def read_wait(self) -> ReadWait | None:
+        """The host's wait in the probed reads, traced and unprofiled (synccost.read_wait)."""
         return synccost.read_wait(self)
 
     @cached_property
     def blocking(self) -> Blocking:
+        """The blocking calls in the steps, with the idle each cost (synccost.blocking)."""
         return synccost.blocking(self)
 
     # ---- who caused a blocking call ----------------------------------------------------------
