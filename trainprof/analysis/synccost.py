@@ -29,8 +29,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from trainprof.analysis.queued import queue_refilled_after, queued_idle
-from trainprof.analysis.syncops import COPY_OPS, HOST_READ_PROBE, sync_op_pattern
+from trainprof.analysis.syncops import COPY_OPS, sync_op_pattern
 from trainprof.trace import intervals as iv
+from trainprof.trace.frames import HOST_READ_PROBE
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import enclosing, outermost
 

@@ -1,6 +1,7 @@
 """The host ops that make the host wait for the GPU, by name: the reads of a GPU value
-(`.item()`, `if tensor:`, `nonzero`), the copies that block (`.to()`, `.cpu()`), and the ranges
-trainprof's capture puts around metric updates and host reads."""
+(`.item()`, `if tensor:`, `nonzero`), the copies that block (`.to()`, `.cpu()`), and the range
+trainprof's capture puts around metric updates (the one around host reads: trace/frames.py
+HOST_READ_PROBE)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ SYNC_OPS: dict[str, str] = {
 }
 COPY_OPS = r"^aten::(to|_to_copy|copy_|cpu)$"
 METRIC_SPANS = r"^trainprof/metric\."
-HOST_READ_PROBE = r"^trainprof/host_read:"
 
 
 def sync_op_pattern() -> str:

@@ -14,13 +14,13 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
 from trainprof.analysis.syncops import (
     COPY_OPS,
-    HOST_READ_PROBE,
     METRIC_SPANS,
     sync_op_label,
     sync_op_pattern,
 )
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import (
+    HOST_READ_PROBE,
     call_chain,
     parse_frame,
     probe_library_frame,

@@ -24,6 +24,8 @@ from trainprof.trace.model import Kind, Trace
 _FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+|\?)\): (?P<func>.*)$")
 # `trainprof/host_read:item@train.py:42`, and for a read inside a library
 # `...@train.py:42|/venv/.../site-packages/transformers/trainer.py:1911` (the library's line).
+# The range capture/probes.py puts around a host read (`.item()`, `if tensor:`, `.cpu()`).
+HOST_READ_PROBE = r"^trainprof/host_read:"
 _PROBE_LOC = re.compile(r"@(?P<loc>[^@|]+:\d+)(?:\|(?P<lib>[^@|]+:\d+))?$")
 _SITE_PACKAGES = re.compile(r"^.*?[/\\](?:site|dist)-packages[/\\]")
 # trainprof's files as Kineto names them (relative to sys.path, or absolute), and runpy's.
@@ -191,8 +193,6 @@ class IdIndex:
         return self.get(int(py_id)) is not None  # type: ignore[arg-type]
 
 
-_HOST_READ = r"^trainprof/host_read:"
-
 
 class PyStacks:
     """Fast lookup of the Python stack active on a thread at a point in time.
@@ -250,7 +250,7 @@ class PyStacks:
     def _pins(self, kids: np.ndarray, path: str) -> list[int | None]:
         """The line a trainprof host-read probe inside each child gives, for the same file."""
         tr = self.trace
-        probes = tr.where_name(_HOST_READ, Kind.ANNOTATION)
+        probes = tr.where_name(HOST_READ_PROBE, Kind.ANNOTATION)
         out: list[int | None] = [None] * len(kids)
         if not len(probes):
             return out
