@@ -1,7 +1,7 @@
 """`sync_times_s` in the run metadata: the time the script's thread spent inside the host reads
 trainprof wraps, per step, recorded or not. A real training loop on the CPU, profiled in this
 process with trainprof.profile() (on a GPU, outside the profiler window, that time is the host's
-wait for the GPU without the profiler: analysis/context.py `read_wait`)."""
+wait for the GPU without the profiler: analysis/synccost.py `read_wait`)."""
 
 from __future__ import annotations
 

@@ -18,7 +18,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from trainprof.analysis.context import COMM_KERNEL, METRIC_SPANS, Context
+from trainprof.analysis.context import COMM_KERNEL, Context
+from trainprof.analysis.syncops import METRIC_SPANS
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 

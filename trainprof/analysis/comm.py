@@ -21,6 +21,7 @@ import numpy as np
 from trainprof.analysis.context import COMM_KERNEL, Context
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
+from trainprof.trace.nesting import outermost
 
 HOST_COMM_OPS = r"^c10d::|^gloo:|^record_param_comms$|^nccl:"
 
@@ -46,8 +47,6 @@ class CommStats:
 
 
 def _host_calls(ctx: Context) -> np.ndarray:
-    from trainprof.analysis.syncs import outermost
-
     tr = ctx.trace
     ops = tr.where_name(HOST_COMM_OPS, Kind.CPU_OP, Kind.ANNOTATION)
     ops = ops[ctx.in_windows(ops)]

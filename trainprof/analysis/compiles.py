@@ -14,12 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainprof.analysis.context import Context
-from trainprof.analysis.syncs import outermost
 from trainprof.runmeta import CompileEvent, DynamoInfo
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import display_location
 from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
+from trainprof.trace.nesting import enclosing, outermost
 
 COMPILE_SPANS = (
     r"^(entire_frame_compile|_compile\.compile_inner|OutputGraph\.call_user_compiler"

@@ -9,23 +9,8 @@ Idle attribution (each idle instant inside a step goes to the first cause that c
 1. `dataloader`: the host is inside a DataLoader fetch;
 2. `host_wait`: the host is blocked in a synchronising call (stream/device/event sync, a blocking
    copy such as pageable HtoD or DtoH, the device-to-host copy of a read such as `.item()`);
-3. `refill`: the idle a blocking call causes after it returns. A sync empties the GPU's queue:
-   until the GPU again runs work that was queued before its previous work ended, it runs only
-   what the host launches one by one (small kernels, launch latency, the host's own work, the
-   next step's fetch). Without the sync the GPU would have had queued work there, but only as
-   much as the host was ahead of it, which is the time the host waited in the call: with CPU
-   work C, blocked time W and GPU work G per step, the step is C + W with the sync and
-   max(C, G) without, so removing it saves min(W, C + W - G), at most the wait and at most the
-   idle. A call's refill is therefore the earliest idle after it, until the queue refills or
-   the next blocking call, up to the call's duration less the idle already counted while it
-   blocked (host_wait); what a call leaves unspent carries on to the next call of the same kind
-   in the step (the two reads of `if nans.any() or nans_weight.any():`), never to another kind,
-   which another fix removes. In a launch-bound step (the GPU never ahead of the CPU) a sync
-   costs only its wait; behind a GPU-heavy one, the idle after it. The profiler slows the
-   host's own work (1.6-2.8x per phase on an H100 ResNet-18 step), so a loop the GPU bounds
-   without it can look host-bound in the trace, its waits shorter: where the run metadata timed
-   the host reads without the profiler (`sync_times_s`), a step's reads may claim up to that
-   wait as a share of the step when it is the longer (`read_wait`, `_read_extra`);
+3. `refill`: the idle a blocking call causes after it returns, until the GPU's queue refills,
+   at most the host's wait in the call (the model: analysis/synccost.py);
 4. `other`: everything else (host CPU work, dispatch, Python).
 
 Because the causes partition the idle time, two rules can never claim the same idle microsecond.
@@ -34,7 +19,6 @@ Because the causes partition the idle time, two rules can never claim the same i
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,13 +26,15 @@ from typing import Any, TypeVar
 
 import numpy as np
 
+from trainprof.analysis import synccost
 from trainprof.analysis.model import Device
-from trainprof.analysis.queued import queue_refilled_after, queued_idle
+from trainprof.analysis.synccost import Blocking, ReadWait, SyncCost
+from trainprof.analysis.syncops import sync_op_pattern
 from trainprof.runmeta import RunMeta
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import PyStacks, event_frames, event_location
 from trainprof.trace.model import GPU_KINDS, Kind, Trace
-from trainprof.trace.nesting import enclosing, outermost
+from trainprof.trace.nesting import enclosing
 from trainprof.trace.steps import (
     DATALOADER_NEXT,
     GENERIC_EVAL,
@@ -67,20 +53,6 @@ ASYNC_COPY_CALLS = r"^(cuda|hip)Memcpy(Async|DtoHAsync|HtoDAsync)?(_v2)?$"
 LAUNCH_CALLS = r"Launch|Memcpy|Memset"
 COMM_KERNEL = r"(?i)nccl|rccl"
 
-# Ops that force a host-device sync, with the name a user knows them by.
-SYNC_OPS: dict[str, str] = {
-    r"^aten::item$": "item",
-    r"^aten::is_nonzero$": "is_nonzero",
-    r"^aten::nonzero$": "nonzero",
-    r"^aten::masked_select$": "masked_select",
-    r"^aten::(_unique2|unique_dim|unique_consecutive)$": "unique",
-    r"^aten::repeat_interleave$": "repeat_interleave",
-    r"^aten::_local_scalar_dense$": "item",
-}
-COPY_OPS = r"^aten::(to|_to_copy|copy_|cpu)$"
-METRIC_SPANS = r"^trainprof/metric\."
-HOST_READ_PROBE = r"^trainprof/host_read:"
-
 
 def memcpy_direction(name: str) -> str:
     """'pageable_htod', 'pinned_htod', 'htod', 'dtoh_pageable', 'dtoh_pinned', 'dtoh', 'dtod'."""
@@ -92,50 +64,6 @@ def memcpy_direction(name: str) -> str:
                 return base
             return f"{host}_{base}" if way == "HtoD" else f"{base}_{host}"
     return "dtod" if "DtoD" in name else "other"
-
-
-@dataclass
-class Blocking:
-    """Host calls that blocked on the GPU, one row each (numpy columns)."""
-
-    idx: np.ndarray  # event index of the runtime call
-    copy: np.ndarray  # memcpy direction for copies ('' for syncs)
-    wait_idle: np.ndarray  # µs of GPU idle while the host waited (attributed host_wait)
-    refill_idle: np.ndarray  # µs of GPU idle after it returned (attributed refill)
-    # µs of GPU idle after it returned until the GPU's queue refilled (or the next blocking
-    # call), before the cap at the host's wait: what refill_idle would be if the GPU had been
-    # ahead of the host by at least that much
-    after_idle: np.ndarray
-    in_dataloader: np.ndarray  # bool
-    memcpy_idx: np.ndarray  # the GPU copy it issued, -1 for syncs
-    # µs: the host's wait in it that bounds refill_idle: its duration here, for a host read
-    # with its share of the reads' wait timed without the profiler when that is longer
-    # (Context.read_wait, _read_extra)
-    cap: np.ndarray = field(default_factory=lambda: np.zeros(0))
-
-    @property
-    def cost(self) -> np.ndarray:
-        return self.wait_idle + self.refill_idle
-
-    def __len__(self) -> int:
-        return len(self.idx)
-
-
-@dataclass(frozen=True)
-class ReadWait:
-    """The host's time inside the probed host reads (`.item()`, `if tensor:`, `.cpu()`, ...)."""
-
-    traced_us: float  # per traced step, from the `trainprof/host_read:` ranges
-    unprofiled_us: float  # per step without the profiler: the median over the unprofiled steps
-    # unprofiled_us as a share of the unprofiled step, in the traced step's µs: what the
-    # traced_us would be if the profiler slowed the reads as much as the rest of the step
-    scaled_us: float
-    steps: int  # unprofiled steps timed
-
-    @property
-    def factor(self) -> float:
-        """How much longer the reads are, as a share of the step, without the profiler."""
-        return self.scaled_us / self.traced_us
 
 
 T = TypeVar("T")
@@ -263,6 +191,14 @@ class Context:
         plain = self.unprofiled_steps_s
         return float(np.median(plain)) * 1e6 if plain else None
 
+    def unprofiled_median_us(self, per_step_s: Sequence[float]) -> float | None:
+        """The median over the unprofiled steps (µs) of a per-step time the run metadata holds
+        beside step_times_s (fetch_times_s, sync_times_s, ...); None where it was not timed."""
+        idx = self.unprofiled_step_index
+        if not idx or len(per_step_s) < len(self.meta.step_times_s):
+            return None
+        return float(np.median([per_step_s[i] for i in idx])) * 1e6
+
     @cached_property
     def device(self) -> Device:
         tr = self.trace
@@ -363,10 +299,12 @@ class Context:
     @property
     def blocking_calls(self) -> np.ndarray:
         """Indices of the host calls that block on the GPU (syncs, blocking copies), by start."""
-        return self._blocking_raw[0]
+        return self.blocking_raw[0]
 
     @cached_property
-    def _blocking_raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def blocking_raw(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every blocking call, in the steps or not, by start: (event index, memcpy direction
+        or '' for syncs, the GPU copy it issued or -1)."""
         tr = self.trace
         rt = (Kind.RUNTIME,)
         syncs = tr.where_name(SYNC_CALLS, *rt)
@@ -406,124 +344,22 @@ class Context:
     @cached_property
     def attribution(self) -> dict[str, iv.Intervals]:
         """Idle GPU time inside the steps, split by cause (see the module docstring)."""
-        return self._sync_idle[0]
+        return self.sync_cost.attribution
 
     @cached_property
-    def _sync_idle(self) -> tuple[dict[str, iv.Intervals], np.ndarray, np.ndarray, np.ndarray]:
-        """The attribution, and for each blocking call (_blocking_raw order) the refill it was
-        given, the idle after it before the cap and the cap (module docstring, step 3)."""
-        queued = queued_idle(self)
-        idle = iv.subtract(self.gpu_idle, queued)
-        tr = self.trace
-        b = self._blocking_raw[0]
-        b_ts, b_end = tr.ts[b], tr.end[b]
-        dl = iv.intersect(idle, self.dataloader_spans)
-        rest = iv.subtract(idle, dl)
-        hw = iv.intersect(rest, iv.merge(b_ts, b_end))
-        rest = iv.subtract(rest, hw)
-        # After each call: until the GPU's queue refills, or the next blocking call (which
-        # drains it again and owns what follows); earlier calls first where windows overlap
-        # (calls on several threads).
-        nxt = iv.first_after(b_ts, b_ts, b_end)
-        hi = np.minimum(queue_refilled_after(self, b_end), nxt)
-        lo = np.maximum(b_end, np.r_[-np.inf, np.maximum.accumulate(hi)[:-1]]) if len(b) else b_end
-        hi = np.maximum(hi, lo)
-        after = iv.intersect(rest, iv.merge(lo, hi))
-        # What each call may claim: the host's wait in it, less the idle already counted while it
-        # blocked; pooled over the calls of one kind in a step (the host's lead from an early
-        # wait carries on to the next one's refill when the idle before it used less: removing
-        # both saves up to both waits), never from one kind of sync to another, which a
-        # different fix removes.
-        cap = tr.dur[b] + self._read_extra
-        budget = np.maximum(cap - iv.overlap_each(b_ts, b_end, hw), 0.0)
-        claim = pooled(iv.overlap_each(lo, hi, after), budget, self._sync_kinds)
-        cut = np.minimum(iv.reach(after, lo, claim), hi)
-        rf = iv.intersect(after, iv.merge(lo, cut))
-        other = iv.subtract(rest, rf)
-        att = {"queued": queued, "dataloader": dl, "host_wait": hw, "refill": rf, "other": other}
-        return att, iv.overlap_each(lo, cut, rf), iv.overlap_each(lo, hi, after), cap
+    def sync_cost(self) -> SyncCost:
+        """The attribution with each blocking call's refill and cap (analysis/synccost.py)."""
+        return synccost.sync_cost(self)
 
     @cached_property
     def read_wait(self) -> ReadWait | None:
-        """The host's time in the reads trainprof wraps (`trainprof/host_read:` ranges), in the
-        traced steps and timed without the profiler (run metadata's `sync_times_s`, median over
-        the unprofiled steps); None without reads in the traced steps or without that timing
-        (older metadata, fewer than 5 unprofiled steps)."""
-        meta, idx, plain = self.meta, self.unprofiled_step_index, self.unprofiled_step_us
-        if meta is None or not idx or not plain or len(meta.sync_times_s) < len(meta.step_times_s):
-            return None
-        tr = self.trace
-        probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
-        traced = self.per_step(
-            iv.total(iv.intersect(iv.merge(tr.ts[probes], tr.end[probes]), self.windows))
-        )
-        if traced <= 0:
-            return None
-        unprof = float(np.median([meta.sync_times_s[i] for i in idx])) * 1e6
-        return ReadWait(traced, unprof, unprof / plain * self.mean_step_us, len(idx))
-
-    @cached_property
-    def _read_extra(self) -> np.ndarray:
-        """For each blocking call (_blocking_raw order), the wait (µs) added to its duration to
-        bound the idle it may claim: in a step whose host reads (`trainprof/host_read:` ranges)
-        took less than the reads timed without the profiler (`read_wait.scaled_us`), the
-        difference, shared among the step's read calls (those inside such a range; a pageable
-        host-to-device copy is none) by their duration. The profiler slows the host's own work,
-        so a loop the GPU bounds without it looks host-bound in the trace, with shorter waits
-        (a few µs in some steps). 0 for every other call."""
-        b, copy, _ = self._blocking_raw
-        extra = np.zeros(len(b))
-        rw = self.read_wait if len(b) else None  # no blocking call (a CPU trace): nothing to do
-        if rw is None:
-            return extra
-        tr = self.trace
-        probes = tr.where_name(HOST_READ_PROBE, Kind.CPU_OP, Kind.ANNOTATION)
-        probes = outermost(tr, probes[self.in_windows(probes)])
-        n, starts = len(self.steps), self.steps.start
-        p_step = np.searchsorted(starts, tr.ts[probes], side="right") - 1  # all inside a window
-        traced = np.bincount(p_step, tr.dur[probes], minlength=n)[:n]
-        read = (enclosing(tr, probes, b) >= 0) & (copy != "pageable_htod") & self.in_windows(b)
-        s = np.searchsorted(starts, tr.ts[b[read]], side="right") - 1
-        d = tr.dur[b[read]]
-        total = np.bincount(s, d, minlength=n)[:n]
-        short = np.maximum(rw.scaled_us - traced, 0.0)
-        extra[read] = short[s] * d / np.maximum(total[s], 1e-9)
-        return extra
-
-    @cached_property
-    def _sync_kinds(self) -> np.ndarray:
-        """For each blocking call (_blocking_raw order), a key of its step and kind: the
-        outermost sync or copy op around it (`aten::item`, `aten::is_nonzero`, `aten::to`; the
-        call's own name for an explicit synchronize), and whether that op makes a pageable
-        host-to-device copy (pageable-memcpy's) or reads the GPU."""
-        tr = self.trace
-        b, copy, _ = self._blocking_raw
-        ops = tr.where_name(f"{sync_op_pattern()}|{COPY_OPS}", Kind.CPU_OP, Kind.ANNOTATION)
-        top = enclosing(tr, outermost(tr, ops), b)
-        top = np.where(top >= 0, top, b)
-        step = np.searchsorted(self.steps.start, tr.ts[b], side="right")
-        # A pageable copy's op also synchronises (non_blocking=False): the op's calls go together.
-        htod = np.isin(top, top[copy == "pageable_htod"])
-        keys = np.stack([step, tr.name_id[top].astype(np.int64), htod.astype(np.int64)], axis=1)
-        return np.unique(keys, axis=0, return_inverse=True)[1].reshape(-1)
+        """The host's wait in the probed reads, traced and unprofiled (synccost.read_wait)."""
+        return synccost.read_wait(self)
 
     @cached_property
     def blocking(self) -> Blocking:
-        tr = self.trace
-        idx, copy, memi = self._blocking_raw
-        att, refill, after, cap = self._sync_idle
-        wait = iv.overlap_each(tr.ts[idx], tr.end[idx], att["host_wait"])
-        # Calls on several threads can overlap: never hand out more than the attributed total.
-        tot, have = iv.total(att["host_wait"]), float(wait.sum())
-        if have > tot > 0:
-            wait *= tot / have
-        in_dl = iv.contains(self.dataloader_spans, tr.ts[idx])
-        in_win = iv.contains(self.windows, tr.ts[idx])
-        keep = in_win
-        return Blocking(
-            idx[keep], copy[keep], wait[keep], refill[keep], after[keep], in_dl[keep], memi[keep],
-            cap[keep],
-        )
+        """The blocking calls in the steps, with the idle each cost (synccost.blocking)."""
+        return synccost.blocking(self)
 
     # ---- who caused a blocking call ----------------------------------------------------------
     def owners(self, pattern: str, queries: np.ndarray) -> np.ndarray:
@@ -536,30 +372,3 @@ class Context:
 
     def pct(self, us_per_step: float) -> float:
         return 100.0 * us_per_step / self.mean_step_us if self.mean_step_us > 0 else 0.0
-
-
-def pooled(avail: np.ndarray, budget: np.ndarray, group: np.ndarray) -> np.ndarray:
-    """Claims taken in order (the arrays' order), each min(avail, its budget + what the earlier
-    ones of its group left unspent). The carry is Lindley's recursion
-    W_k = max(0, W_(k-1) + budget_k - avail_k), solved per group with running sums."""
-    out = np.zeros(len(avail))
-    order = np.argsort(group, kind="stable")  # each group's calls together, in their order
-    g = group[order]
-    cuts = np.flatnonzero(np.diff(g)) + 1
-    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(g)], strict=True):  # a few per step
-        at = order[a:b]
-        run = np.cumsum(budget[at] - avail[at])
-        carry = run - np.minimum(np.minimum.accumulate(run), 0.0)
-        out[at] = budget[at] + np.r_[0.0, carry[:-1]] - carry
-    return out
-
-
-def sync_op_pattern() -> str:
-    return "|".join(SYNC_OPS)
-
-
-def sync_op_label(name: str) -> str:
-    for pat, label in SYNC_OPS.items():
-        if re.search(pat, name):
-            return label
-    return name

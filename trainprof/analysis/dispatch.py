@@ -31,10 +31,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from trainprof.analysis.context import LAUNCH_CALLS, Context
-from trainprof.analysis.syncs import outermost
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import LAUNCH_KINDS, Kind
-from trainprof.trace.nesting import enclosing
+from trainprof.trace.nesting import enclosing, outermost
 
 GLUE_US = 100.0  # Python between two dispatched ops (module __call__, arg parsing)
 STALL_US = 1000.0  # an idle gap this long is one host stall, not per-op overhead

@@ -10,11 +10,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainprof.analysis.context import COPY_OPS, Context
-from trainprof.analysis.syncs import outermost
+from trainprof.analysis.context import Context
+from trainprof.analysis.syncops import COPY_OPS
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind, Trace
-from trainprof.trace.nesting import END_SLACK, enclosing
+from trainprof.trace.nesting import END_SLACK, enclosing, outermost
 
 CREATION = (
     r"^aten::(empty|tensor|scalar_tensor|zeros|ones|full|arange|linspace|logspace|eye|rand|randn"

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from trainprof.analysis import unprofiled
 from trainprof.analysis.breakdown import update_spans
 from trainprof.analysis.context import Context
@@ -40,10 +38,10 @@ def _update_share(ctx: Context, lp: Loop, up: Update) -> tuple[float, bool]:
     the time trainprof measured in this class's step() during the run's unprofiled steps, else
     from the trace with the profiler's per-event cost taken out (analysis/unprofiled)."""
     times = ctx.meta.optimizer_times_s.get(lp.cls) if ctx.meta is not None else None
-    idx = ctx.unprofiled_step_index
     plain = ctx.unprofiled_step_us
-    if times and idx and plain and len(times) >= len(ctx.meta.step_times_s):
-        return min(float(np.median([times[i] for i in idx])) * 1e6 / plain, 1.0), True
+    done = ctx.unprofiled_median_us(times) if times and plain else None
+    if done is not None:
+        return min(done / plain, 1.0), True
     return unprofiled.share(ctx, up.host, iv.intersect(up.spans, update_spans(ctx))), False
 
 

@@ -148,19 +148,11 @@ def receive_ms(ipc: LoaderIpc) -> float:
     return ipc.receive_busy_ms if ipc.receive_busy_ms is not None else ipc.receive_ms
 
 
-def _median_part(ctx: Context, part: list[float]) -> float | None:
-    """The median over the unprofiled steps of a per-step part from the metadata, in µs."""
-    idx = ctx.unprofiled_step_index
-    if not idx or len(part) < len(ctx.meta.step_times_s):
-        return None
-    return float(np.median([part[i] for i in idx])) * 1e6
-
-
 def unprofiled_fetch(ctx: Context) -> float | None:
     """The median fetch time per unprofiled step (µs), from the run metadata (None: not timed)."""
     if ctx.meta is None or ctx.unprofiled_step_us is None:
         return None
-    return _median_part(ctx, ctx.meta.fetch_times_s)
+    return ctx.unprofiled_median_us(ctx.meta.fetch_times_s)
 
 
 def cpu_model(
@@ -172,7 +164,7 @@ def cpu_model(
     step = ctx.unprofiled_step_us
     if step is None:
         return None
-    f = _median_part(ctx, ctx.meta.fetch_times_s)
+    f = ctx.unprofiled_median_us(ctx.meta.fetch_times_s)
     measured = f is not None
     if f is None:
         f = unprofiled.share(ctx, fetch, ctx.dataloader_spans) * step

@@ -13,11 +13,10 @@ import numpy as np
 from trainprof.analysis.breakdown import closure_spans, update_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.launched import span_gpu
-from trainprof.analysis.syncs import outermost
 from trainprof.runmeta import OptimizerInfo
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
+from trainprof.trace.nesting import enclosing, outermost
 
 STEP_SPAN = r"^Optimizer\.step#"
 PER_TENSOR = (

@@ -16,9 +16,9 @@ import numpy as np
 from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
 from trainprof.analysis.dispatch import OP_PATTERN, split_other
-from trainprof.analysis.syncs import outermost
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
+from trainprof.trace.nesting import outermost
 
 
 @dataclass(frozen=True)

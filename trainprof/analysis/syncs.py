@@ -10,17 +10,17 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trainprof.analysis.breakdown import update_spans
-from trainprof.analysis.context import (
+from trainprof.analysis.context import Context
+from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
+from trainprof.analysis.syncops import (
     COPY_OPS,
-    HOST_READ_PROBE,
     METRIC_SPANS,
-    Context,
     sync_op_label,
     sync_op_pattern,
 )
-from trainprof.analysis.frameworks import FRAMEWORK_HOMES, doing_frame
 from trainprof.trace import intervals as iv
 from trainprof.trace.frames import (
+    HOST_READ_PROBE,
     call_chain,
     parse_frame,
     probe_library_frame,
@@ -50,7 +50,7 @@ class SyncSite:
     count: int = 0  # occurrences inside the step windows
     calls: int = 0  # blocking runtime calls they made (a read's copy and its sync: two)
     host_us: float = 0.0  # host time blocked in them
-    cost_us: float = 0.0  # GPU idle attributed to them (at most host_us: Context, refill)
+    cost_us: float = 0.0  # GPU idle attributed to them (at most host_us: analysis/synccost.py)
     # GPU idle while they blocked and after them until the GPU's queue refilled, before the cap
     # at the host's wait: more than cost_us when the GPU was not ahead of the host
     idle_us: float = 0.0

@@ -352,31 +352,28 @@ def _host_read(
             if not user.is_user(caller.f_code.co_filename):
                 return orig(self, *args, **kwargs)
         timed = get_ident() == S.main_thread  # a step's wait is its own thread's
-        if not S.recording:
-            if not timed:
+        name = None  # the range, in a recorded step
+        if S.recording:
+            if caller is None:
+                caller = getframe(1)
+            filename = caller.f_code.co_filename
+            where = user.location(caller)
+            if where is None:  # no user code above it
                 return orig(self, *args, **kwargs)
-            S.reading = True
-            t0 = clock()
-            try:
-                return orig(self, *args, **kwargs)
-            finally:
-                stepper.sync_s += clock() - t0
-                S.reading = False
-        if caller is None:
-            caller = getframe(1)
-        filename = caller.f_code.co_filename
-        where = user.location(caller)
-        if where is None:  # no user code above it
-            return orig(self, *args, **kwargs)
-        if not user.is_user(filename):
-            where = f"{where}|{filename}:{caller.f_lineno}"
+            if not user.is_user(filename):
+                where = f"{where}|{filename}:{caller.f_lineno}"
+            name = prefix + where
         if not timed:
-            with record_function(prefix + where):
+            if name is None:
+                return orig(self, *args, **kwargs)
+            with record_function(name):
                 return orig(self, *args, **kwargs)
         S.reading = True
         t0 = clock()
         try:
-            with record_function(prefix + where):
+            if name is None:
+                return orig(self, *args, **kwargs)
+            with record_function(name):
                 return orig(self, *args, **kwargs)
         finally:
             stepper.sync_s += clock() - t0

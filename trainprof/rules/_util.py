@@ -64,7 +64,7 @@ def sync_cost(
     ctx: Context, host_us: float, cost_us: float, idle_us: float, cap_us: float | None = None
 ) -> str:
     """Evidence for what syncs cost on a GPU timeline (totals over the trace; analysis/syncs.py
-    SyncSite): the GPU idle they cause, and which bound held (Context, `refill`): the idle from
+    SyncSite): the GPU idle they cause, and which bound held (analysis/synccost.py): the idle from
     each call until the GPU ran queued work again, or the host's wait in them when the GPU was
     not that far ahead of the host. `cap_us`: that bound when it is not the traced wait
     `host_us` (host reads timed without the profiler: Context.read_wait)."""

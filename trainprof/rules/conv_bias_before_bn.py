@@ -28,10 +28,10 @@ import numpy as np
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
-from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
 from trainprof.rules._util import finding
 from trainprof.trace.model import Kind
+from trainprof.trace.nesting import outermost
 
 CONV = r"^aten::(conv[123]d|convolution|_convolution)$"
 BN = r"^aten::(batch_norm|_batch_norm_impl_index|native_batch_norm|cudnn_batch_norm)$"

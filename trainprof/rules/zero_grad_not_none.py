@@ -28,12 +28,11 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.launched import span_gpu
 from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
-from trainprof.analysis.syncs import outermost
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
-from trainprof.trace.nesting import enclosing
+from trainprof.trace.nesting import enclosing, outermost
 
 ZERO_GRAD_SPAN = r"^Optimizer\.zero_grad#"
 ZERO_OPS = r"^aten::(zero_|fill_)$"

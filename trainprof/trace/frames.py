@@ -20,12 +20,14 @@ import numpy as np
 from trainprof.trace.callsites import align, call_name, find_source, loop_calls
 from trainprof.trace.model import Kind, Trace
 
-_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+)\): (?P<func>.*)$")
+# `file(line): func`; `(?)` where the line is unknown (PyStacks.name_of)
+_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+|\?)\): (?P<func>.*)$")
 # `trainprof/host_read:item@train.py:42`, and for a read inside a library
 # `...@train.py:42|/venv/.../site-packages/transformers/trainer.py:1911` (the library's line).
+# The range capture/probes.py puts around a host read (`.item()`, `if tensor:`, `.cpu()`).
+HOST_READ_PROBE = r"^trainprof/host_read:"
 _PROBE_LOC = re.compile(r"@(?P<loc>[^@|]+:\d+)(?:\|(?P<lib>[^@|]+:\d+))?$")
 _SITE_PACKAGES = re.compile(r"^.*?[/\\](?:site|dist)-packages[/\\]")
-_ANY_FRAME = re.compile(r"^(?P<file>.+?)\((?P<line>\d+|\?)\): (?P<func>.*)$")
 # trainprof's files as Kineto names them (relative to sys.path, or absolute), and runpy's.
 _MACHINERY = re.compile(r"(?:^|[/\\])trainprof[/\\]|^<frozen runpy>$|(?:^|[/\\])runpy\.py$")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+(?=>$)")
@@ -45,16 +47,18 @@ _STDLIB = set(getattr(sys, "stdlib_module_names", ())) | {"runpy", "threading", 
 
 
 def parse_frame(text: str) -> tuple[str, int, str] | None:
-    m = _FRAME.match(text.strip())
-    if not m:
+    """(file, line, func) of a frame `file(line): func`; None for anything else, a frame whose
+    line is unknown included."""
+    f = parse_any_frame(text)
+    if f is None or f[1] is None:
         return None
-    return m.group("file"), int(m.group("line")), m.group("func")
+    return f[0], f[1], f[2]
 
 
 def parse_any_frame(text: str) -> tuple[str, int | None, str] | None:
     """Like parse_frame, and a frame whose line is unknown (`train.py(?): <module>`, see
     PyStacks.name_of) gives None for its line."""
-    m = _ANY_FRAME.match(text.strip())
+    m = _FRAME.match(text.strip())
     if not m:
         return None
     line = m.group("line")
@@ -189,8 +193,6 @@ class IdIndex:
         return self.get(int(py_id)) is not None  # type: ignore[arg-type]
 
 
-_HOST_READ = r"^trainprof/host_read:"
-
 
 class PyStacks:
     """Fast lookup of the Python stack active on a thread at a point in time.
@@ -248,7 +250,7 @@ class PyStacks:
     def _pins(self, kids: np.ndarray, path: str) -> list[int | None]:
         """The line a trainprof host-read probe inside each child gives, for the same file."""
         tr = self.trace
-        probes = tr.where_name(_HOST_READ, Kind.ANNOTATION)
+        probes = tr.where_name(HOST_READ_PROBE, Kind.ANNOTATION)
         out: list[int | None] = [None] * len(kids)
         if not len(probes):
             return out
