@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from datetime import datetime
 
 import numpy as np
 
@@ -62,6 +63,27 @@ def _show(loc: str, meta: RunMeta | None) -> str:
     return display_location(loc)
 
 
+def stale_source_note(findings: list[Finding], meta: RunMeta | None) -> str | None:
+    """A note naming the files the findings point into that changed after the run started:
+    their lines are read as they are now (the findings' line numbers, callsites.py's alignment of
+    a module-level loop), so an edit since the run can move them."""
+    if meta is None or not meta.started_at:
+        return None
+    try:
+        start = datetime.fromisoformat(meta.started_at).timestamp()
+    except ValueError:
+        return None
+    files = sorted({f.location.rpartition(":")[0] for f in findings if f.location})
+    changed = [p for p in files if os.path.isfile(p) and os.path.getmtime(p) > start + 1.0]
+    if not changed:
+        return None
+    return (
+        f"{', '.join(changed)} changed after this run started ({meta.started_at[:19]}): line "
+        "numbers in it are read from the file as it is now and may have moved; run it again to "
+        "be sure."
+    )
+
+
 def analyze(
     trace: Trace,
     meta: RunMeta | None = None,
@@ -85,9 +107,9 @@ def analyze_context(
     basis = saving_basis(ctx)
     on_basis(findings, basis)
     notes = notes_for(ctx)
-    extra = basis_note(basis, mean_ms)
-    if extra:
-        notes.append(extra)
+    for extra in (basis_note(basis, mean_ms), stale_source_note(findings, meta)):
+        if extra:
+            notes.append(extra)
     durs = ctx.steps.durations / 1000.0
     return Diagnosis(
         trace=trace.path,
