@@ -101,6 +101,16 @@ def job(folder: Path):
     return j
 
 
+def x_event(name: str, cat: str, ts: float, dur: float, corr: int | None = None) -> dict:
+    """A complete event of a hand-written trace: host events on thread 1, kernels on stream 7
+    (thread 7); `corr` links a launch call to the kernel it launched."""
+    tid = 7 if cat == "kernel" else 1
+    e = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+    if corr is not None:
+        e["args"] = {"correlation": corr, **({"stream": 7} if cat == "kernel" else {})}
+    return e
+
+
 def by_rule(d, rule: str) -> list:
     """The findings of one rule, from a Diagnosis or a list of findings."""
     return [f for f in getattr(d, "findings", d) if f.rule == rule]

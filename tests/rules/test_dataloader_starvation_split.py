@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import x_event
 from cpu_trace import record, with_meta
 
 from trainprof.diagnose import diagnose_path
@@ -126,14 +127,6 @@ def test_no_stacks_whole_fetch_counts_and_says_so(tmp_path: Path):
 NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
 
-def _event(name: str, cat: str, ts: float, dur: float, corr: int | None = None) -> dict:
-    tid = 7 if cat == "kernel" else 1
-    e = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
-    if corr is not None:
-        e["args"] = {"correlation": corr, **({"stream": 7} if cat == "kernel" else {})}
-    return e
-
-
 def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float) -> Path:
     """Three 10 ms steps; each opens with a 4 ms fetch from a loader with workers: `wait_us` of
     it blocked in the data queue's select, the rest unpickling the batch. The GPU idles through
@@ -142,14 +135,14 @@ def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float) -> Pat
     for s in range(3):
         t = s * 10_000.0
         events += [
-            _event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000),
-            _event(NEXT, "user_annotation", t, 4000),
-            _event("multiprocessing/queues.py(98): get", "python_function", t + 10, 3980),
-            _event("selectors.py(402): select", "python_function", t + 50, wait_us),
-            _event("<built-in function loads>", "python_function", t + 100 + wait_us,
+            x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000),
+            x_event(NEXT, "user_annotation", t, 4000),
+            x_event("multiprocessing/queues.py(98): get", "python_function", t + 10, 3980),
+            x_event("selectors.py(402): select", "python_function", t + 50, wait_us),
+            x_event("<built-in function loads>", "python_function", t + 100 + wait_us,
                    3800 - wait_us),  # fmt: skip
-            _event("cudaLaunchKernel", "cuda_runtime", t + 4100, 10, corr=s + 1),
-            _event("conv", "kernel", t + 4200, 5600, corr=s + 1),
+            x_event("cudaLaunchKernel", "cuda_runtime", t + 4100, 10, corr=s + 1),
+            x_event("conv", "kernel", t + 4200, 5600, corr=s + 1),
         ]
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import context, diagnosis
+from conftest import context, diagnosis, x_event
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.ledger import ledger
@@ -101,14 +101,6 @@ def _host_caused(ctx: Context) -> iv.Intervals:
 
 
 # ---- the semantics, on a hand-written trace ---------------------------------------------------
-def _event(name: str, cat: str, ts: float, dur: float, corr: int | None = None) -> dict:
-    tid = 7 if cat == "kernel" else 1
-    e = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
-    if corr is not None:
-        e["args"] = {"correlation": corr, **({"stream": 7} if cat == "kernel" else {})}
-    return e
-
-
 def test_idle_after_the_work_was_launched_is_queued_and_short_waits_stay_the_hosts(
     tmp_path: Path,
 ) -> None:
@@ -117,11 +109,11 @@ def test_idle_after_the_work_was_launched_is_queued_and_short_waits_stay_the_hos
     # at 700-702 and runs at 705: 600-705 is the host's (the 3 µs are launch latency). After B,
     # 800-1000 the host launches nothing: the host's too.
     events = [
-        _event("ProfilerStep#1", "user_annotation", 0, 1000),
-        _event("cudaLaunchKernel", "cuda_runtime", 10, 5, corr=1),
-        _event("cudaLaunchKernel", "cuda_runtime", 700, 2, corr=2),
-        _event("kernel_a", "kernel", 500, 100, corr=1),
-        _event("kernel_b", "kernel", 705, 95, corr=2),
+        x_event("ProfilerStep#1", "user_annotation", 0, 1000),
+        x_event("cudaLaunchKernel", "cuda_runtime", 10, 5, corr=1),
+        x_event("cudaLaunchKernel", "cuda_runtime", 700, 2, corr=2),
+        x_event("kernel_a", "kernel", 500, 100, corr=1),
+        x_event("kernel_b", "kernel", 705, 95, corr=2),
     ]
     path = tmp_path / "t.json"
     path.write_text(json.dumps({"traceEvents": events}))

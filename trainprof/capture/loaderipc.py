@@ -136,9 +136,14 @@ def receive_busy(
     except Exception:  # noqa: BLE001 - no workers here (a sandbox, /dev/shm full): no figure
         return None
     finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        _shutdown(it)
+
+
+def _shutdown(it: Any) -> None:
+    """Stop an iterator's workers now (None: iter() itself failed)."""
+    shutdown = getattr(it, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
@@ -168,9 +173,7 @@ def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
     except Exception:  # noqa: BLE001 - no workers here (a sandbox, /dev/shm full): no figures
         return None
     finally:
-        shutdown = getattr(it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
+        _shutdown(it)
     n_bytes = sum(
         torch.empty((), dtype=getattr(torch, dtype, torch.float32)).element_size()
         * int(torch.Size(shape).numel())
