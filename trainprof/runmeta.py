@@ -114,6 +114,19 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     busy_workers: int = 0
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
+    # The script's own batches fetched in a forked worker (capture/loaderfetch): ms of CPU time
+    # of the worker's thread and of wall time per batch, medians of `worker_fetch_batches` (None:
+    # not measured, why in `worker_fetch_skipped`). A worker can spend more than the loop's fetch
+    # on the same batch.
+    worker_fetch_ms: float | None = None
+    worker_fetch_wall_ms: float | None = None
+    worker_fetch_batches: int = 0
+    worker_fetch_skipped: str = ""
+    # One fp32 forward + backward of a copy of the model at intra-op thread counts, wall ms
+    # (capture/modelprobe.thread_times): [[threads, ms], ...], the run's own count among them;
+    # empty: not measured (`model_threads_skipped` says why).
+    model_threads_ms: list[list[float]] = []
+    model_threads_skipped: str = ""
 
 
 class OptimizerProbe(msgspec.Struct, kw_only=True):

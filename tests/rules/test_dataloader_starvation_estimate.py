@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cpu_trace import record, with_meta
 
-from trainprof.analysis.loader_workers import fixed_step
+from trainprof.analysis.loader_workers import fixed_step, thread_scale
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
 
@@ -143,3 +143,59 @@ def test_the_receiving_with_busy_workers_is_what_counts(loop: Path, tmp_path: Pa
     assert b.est_saving_pct == pytest.approx(100 * (20 - 14) / 20, abs=0.05)
     assert "while 2 worker(s) fetch the next ones" in b.evidence
     assert "while" not in a.evidence.split("to receive it")[1].split(".")[0]
+
+
+def test_a_worker_that_spends_more_than_the_loop(loop: Path, tmp_path: Path):
+    """try_fakedata's workers spend ~1.4x the loop's fetch per batch (FakeData's per-sample seed
+    formats the stack, deeper in a worker): the model takes the worker's fetch measured after the
+    run where it has one; wall time for the workers' pace, CPU time for the cores' bound."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    plain = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2)
+    slow = LoaderIpc(
+        receive_ms=0.5, worker_ms=1.0, tensors=2, worker_fetch_ms=16.0, worker_fetch_wall_ms=16.0,
+        worker_fetch_batches=4,
+    )  # fmt: skip
+    a = _starvation(with_meta(loop, tmp_path / "plain", _meta(steps, fetch, plain)))
+    b = _starvation(with_meta(loop, tmp_path / "slow", _meta(steps, fetch, slow)))
+    # M = 10 on 2 cores; with F = 10: (M + F + W + R) / 2 = 10.75; the worker's 16 instead:
+    # (10 + 16 + 1 + 0.5) / 2 = 13.75 (its pace, (16 + 1) / 2 = 8.5, is not the bound).
+    assert a.metrics["fixed_step_ms"] == pytest.approx(10.75)
+    assert b.metrics["fixed_step_ms"] == pytest.approx(13.75)
+    assert "spends 16.0 ms of CPU per step where the loop's fetch takes 10.0 ms" in b.evidence
+    assert "forked worker" not in a.evidence
+    # A fetch waiting on storage: the pace takes the wall time, the cores only the CPU time.
+    io = LoaderIpc(
+        receive_ms=0.5, worker_ms=1.0, tensors=2, worker_fetch_ms=2.0, worker_fetch_wall_ms=30.0,
+        worker_fetch_batches=4,
+    )  # fmt: skip
+    c = _starvation(with_meta(loop, tmp_path / "io", _meta(steps, fetch, io)))
+    assert c.metrics["fixed_step_ms"] == pytest.approx((30.0 + 1.0) / 2)
+
+
+def test_the_models_own_slowdown_with_fewer_threads(loop: Path, tmp_path: Path):
+    """Workers take cores from the model's threads: M ran with 2 threads, the fix leaves one.
+    try_fakedata's CNN: 5.6 ms with 2 threads, 8 ms with one. The model scales M by a copy of
+    the model timed after the run with each count; without those figures M stays as it ran."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    base = dict(receive_ms=0.5, worker_ms=1.0, tensors=2)
+    flat = LoaderIpc(**base)
+    scaled = LoaderIpc(**base, model_threads_ms=[[2, 5.0], [1, 8.0]])
+    a = _starvation(with_meta(loop, tmp_path / "flat", _meta(steps, fetch, flat)))
+    b = _starvation(with_meta(loop, tmp_path / "scaled", _meta(steps, fetch, scaled)))
+    assert a.metrics["fixed_step_ms"] == pytest.approx(10.75)
+    # M = 10 x 8 / 5 = 16 with one thread: the loop's own path 16 + 0.5 bounds the step.
+    assert b.metrics["fixed_step_ms"] == pytest.approx(16.5)
+    assert b.est_saving_pct == pytest.approx(100 * (20 - 16.5) / 20, abs=0.05)
+    assert "would take about 16.0 ms with 1 (a copy of the model" in b.evidence
+    assert "not measured" in a.evidence and "not measured" not in b.evidence
+
+
+def test_thread_scale_is_linear_in_one_over_threads():
+    scale = thread_scale([[8, 2.0], [1, 9.0]], run_threads=8)
+    assert scale is not None
+    assert scale(8) == pytest.approx(1.0) and scale(1) == pytest.approx(4.5)
+    # 1/4 lies 1/7 of the way from 1/8 to 1: 2 + (9 - 2) x (1/4 - 1/8) / (1 - 1/8) = 3.
+    assert scale(4) == pytest.approx(1.5)
+    assert scale(16) == pytest.approx(1.0)  # flat beyond the points
+    assert thread_scale([[1, 9.0]], run_threads=8) is None  # the run's count not timed
+    assert thread_scale([], run_threads=2) is None

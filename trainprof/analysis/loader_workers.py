@@ -15,6 +15,7 @@ trace holds inside the fetches (with_stack); only the waiting part counts as sta
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -116,6 +117,12 @@ class CpuModel:
     workers: int  # n, the best worker count
     threads: int  # T' = torch threads with that many workers
     fixed: float  # the step with the fix
+    # A worker's fetch per step: CPU time and wall time (the loop's F where not measured)
+    worker_fetch: float = 0.0
+    worker_fetch_wall: float = 0.0
+    worker_fetch_measured: bool = False
+    compute: float = 0.0  # M with T' threads (M itself where the scaling was not measured)
+    run_threads: int = 0  # T, the threads M ran with (0: the scaling was not measured)
 
     @property
     def saving(self) -> float:
@@ -124,20 +131,35 @@ class CpuModel:
 
 def fixed_step(
     m: float, f: float, k: float, r: float, w: float, cores: int, n: int,
-    r_cpu: float | None = None,
+    r_cpu: float | None = None, f_cpu: float | None = None,
 ) -> float:  # fmt: skip
-    """The step with `n` workers (µs): compute `m`, fetch `f`, `k` batches per step, receive `r`
-    and hand-over `w` per batch, on `cores` cores with max(1, cores - n) torch threads. `r_cpu`:
-    the part of `r` that is CPU work (default all of it); the rest is the loop blocked until a
-    busy worker answers the hand-shake, which lengthens the loop's own path but leaves its core
-    to the workers."""
+    """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
+    threads), a worker's fetch `f` per step (wall time), `k` batches per step, receive `r` and
+    hand-over `w` per batch, on `cores` cores. `r_cpu`: the part of `r` that is CPU work
+    (default all of it); the rest is the loop blocked until a busy worker answers the
+    hand-shake, which lengthens the loop's own path but leaves its core to the workers.
+    `f_cpu`: the CPU work in `f` (default all of it: a fetch waiting on storage uses less)."""
     threads = max(1, cores - n)
     rc = r if r_cpu is None else min(r_cpu, r)
+    fc = f if f_cpu is None else f_cpu
     return max(
         m + k * r,
         (f + k * w) / n,
-        (m * min(threads, cores) + f + k * (w + rc)) / cores,
+        (m * min(threads, cores) + fc + k * (w + rc)) / cores,
     )
+
+
+def thread_scale(points: list[list[float]], run_threads: int) -> Callable[[int], float] | None:
+    """The model's forward + backward with T threads over that with the run's `run_threads`, from
+    [[threads, ms], ...] timed after the run (capture/modelprobe.thread_times), linear in 1/T
+    between the points (Amdahl's law is linear there), flat beyond them; None without points
+    that include the run's count."""
+    pts = sorted((1.0 / t, ms) for t, ms in points if t >= 1 and ms > 0)
+    if not pts or run_threads < 1 or all(abs(x - 1.0 / run_threads) > 1e-9 for x, _ in pts):
+        return None
+    xs, ys = [x for x, _ in pts], [y for _, y in pts]
+    base = float(np.interp(1.0 / run_threads, xs, ys))
+    return lambda t: float(np.interp(1.0 / max(t, 1), xs, ys)) / base
 
 
 def receive_ms(ipc: LoaderIpc) -> float:
@@ -174,17 +196,34 @@ def cpu_model(
     ipc = ctx.meta.loader_ipc
     r = 1000 * receive_ms(ipc) if ipc else 0.0
     ri = 1000 * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
+    w = 1000 * ipc.worker_ms if ipc else 0.0
+    # What a worker spends on the script's own batches (capture/loaderfetch: measured for a
+    # loader without workers), per step; else the loop's fetch.
+    wf_cpu = wf_wall = fw
+    wf_measured = bool(
+        ipc and ipc.worker_fetch_ms is not None and ipc.worker_fetch_wall_ms is not None
+        and wait_share >= 1.0
+    )  # fmt: skip
+    if ipc and wf_measured:
+        wf_cpu, wf_wall = 1000 * k * ipc.worker_fetch_ms, 1000 * k * ipc.worker_fetch_wall_ms
+    # M with the threads the fix leaves the model (capture/modelprobe.thread_times); else M.
+    run_threads = ctx.meta.torch_threads or 0
+    scale = thread_scale(ipc.model_threads_ms, run_threads) if ipc else None
+
+    def compute(n: int) -> float:
+        return m * scale(max(1, cores - n)) if scale else m
 
     def fixed(n: int) -> float:
-        return fixed_step(m, fw, k, r, w, cores, n, r_cpu=ri)
+        return fixed_step(compute(n), wf_wall, k, r, w, cores, n, r_cpu=ri, f_cpu=wf_cpu)
 
-    w = 1000 * ipc.worker_ms if ipc else 0.0
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
         step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
         busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed(best),
+        threads=max(1, cores - best), fixed=fixed(best), worker_fetch=wf_cpu,
+        worker_fetch_wall=wf_wall, worker_fetch_measured=wf_measured, compute=compute(best),
+        run_threads=run_threads if scale else 0,
     )  # fmt: skip
 
 

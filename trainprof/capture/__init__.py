@@ -29,7 +29,9 @@ Modules, one job each:
 * cudaflags  --cuda-sync-events and --sync-debug, guarded on machines without CUDA
 * cputime    CPU time of two alternatives run alternately, the least of each (the probes below)
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
-* modelprobe a copy of the user's model, fp32 vs the bf16 fix, timed after the script (cpu-bf16)
+* modelprobe a copy of the user's model, fp32 vs the bf16 fix (cpu-bf16), and at the intra-op
+             thread counts DataLoader workers would leave it (dataloader-starvation)
+* loaderfetch the script's own batches fetched in a forked worker, after the script
 * bf16fix    the bf16 autocast fix itself (channels-last for CNNs), shared with `trainprof try`
 * optprobe   copies of the run's optimizer, loop vs fused/foreach, timed after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log

@@ -1,6 +1,8 @@
 """The user's own model, forward + backward on its last training batch: fp32 as the script ran it
 vs what `trainprof try --fix cpu-bf16` applies (capture/bf16fix: bf16 autocast, channels-last
-for a CNN, fp32 outputs). Timed after the script ends, for cpu-bf16's estimate.
+for a CNN, fp32 outputs). Timed after the script ends, for cpu-bf16's estimate. Also
+(`thread_times`) fp32 at the intra-op thread counts DataLoader workers would leave the model, for
+dataloader-starvation's CPU estimate.
 
 Per-operator speed-up curves applied to traced operator times (capture/cpumath) stayed far from
 what the fix measured on CNNs (amp_compile: 36 % estimated, 59 % measured): the layout change
@@ -147,3 +149,53 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
         fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name,
         channels_last=cl,
     )  # fmt: skip
+
+
+THREADS_BUDGET_S = 1.5  # wall time for `thread_times`'s timed runs, after one warm-up each
+THREADS_REPS = 7  # timed runs of each thread count at most (interleaved, the least taken)
+
+
+def thread_times(
+    module: torch.nn.Module, args: tuple, kwargs: dict, threads: list[int]
+) -> tuple[list[list[float]], str]:
+    """([[threads, ms], ...], why not): one fp32 forward + backward of a copy of `module` on
+    (args, kwargs) with each intra-op thread count, WALL time (the threads' work together), the
+    least of interleaved runs after a warm-up of each. For dataloader-starvation's CPU model:
+    workers take cores from the model's threads, and how the model's step grows with fewer
+    threads is the model's own (try_fakedata's CNN: 5.6 ms with 2 threads, 8 ms with one)."""
+    name = type(module).__name__
+    if hasattr(module, "_orig_mod") or name == "OptimizedModule":
+        return [], "a torch.compile'd model (compiling a copy is slow)"
+    size = _model_bytes(module)
+    if size > MAX_MODEL_BYTES:
+        return [], f"the model is too large to copy ({size >> 20} MiB)"
+    saved = torch.get_num_threads()
+    best: dict[int, float] = {}
+    try:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            copy_ = copy.deepcopy(module)
+            copy_.train()
+            for p in copy_.parameters():
+                p.grad = None
+            run = _step(copy_, _cloned(args), _cloned(kwargs))
+            for n in threads:  # warm-ups: kernels built, the pool of each size started
+                torch.set_num_threads(n)
+                t0 = time.perf_counter()
+                run()
+                if time.perf_counter() - t0 > MAX_CALL_S:
+                    return [], f"one forward + backward took over {MAX_CALL_S} s"
+                best[n] = float("inf")
+            started = time.perf_counter()
+            for rep in range(THREADS_REPS):
+                if rep and time.perf_counter() - started > THREADS_BUDGET_S:
+                    break
+                for n in threads:
+                    torch.set_num_threads(n)
+                    t0 = time.perf_counter()
+                    run()
+                    best[n] = min(best[n], time.perf_counter() - t0)
+    except Exception as err:  # noqa: BLE001 - no scaling figures: the model's threads as run
+        return [], f"the copy or its call failed: {_reason(err)}"
+    finally:
+        torch.set_num_threads(saved)
+    return [[n, round(best[n] * 1e3, 3)] for n in threads], ""

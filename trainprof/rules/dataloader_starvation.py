@@ -45,18 +45,31 @@ On a CPU trace the workers take the fetch off the loop, but:
 - each batch crosses a process boundary: measured after the run on this machine for batches of
   the script's shapes (capture/loaderipc), the main process pays R per batch to receive it and
   a worker W to hand it over. For tiny samples this costs more than the fetch it saves.
+- a worker's fetch of a batch is not the loop's: a forked worker's stack starts with the fork
+  point's, and code that formats the stack (FakeData seeds every sample; on a CUDA build with
+  CUDA not initialised torch.manual_seed queues a lazy CUDA seed with the formatted stack) pays
+  per frame: try_fakedata's workers spent 22.5 ms of CPU per batch where the loop's fetch took
+  16 ms (plain Python, quiet 2-core machine). So a forked worker fetches a few of the script's
+  own batches after the run, forked from as deep a frame as the loop's (capture/loaderfetch):
+  F_w, its wall time per step, and F_w,cpu, its CPU time (a fetch waiting on storage spends
+  less CPU than time). Where that cannot be done (the files are gone, an iterable dataset) F_w
+  = F_w,cpu = F, and the evidence does not mention it.
+- fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'; a
+  copy of the model is timed after the run with T, one and C - 1, C - 2 threads
+  (capture/modelprobe.thread_times, wall time) and M(T') = M x t(T') / t(T), t linear in 1/T
+  between the timed counts (Amdahl's law is linear there). try_fakedata's CNN: 5.6 ms with 2
+  threads, 8 ms with one. Not measured (no training call kept, a compiled model): M(T') = M.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
-  torch.set_num_threads(max(1, C - n)), and the fixed step is the largest of the loop's own
-  work M + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU work
-  spread over the cores, (M min(T', C) + F + k (W + R_cpu)) / C with T' = max(1, C - n)
-  threads (R_cpu: the CPU work in R, below).
+  torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
+  own work M(T') + k R (k fetches per step), the workers' rate (F_w + k W) / n, and all the CPU
+  work spread over the cores, (M(T') min(T', C) + F_w,cpu + k (W + R_cpu)) / C (R_cpu: the
+  CPU work in R, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
-- not modelled: the thread change's own effect on M (fewer intra-op threads: slower on a quiet
-  machine for a model that scales, faster on one whose cores other jobs share, where threads
-  wait for a descheduled peer; `trainprof try` measures it separately), and the workers'
-  start-up (once per run with persistent_workers=True; given in the evidence); nor other
-  processes' load: the cores are taken as the run's own (the evidence says when other processes
-  kept half a CPU or more busy during the run).
+- not modelled: the workers' start-up (once per run with persistent_workers=True; given in the
+  evidence); nor other processes' load: the cores are taken as the run's own (the evidence says
+  when other processes kept half a CPU or more busy during the run), and on a machine whose
+  cores other jobs share fewer threads can make the model faster, not slower (threads that
+  wait for a descheduled peer): `trainprof try` measures the thread change alone beside it.
 With workers already, only the waiting part of F is the workers' work in that model (the
 receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
@@ -68,10 +81,9 @@ the cores' bound counts only the receiving's CPU work, R_cpu = the idle worker's
 (receive_ms). On a loaded 2-core machine (load 1.6-3, another job using a CPU) the probe gave
 5.4-10.4 ms busy against 0.7-3.0 ms idle for try_fakedata and try_jpeg; try_jpeg's estimate went
 from 35.2-35.6 % to 25.3-32.8 % (26-27 % measured on a quiet machine); try_fakedata's did not
-move (45-47 %, 23 % measured: the cores' bound holds there, and its workers' fetch takes a third
-more CPU than the loop's, 33 vs 25 ms per batch under `trainprof try`: FakeData seeds every
-sample, which formats the stack, deeper in a worker; not modelled). Older metadata: R_cpu = R =
-the idle figure.
+move (45-47 %, 23 % measured: the cores' bound holds there, and its workers' fetch and its
+model with one thread are what the two items above add). Older metadata: R_cpu = R = the idle
+figure.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
@@ -106,6 +118,12 @@ def _cpu_evidence(
         f" Without the profiler ({where}) a step takes {ms(model.step)}, {ms(model.fetch)} of it "
         f"fetching."
     )
+    if model.worker_fetch_measured:
+        text += (
+            f" A worker fetching the script's own batches (timed after the run in a forked "
+            f"worker) spends {ms(model.worker_fetch)} of CPU per step where the loop's fetch "
+            f"takes {ms(model.fetch)}."
+        )
     if model.receive or model.worker:
         text += (
             f" Measured here after the run, a worker hands over a batch like these in "
@@ -126,12 +144,18 @@ def _cpu_evidence(
     threads_text = (
         f" and torch.set_num_threads({model.threads})" if model.threads < threads else ""
     )
+    if threads_text and model.run_threads:
+        text += (
+            f" The rest of the step, {ms(model.step - model.removable)} with {threads} threads, "
+            f"would take about {ms(model.compute)} with {model.threads} (a copy of the model "
+            "timed after the run with both)."
+        )
     text += (
         f" With {cores} cores shared by the workers and the model's threads, "
         f"{model.workers} worker(s){threads_text} would make the step about {ms(model.fixed)}"
     )
-    if threads_text:
-        text += " (the thread change's own effect depends on the machine's load: not estimated)"
+    if threads_text and not model.run_threads:
+        text += " (the thread change's own effect on the model was not measured)"
     text += "."
     if others is not None and others >= BUSY_CPUS:
         text += (
