@@ -21,9 +21,11 @@ from trainprof.capture.patching import Patches
 from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
 from trainprof.tryfix import catalog
 from trainprof.tryfix.apply import Applied, install
+from trainprof.tryfix.command import Trial, TryOptions, load_run
 from trainprof.tryfix.measure import saving, timed_steps, verdict, within_target
 
 MLP = str(SCRIPTS / "try_mlp.py")
+SHARING = str(SCRIPTS / "try_sharing.py")
 
 
 # ----- the fixes, applied in this process ------------------------------------------------------
@@ -124,6 +126,32 @@ def test_worker_sweep_is_powers_of_two_up_to_the_cores() -> None:
         {"num_workers": 1}, {"num_workers": 2}, {"num_workers": 4, "threads": 1},
         {"threads": 1, "control": True},
     ]
+
+
+def test_receiving_variants_and_the_strategy_patch_is_undone() -> None:
+    # pin_memory already on: the file_system strategy only; on a CPU never pin_memory.
+    assert catalog.variants_for("dataloader-starvation", 4, True, 4, kind="receiving",
+                                pinned=True) == [{"sharing_strategy": "file_system"}]
+    assert catalog.variants_for("dataloader-starvation", 4, False, 4, kind="receiving") == [
+        {"sharing_strategy": "file_system"}]
+    before = torch.multiprocessing.get_sharing_strategy()
+    assert before != "file_system"
+    seen = []
+    patches, applied = Patches(), Applied()
+    install([{"rule": "dataloader-starvation", "options": {"sharing_strategy": "file_system"}}],
+            patches, applied)
+    try:
+        assert torch.multiprocessing.get_sharing_strategy() == "file_system"
+        loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2, num_workers=2,
+                            worker_init_fn=seen.append)
+        assert loader.num_workers == 2  # the loader as the script built it, but for:
+        torch.multiprocessing.set_sharing_strategy(before)
+        loader.worker_init_fn(1)  # what a worker runs first: the strategy, then the script's
+        assert torch.multiprocessing.get_sharing_strategy() == "file_system" and seen == [1]
+    finally:
+        patches.restore()
+    assert torch.multiprocessing.get_sharing_strategy() == before
+    assert DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2).worker_init_fn is None
 
 
 # ----- statistics --------------------------------------------------------------------------------
@@ -252,3 +280,34 @@ def test_ctrl_c_keeps_the_rounds_done_so_far(tmp_path: Path) -> None:
     doc = json.loads((folder / "try.json").read_text())
     assert doc["interrupted"] is True and doc["baseline"]["rounds"] >= 1
     assert "the rounds done so far" in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_receiving_round_sets_file_system_for_that_round_only(tmp_path: Path) -> None:
+    """The receiving kind of dataloader-starvation: one round with torch's file_system sharing
+    strategy beside the baseline, on a real script with 2 workers that prints the strategy of
+    its own process and of the worker that made its first batch."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_meta(RunMeta(argv=[SHARING, "40"], cwd=str(ROOT), cpu_count=2, wall_time_s=5.0,
+                       dataloaders=[DataLoaderInfo(num_workers=2)]), folder)
+    trial = Trial(TryOptions(run=folder, fixes=["dataloader-starvation"], rounds=1, steps=12),
+                  load_run(folder))
+    trial.kind = {"dataloader-starvation": "receiving"}  # no trace here: the diagnosis' kind
+    trial.plan()
+    assert trial.execute() == 0
+    # try.log: "===== NAME: command" then that round's output, per round
+    printed = {}
+    for part in (folder / "try.log").read_text().split("\n===== ")[1:]:
+        name = part.split(":", 1)[0]
+        printed[name] = [ln for ln in part.splitlines() if ln.startswith("sharing strategy:")]
+    default = torch.multiprocessing.get_sharing_strategy()
+    assert default != "file_system"  # Linux: file_descriptor, the hand-shake per tensor
+    assert printed.pop("baseline") == [f"sharing strategy: main={default} worker={default}"]
+    (fixed,) = printed.values()
+    assert fixed == ["sharing strategy: main=file_system worker=file_system"]
+    doc = json.loads((folder / "try.json").read_text())
+    (fix,) = doc["fixes"]
+    assert fix["measured_pct"] is not None, fix
+    assert fix["change"].startswith('torch.multiprocessing.set_sharing_strategy("file_system")')
+    assert "variants" not in fix  # no num_workers sweep

@@ -22,7 +22,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t = Trial.__new__(Trial)
     t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
     t.meta = RunMeta(argv=["train.py"])
-    t.est, t.rule_fix, t.est_note = {RULE: estimate}, {}, None
+    t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.base = Variant("baseline", [])

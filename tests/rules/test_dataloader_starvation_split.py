@@ -18,7 +18,8 @@ from conftest import x_event
 from cpu_trace import record, with_meta
 
 from trainprof.diagnose import diagnose_path
-from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
+from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
+from trainprof.tryfix.command import Trial, TryOptions
 
 # Batches ready long before the loop asks: 2 workers, 4 batches in flight, each made in
 # microseconds, while the loop sleeps 20 ms per step.
@@ -100,6 +101,30 @@ def test_workers_ahead_receiving_is_not_starvation(ahead: Path, tmp_path: Path):
     assert "set_sharing_strategy" in f.fix and "pin_memory" not in f.fix
 
 
+def _try_plan(folder: Path, devices: list[str]) -> tuple[Trial, list[dict]]:
+    """What `trainprof try` would measure for the run in `folder` (planned, not run), and its
+    dataloader-starvation variants' options. `devices`: the run's accelerators."""
+    meta = read_meta(folder)
+    meta.argv, meta.devices = ["train.py"], devices
+    trial = Trial(TryOptions(run=folder), meta)
+    trial.plan()
+    return trial, [v.specs[0]["options"] for v in trial.by_rule["dataloader-starvation"]]
+
+
+def test_try_measures_the_receiving_fix_not_more_workers(ahead: Path, tmp_path: Path):
+    """On a CPU run: torch's file_system sharing strategy only (no num_workers sweep), and the
+    finding's saving of 0 shown as not estimated, not as an estimate of 0."""
+    folder = with_meta(ahead, tmp_path, _meta(2, 20.0, 4.0))
+    (f,) = _starvation(folder)
+    assert f.metrics["kind"] == "receiving"
+    trial, variants = _try_plan(folder, [])
+    assert variants == [{"sharing_strategy": "file_system"}]
+    (entry,) = [e for e in trial.document()["fixes"] if e["rule"] == "dataloader-starvation"]
+    assert entry["estimated_pct"] is None and "not estimated" in entry["estimate_note"]
+    assert entry["change"].startswith('torch.multiprocessing.set_sharing_strategy("file_system")')
+    assert 'set_sharing_strategy("file_system")' in entry["permanent_fix"]
+
+
 def test_small_receiving_no_finding(ahead: Path, tmp_path: Path):
     """Workers that keep up and a cheap hand-over (2 % of the step): nothing to report."""
     assert not _starvation(with_meta(ahead, tmp_path, _meta(2, 20.0, 0.4)))
@@ -178,3 +203,17 @@ def test_gpu_large_receiving_gets_its_own_finding(tmp_path: Path):
     # What the pin-memory thread could take off the loop: at most the receiving's 25 %.
     assert 0 < f.est_saving_pct <= f.metrics["receive_pct"] + 0.01
     assert f.severity == "medium"  # an upper bound, never ranked high
+
+
+def test_gpu_try_measures_pinned_memory_and_file_system_for_receiving(tmp_path: Path):
+    """On a GPU run the receiving finding's variants add pin_memory=True (its estimate, the GPU
+    idle while receiving, is kept); a waiting finding still sweeps num_workers."""
+    recv = _gpu_run(tmp_path / "recv", wait_us=20, workers=4, fetch_ms=2.0)
+    trial, variants = _try_plan(recv, ["NVIDIA H100 80GB HBM3"])
+    assert variants == [{"sharing_strategy": "file_system"}, {"pin_memory": True}]
+    assert trial.est["dataloader-starvation"] > 0
+    waiting = _gpu_run(tmp_path / "wait", wait_us=3000, workers=4, fetch_ms=2.0)
+    (f,) = _starvation(waiting)
+    assert f.metrics["kind"] == "starvation"
+    _, variants = _try_plan(waiting, ["NVIDIA H100 80GB HBM3"])
+    assert all("num_workers" in v for v in variants) and len(variants) > 1

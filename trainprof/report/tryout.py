@@ -63,7 +63,10 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append("")
         lines.append(f"  {f['rule']}: {f.get('verdict') or '—'}")
         lines.append(f"    changed:   {f['change']}")
-        lines.append(f"    estimated: {_pct(f.get('estimated_pct'))}")
+        est = _pct(f.get("estimated_pct"))
+        if f.get("estimate_note"):  # a finding that claims no saving: not an estimate of 0
+            est += f" ({f['estimate_note']})"
+        lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
         if f.get("workers_pct") is not None:

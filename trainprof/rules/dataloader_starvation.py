@@ -27,6 +27,9 @@ idle while receiving (at most: that thread still needs the interpreter's lock; s
 severity); on a CPU nothing is claimed. Fewer tensors per batch, or torch's `file_system`
 sharing strategy (no socket hand-shake per tensor), cut it: try_fakedata with 2 workers, 4.3 vs
 0.6 ms per step receiving on a quiet 2-core machine.
+The finding's `metrics["kind"]` says which it is: "starvation" (waiting, or no workers) or
+"receiving"; a receiving finding's saving of 0 is no claim (`trainprof try` shows its estimate as
+not estimated and measures the sharing strategy, and pin_memory=True on a GPU, not more workers).
 A trace without Python frames (with_stack=False) cannot tell the two apart: the whole fetch
 counts, as for a loader without workers, and the evidence says so.
 
@@ -210,6 +213,9 @@ def _receive_finding(
         "the device) and fewer, larger batches cut the per-batch cost",
     ]
     saving = est.receive_saving if ctx.gpu_timeline and not pinned else 0.0
+    # `trainprof try` reads the kind (its fix is not more workers) and a receiving saving of 0
+    # as no claim (tryfix/command.py).
+    metrics = {**metrics, "kind": "receiving"}
     evidence = (
         f"Fetching batches takes {ms(fetch)} per traced step, {est.share:.1f} % of the step"
         + (" without the profiler" if est.plain is not None else "")
@@ -330,6 +336,7 @@ def check(ctx: Context) -> list[Finding]:
             "persistent_workers=True; move augmentation to the GPU (torchvision.transforms.v2 "
             "on device tensors, NVIDIA DALI), or cache decoded samples."
         )
+    metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
     if model is not None:
         metrics.update(
             unprofiled_fetch_ms=round(model.fetch / 1000, 3),

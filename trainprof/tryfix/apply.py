@@ -36,7 +36,11 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
     root = _RootFinder(patches)
     for spec in specs:
         rule, options = spec["rule"], spec.get("options", {})
-        if rule == "dataloader-starvation":
+        if rule == "dataloader-starvation" and options.get("sharing_strategy"):
+            _sharing_strategy(patches, applied, str(options["sharing_strategy"]))
+        elif rule == "dataloader-starvation" and options.get("pin_memory"):
+            _pinned(patches, applied, rule, copies=False)
+        elif rule == "dataloader-starvation":
             _dataloader(patches, options)
         elif rule == "pageable-memcpy":
             _pinned(patches, applied)
@@ -109,15 +113,62 @@ def _dataloader(patches: Patches, options: dict) -> None:
         torch.set_num_threads(int(options["threads"]))
 
 
-def _pinned(patches: Patches, applied: Applied) -> None:
+def _sharing_strategy(patches: Patches, applied: Applied, strategy: str) -> None:
+    """torch.multiprocessing's strategy for sharing CPU tensors, in this process (set before the
+    script builds a DataLoader, so forked workers inherit it; undone at restore) and in every
+    DataLoader worker (a worker started by spawn or forkserver imports torch afresh, with the
+    default strategy; the worker picks the strategy when it sends a batch)."""
+    import torch.multiprocessing as tmp
+
+    if strategy not in tmp.get_all_sharing_strategies():
+        applied.skipped["dataloader-starvation"] = (
+            f"torch has no {strategy!r} sharing strategy on this system"
+        )
+        return
+    old = tmp.get_sharing_strategy()
+    tmp.set_sharing_strategy(strategy)
+    patches.on_restore(lambda: tmp.set_sharing_strategy(old))
+
+    def change(a: dict) -> None:
+        a["worker_init_fn"] = functools.partial(
+            worker_sharing_strategy, strategy, a.get("worker_init_fn")
+        )
+
+    _dataloader_init(patches, change)
+    applied.notes.append(f"sharing strategy {strategy!r} in the script and its DataLoader workers")
+
+
+def worker_sharing_strategy(
+    strategy: str, inner: Callable[[int], Any] | None, worker_id: int
+) -> None:
+    """A DataLoader worker's init function: the strategy, then the script's own init (if any).
+    Module-level, so that a spawned worker can unpickle it."""
+    import torch.multiprocessing as tmp
+
+    tmp.set_sharing_strategy(strategy)
+    if inner is not None:
+        inner(worker_id)
+
+
+def _pinned(
+    patches: Patches, applied: Applied, rule: str = "pageable-memcpy", copies: bool = True
+) -> None:
+    """pin_memory=True for every DataLoader; with `copies`, non_blocking=True for host-to-device
+    copies from pinned memory too (pageable-memcpy's fix; dataloader-starvation's receiving kind
+    wants only the pin-memory thread, which takes the receiving of batches off the loop)."""
     if not torch.cuda.is_available():
-        applied.skipped["pageable-memcpy"] = "no CUDA device: no host-to-device copy to speed up"
+        applied.skipped[rule] = (
+            "no CUDA device: no host-to-device copy to speed up" if copies
+            else "no CUDA device: DataLoader(pin_memory=True) does nothing"
+        )
         return
 
     def change(a: dict) -> None:
         a["pin_memory"] = True
 
     _dataloader_init(patches, change)
+    if not copies:
+        return
 
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)

@@ -59,11 +59,33 @@ def worker_counts(cores: int, baseline: int | None) -> list[int]:
     return [c for c in counts if c != baseline]
 
 
+# A dataloader-starvation finding of the receiving kind (its metrics["kind"]): the workers keep
+# up, the loop spends the time unpickling batches and mapping each tensor's shared memory.
+RECEIVING = "receiving"
+FILE_SYSTEM = "file_system"
+
+
 def variants_for(
-    rule: str, cores: int, cuda: bool, baseline_workers: int | None, threads: int | None = None
+    rule: str,
+    cores: int,
+    cuda: bool,
+    baseline_workers: int | None,
+    threads: int | None = None,
+    kind: str | None = None,
+    pinned: bool = False,
 ) -> list[dict]:
     """The option sets to measure for `rule` (several: a sweep, the best one kept). `threads`:
-    the run's intra-op threads (None: unknown)."""
+    the run's intra-op threads (None: unknown). `kind`: the kind of the run's finding for `rule`
+    (dataloader-starvation: "receiving" measures that finding's own fixes, not more workers);
+    `pinned`: the run's DataLoaders already use pin_memory=True."""
+    if rule == "dataloader-starvation" and kind == RECEIVING:
+        # Workers that keep up: more would not help. torch's file_system strategy maps each
+        # tensor by name instead of a socket hand-shake with the worker per tensor; on a GPU
+        # pin_memory=True moves the receiving to the pin-memory thread.
+        out: list[dict] = [{"sharing_strategy": FILE_SYSTEM}]
+        if cuda and not pinned:
+            out.append({"pin_memory": True})
+        return out
     if rule == "dataloader-starvation":
         out = []
         lowered: list[int] = []
@@ -88,6 +110,11 @@ def variants_for(
 
 def change_text(rule: str, options: dict) -> str:
     """What this variant changes, in one line."""
+    if rule == "dataloader-starvation" and options.get("sharing_strategy"):
+        return (f'torch.multiprocessing.set_sharing_strategy("{options["sharing_strategy"]}") '
+                "in the script's process and its DataLoader workers")
+    if rule == "dataloader-starvation" and options.get("pin_memory"):
+        return "DataLoader(pin_memory=True) (batches received on the pin-memory thread)"
     if rule == "dataloader-starvation":
         if options.get("control"):
             return f"torch.set_num_threads({options['threads']}) only (control: DataLoader as is)"
@@ -122,6 +149,13 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
     if rule == "optimizer-foreach" and optimizer:
         flag = "fused=True" if optimizer in FUSED_CLASSES else "foreach=True"
         return f"torch.optim.{optimizer}(params, ..., {flag})"
+    if rule == "dataloader-starvation" and options.get("sharing_strategy"):
+        # torch's docs: names in /dev/shm can outlive a process that is killed
+        return (f'import torch.multiprocessing; torch.multiprocessing.set_sharing_strategy('
+                f'"{options["sharing_strategy"]}")  # near the top of the script, before any '
+                "DataLoader; files in /dev/shm may be left behind if the process is killed")
+    if rule == "dataloader-starvation" and options.get("pin_memory"):
+        return "DataLoader(..., pin_memory=True)"
     if rule == "dataloader-starvation":
         n = options.get("num_workers", 0)
         if not n:

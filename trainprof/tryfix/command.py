@@ -79,24 +79,54 @@ def load_run(run: Path) -> RunMeta:
     return meta
 
 
-def estimates(run: Path) -> tuple[dict[str, float], dict[str, str], str | None]:
-    """Per rule: the estimated saving (% of the step, summed over its findings, at most 100) and
-    the fix text, from the run's diagnosis; and why there is none, if so."""
+# Why a rule that has a finding has no estimate (its findings claim nothing).
+NO_CLAIM = {
+    catalog.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
+    "DataLoader workers on a CPU run, or with pin_memory=True already",
+}
+
+
+@dataclass
+class RunEstimates:
+    """What `try` takes from the run's diagnosis, per rule."""
+
+    est: dict[str, float | None] = field(default_factory=dict)  # None: a finding, no claim
+    fix: dict[str, str] = field(default_factory=dict)  # the finding's fix text
+    kind: dict[str, str] = field(default_factory=dict)  # the findings' metrics["kind"], if any
+    note: str | None = None  # why there is no diagnosis
+
+
+def estimates(run: Path) -> RunEstimates:
+    """Per rule: the estimated saving (% of the step, summed over its findings, at most 100;
+    None where every finding of the rule claims nothing), the fix text and the finding's kind,
+    from the run's diagnosis; and why there is none, if so."""
     from trainprof.diagnose import diagnose_path
 
     try:
         diags = diagnose_path(run)
     except TrainprofError as err:
-        return {}, {}, f"no diagnosis of {run}: {err}"
+        return RunEstimates(note=f"no diagnosis of {run}: {err}")
     except Exception as err:  # noqa: BLE001 - measuring does not need the estimates
-        return {}, {}, f"no diagnosis of {run}: {type(err).__name__}: {err}"
-    est: dict[str, float] = {}
-    fix: dict[str, str] = {}
+        return RunEstimates(note=f"no diagnosis of {run}: {type(err).__name__}: {err}")
+    out = RunEstimates()
+    kinds: dict[str, set[str]] = {}
     for d in diags[:1]:
         for f in d.findings:
-            est[f.rule] = min(100.0, est.get(f.rule, 0.0) + f.est_saving_pct)
-            fix.setdefault(f.rule, f.fix)
-    return est, fix, None
+            kind = f.metrics.get("kind")
+            if isinstance(kind, str):
+                kinds.setdefault(f.rule, set()).add(kind)
+            # A receiving finding with no saving makes no claim (rules/dataloader_starvation.py):
+            # not an estimate of 0.
+            claims = not (kind == catalog.RECEIVING and not f.est_saving_pct)
+            prev = out.est.get(f.rule)
+            if claims:
+                out.est[f.rule] = min(100.0, (prev or 0.0) + f.est_saving_pct)
+            else:
+                out.est.setdefault(f.rule, None)
+            out.fix.setdefault(f.rule, f.fix)
+    # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
+    out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
+    return out
 
 
 def default_steps(meta: RunMeta) -> int:
@@ -114,7 +144,9 @@ class Trial:
         self.meta = meta
         self.cuda = bool(meta.devices) and meta.devices != ["mps"]
         self.steps = opts.steps or default_steps(meta)
-        self.est, self.rule_fix, self.est_note = estimates(self.run)
+        found = estimates(self.run)
+        self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
+        self.kind = found.kind
         self.base = Variant("baseline", [])
         self.by_rule: dict[str, list[Variant]] = {}
         self.edit: list[dict] = []
@@ -152,7 +184,9 @@ class Trial:
                 self.by_rule[rule] = [v]
                 continue
             options = catalog.variants_for(
-                rule, cores, self.cuda, workers, self.meta.torch_threads
+                rule, cores, self.cuda, workers, self.meta.torch_threads,
+                kind=self.kind.get(rule),
+                pinned=bool(loaders) and all(d.pin_memory for d in loaders),
             )
             self.by_rule[rule] = [
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
@@ -162,6 +196,13 @@ class Trial:
         """The class of the run's first torch.optim optimizer, for the code change."""
         names = [o.cls.rsplit(".", 1)[-1] for o in self.meta.optimizers if o.cls]
         return names[0] if names else None
+
+    def _no_claim(self, rule: str) -> dict[str, str]:
+        """{"estimate_note": why} for a rule whose findings claim no saving, else {}."""
+        if rule not in self.est or self.est[rule] is not None:
+            return {}
+        kind = self.kind.get(rule)
+        return {"estimate_note": NO_CLAIM.get(kind or "", "not estimated by the diagnosis")}
 
     def _est(self, rule: str) -> float | None:
         v = self.est.get(rule)
@@ -366,6 +407,7 @@ class Trial:
                 "rule": rule,
                 "change": catalog.change_text(rule, options),
                 "estimated_pct": est,
+                **self._no_claim(rule),
                 "measured_pct": None,
                 "ci_pct": None,
                 "verdict": None,
@@ -406,7 +448,8 @@ class Trial:
         combined: dict[str, Any] | None = None
         if self.combined is not None:
             m = self.measured(self.combined)
-            known = [self.est[s["rule"]] for s in self.combined.specs if s["rule"] in self.est]
+            known = [e for e in (self.est.get(s["rule"]) for s in self.combined.specs)
+                     if e is not None]
             combined = {"rules": [s["rule"] for s in self.combined.specs],
                         "estimated_pct": round(min(sum(known), 100.0), 1) if known else None}
             if m is not None:
