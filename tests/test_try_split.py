@@ -1,5 +1,6 @@
 """`trainprof try`: a DataLoader worker variant that also lowers the intra-op threads is split
-into the thread change's part and the workers' part (the estimate is for the latter), and the
+into the thread change's part and the workers' part (the estimate is for the latter, or for both
+where the run timed its model with fewer threads), and the
 cpu-bf16 variant runs a CNN channels-last, as the fix and its estimate's probe do. No timing."""
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
+    t.threads_modelled = set()
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.base = Variant("baseline", [])
@@ -45,6 +47,22 @@ def test_workers_part_split_from_the_thread_change():
     assert lo <= 10.0 <= hi
     # The estimate is checked against the workers' part, not against the 70 % the threads made.
     assert f["estimate_within_target"] is True
+
+
+def test_an_estimate_that_models_the_thread_change_is_checked_against_both():
+    """A run that timed a copy of its model with fewer threads estimates the whole change
+    (workers and threads, the finding's metrics["threads_modelled"]): try checks it against
+    the whole variant and still prints the split."""
+    t = _trial(100.0, 120.0, 75.0, estimate=25.0)  # one thread alone: 20 % slower
+    t.threads_modelled = {RULE}
+    (f,) = t.document()["fixes"]
+    assert f["measured_pct"] == 25.0 and f["threads_only_pct"] == -20.0
+    assert f["workers_pct"] == 45.0
+    assert f["estimate_includes_threads"] is True
+    assert f["estimate_within_target"] is True  # 25 against the whole 25, not the workers' 45
+    t.threads_modelled = set()
+    (g,) = t.document()["fixes"]
+    assert g["estimate_within_target"] is False and g["estimate_includes_threads"] is False
 
 
 def test_no_split_without_a_matching_control():

@@ -73,8 +73,9 @@ def render_try_text(doc: dict[str, Any]) -> str:
             lines.append(
                 f"      of which the thread change alone {_pct(f.get('threads_only_pct'))} "
                 f"{_ci(f.get('threads_only_ci_pct'))} (depends on the machine's load), the "
-                f"workers {_pct(f['workers_pct'])} {_ci(f.get('workers_ci_pct'))} (what the "
-                "estimate is for)"
+                f"workers {_pct(f['workers_pct'])} {_ci(f.get('workers_ci_pct'))} "
+                + ("(the estimate is for both: the model was timed with fewer threads)"
+                   if f.get("estimate_includes_threads") else "(what the estimate is for)")
             )
         for v in f.get("variants", []):
             shown = _measured(v) if "measured_pct" in v or "error" in v else "not run"

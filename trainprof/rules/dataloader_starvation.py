@@ -345,6 +345,11 @@ def check(ctx: Context) -> list[Finding]:
             receive_ms_per_batch=round(model.receive / 1000, 3),
             worker_ms_per_batch=round(model.worker / 1000, 3),
             suggested_threads=model.threads,
+            worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # per step, CPU (F if not timed)
+            compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
+            # The estimate includes the thread change's effect on the model (timed on a copy):
+            # `trainprof try` then checks it against the whole variant, not the workers' part.
+            threads_modelled=bool(model.run_threads),
         )
     return [
         finding(

@@ -93,6 +93,9 @@ class RunEstimates:
     est: dict[str, float | None] = field(default_factory=dict)  # None: a finding, no claim
     fix: dict[str, str] = field(default_factory=dict)  # the finding's fix text
     kind: dict[str, str] = field(default_factory=dict)  # the findings' metrics["kind"], if any
+    # rules whose estimate includes the intra-op thread change the worker variants make
+    # (dataloader-starvation's metrics["threads_modelled"]): checked against the whole variant
+    threads_modelled: set[str] = field(default_factory=set)
     note: str | None = None  # why there is no diagnosis
 
 
@@ -124,6 +127,8 @@ def estimates(run: Path) -> RunEstimates:
             else:
                 out.est.setdefault(f.rule, None)
             out.fix.setdefault(f.rule, f.fix)
+            if f.metrics.get("threads_modelled") is True:
+                out.threads_modelled.add(f.rule)
     # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
     out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
     return out
@@ -147,6 +152,7 @@ class Trial:
         found = estimates(self.run)
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
+        self.threads_modelled = found.threads_modelled
         self.base = Variant("baseline", [])
         self.by_rule: dict[str, list[Variant]] = {}
         self.edit: list[dict] = []
@@ -421,7 +427,9 @@ class Trial:
                 split = self.split_threads(rule, v)
                 if split is not None:
                     entry.update(split)
-                    entry["estimate_within_target"] = within_target(est, split["workers_pct"])
+                    entry["estimate_includes_threads"] = rule in self.threads_modelled
+                    if rule not in self.threads_modelled:  # the estimate is the workers' part
+                        entry["estimate_within_target"] = within_target(est, split["workers_pct"])
                 if v.error:  # a later round failed: the figures are those of the earlier ones
                     entry["error"] = v.error
             elif v.skipped:
