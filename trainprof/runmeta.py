@@ -115,7 +115,7 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
     # The script's own batches fetched in a forked worker (capture/loaderfetch): ms of CPU time
-    # of the worker's thread and of wall time per batch, medians of `worker_fetch_batches` (None:
+    # of the worker's thread and of wall time per batch, the least of `worker_fetch_batches` (None:
     # not measured, why in `worker_fetch_skipped`). A worker can spend more than the loop's fetch
     # on the same batch.
     worker_fetch_ms: float | None = None

@@ -15,7 +15,7 @@ collate function (`Source`, held until this probe has run: the dataset outlives 
 that long), and one forked worker (torch's own worker loop, one intra-op thread as torch sets
 it there) fetches WARM + up to BATCHES batches of the dataset's first indices with that
 collate, each timed in the worker as CPU time of its thread (a loaded machine's preemptions
-left out, as the run's other probes do), the median taken. Only the time comes back, not the
+left out, as the run's other probes do), the least taken. Only the time comes back, not the
 batch (its hand-over is loaderipc's `worker_ms`). Bounded by BUDGET_S from the run's median
 fetch; skipped, with the reason, where the dataset is iterable, the fetch is too slow for the
 budget, or reading it again fails (a script that deleted its files at the end: try_jpeg).
@@ -39,7 +39,7 @@ from trainprof.capture.modelprobe import thread_times
 from trainprof.runmeta import RunMeta
 
 WARM = 1  # batches fetched first and not timed (imports, caches filled)
-BATCHES = 4  # timed batches at most
+BATCHES = 8  # timed batches at most
 BUDGET_S = 1.5  # the run's median fetch times the batches fetched stays within this
 TIMEOUT_S = 20.0  # a worker that hands nothing over in this long is given up (DataLoader timeout)
 
@@ -125,7 +125,7 @@ def _reason(err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class WorkerFetch:
-    """A worker's fetch of one of the script's batches: medians (s) over `batches` timed ones,
+    """A worker's fetch of one of the script's batches: the least (s) of `batches` timed ones,
     or why there are none."""
 
     cpu_s: float | None = None
@@ -159,9 +159,10 @@ def measure(src: Source, fetch_s: float) -> WorkerFetch:
         timed = at_depth(src.depth, fetch_all)[WARM:]
     except Exception as err:  # noqa: BLE001 - the dataset cannot be read again: no figure
         return WorkerFetch(skipped=f"reading the dataset again failed ({_reason(err)})")
-    return WorkerFetch(
-        statistics.median(c for c, _ in timed), statistics.median(w for _, w in timed), len(timed)
-    )
+    # The least of each: a machine shared with other VMs slows a whole stretch of batches now
+    # and then (one probe's 4 batches took 32 ms each where the run's loop took 22, and other
+    # probes 21-22), never speeds one up.
+    return WorkerFetch(min(c for c, _ in timed), min(w for _, w in timed), len(timed))
 
 
 def thread_counts(run_threads: int, cores: int) -> list[int]:
