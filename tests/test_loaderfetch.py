@@ -65,14 +65,17 @@ def test_the_source_of_a_loop_without_workers():
         del it
 
 
-def test_the_worker_is_timed_not_the_loop():
+def test_the_worker_against_the_loop():
     """A dataset that costs 8 ms per batch in the loop and 40 ms in a worker: the probe reports
-    at least the worker's (CPU time of the worker's thread)."""
+    at least the worker's (CPU time of the worker's thread) and a ratio to the loop's fetch of
+    the same batches, timed side by side, that says the worker is the slower (a shared machine
+    may slow either side: only the direction is asserted)."""
     src = _source(DataLoader(Costly(main_s=0.001, worker_s=0.005), batch_size=8))
     got = loaderfetch.measure(src, fetch_s=0.008)
     assert got.skipped == "" and got.batches >= 1
     assert got.cpu_s is not None and got.cpu_s >= 8 * 0.005
-    assert got.wall_s is not None and got.wall_s >= got.cpu_s * 0.5
+    assert got.cpu_ratio is not None and got.cpu_ratio > 1.0
+    assert got.wall_ratio is not None and got.wall_ratio > 0
 
 
 def test_the_worker_forks_as_deep_as_the_loop():
@@ -146,6 +149,7 @@ def test_a_run_records_both_and_lets_the_dataset_go(tmp_path: Path):
     ipc = run.meta.loader_ipc
     assert ipc is not None, run.meta.notes
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_ms >= 16 * 4.0
+    assert ipc.worker_fetch_ratio is not None and ipc.worker_fetch_wall_ratio is not None
     assert [t for t, _ in ipc.model_threads_ms][-1] == 1
     assert run.meta.torch_threads in [t for t, _ in ipc.model_threads_ms]
     del data, run

@@ -197,15 +197,15 @@ def cpu_model(
     r = 1000 * receive_ms(ipc) if ipc else 0.0
     ri = 1000 * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
     w = 1000 * ipc.worker_ms if ipc else 0.0
-    # What a worker spends on the script's own batches (capture/loaderfetch: measured for a
-    # loader without workers), per step; else the loop's fetch.
+    # What a worker spends on the script's own batches per step: the loop's fetch times the
+    # worker's ratio to it (capture/loaderfetch, for a loader without workers); else the fetch.
     wf_cpu = wf_wall = fw
     wf_measured = bool(
-        ipc and ipc.worker_fetch_ms is not None and ipc.worker_fetch_wall_ms is not None
+        ipc and ipc.worker_fetch_ratio is not None and ipc.worker_fetch_wall_ratio is not None
         and wait_share >= 1.0
     )  # fmt: skip
-    if ipc and wf_measured:
-        wf_cpu, wf_wall = 1000 * k * ipc.worker_fetch_ms, 1000 * k * ipc.worker_fetch_wall_ms
+    if ipc and wf_measured:  # the ratio to the loop's own fetch, timed side by side
+        wf_cpu, wf_wall = fw * ipc.worker_fetch_ratio, fw * ipc.worker_fetch_wall_ratio
     # M with the threads the fix leaves the model (capture/modelprobe.thread_times); else M.
     run_threads = ctx.meta.torch_threads or 0
     scale = thread_scale(ipc.model_threads_ms, run_threads) if ipc else None

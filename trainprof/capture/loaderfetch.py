@@ -15,12 +15,19 @@ collate function (`Source`, held until this probe has run: the dataset outlives 
 that long), and one forked worker (torch's own worker loop, one intra-op thread as torch sets
 it there) fetches WARM + up to BATCHES batches of the dataset's first indices with that
 collate, each timed in the worker as CPU time of its thread (a loaded machine's preemptions
-left out, as the run's other probes do), the least taken. Only the time comes back, not the
-batch (its hand-over is loaderipc's `worker_ms`). Bounded by BUDGET_S from the run's median
-fetch; skipped, with the reason, where the dataset is iterable, the fetch is too slow for the
-budget, or reading it again fails (a script that deleted its files at the end: try_jpeg).
-The dataset is only read: __getitem__ and the collate run in the forked child, so whatever
-they change there (caches, counters) never reaches the script's objects.
+left out, as the run's other probes do) and wall time. Only the times come back, not the batch
+(its hand-over is loaderipc's `worker_ms`).
+
+What the model takes is the RATIO of the worker's fetch to the loop's, applied to the run's own
+fetch time: this process fetches the same batches at the same time, batch by batch, through a
+DataLoader without workers from a frame as deep as the loop's. The absolute figure moved with
+the machine: three identical runs' probes gave 20.2, 21.6 and 39.4 ms for try_fakedata's worker
+(a whole probe inside a slow stretch of a shared VM), where the ratio of two fetches side by
+side moves far less. Bounded by BUDGET_S from the run's median fetch; skipped, with the reason,
+where the dataset is iterable, the fetch is too slow for the budget, or reading it again fails
+(a script that deleted its files at the end: try_jpeg). The dataset's __getitem__ and collate
+run again after the script, in the worker and here; what they change (a cache) changes after
+the script has ended.
 """
 
 from __future__ import annotations
@@ -125,19 +132,22 @@ def _reason(err: BaseException) -> str:
 
 @dataclass(frozen=True)
 class WorkerFetch:
-    """A worker's fetch of one of the script's batches: the least (s) of `batches` timed ones,
-    or why there are none."""
+    """A worker's fetch of the script's batches against the same batches fetched in this
+    process, as the loop fetched them: medians over `batches` pairs of the worker's CPU time
+    (s) and of its ratio to this process's, CPU and wall time; or why there are none."""
 
     cpu_s: float | None = None
-    wall_s: float | None = None
+    cpu_ratio: float | None = None
+    wall_ratio: float | None = None
     batches: int = 0
     skipped: str = ""
 
 
 def measure(src: Source, fetch_s: float) -> WorkerFetch:
-    """A forked worker's fetch of the source's first batches; `fetch_s` is the run's median
-    fetch per step, which sizes the probe to BUDGET_S. The worker is forked from a frame as deep
-    as the loop's (`at_depth`), as the fix's workers would be."""
+    """A forked worker's fetch of the source's first batches beside the same batches fetched in
+    this process, batch by batch (so that a slow stretch of a shared machine slows both);
+    `fetch_s` is the run's median fetch per step, which sizes the probe to BUDGET_S. The worker
+    is forked from, and this process fetches at, a frame as deep as the loop's (`at_depth`)."""
     if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
         return WorkerFetch(skipped="no fork start method here")
     n = min(BATCHES, int(BUDGET_S / max(fetch_s, 1e-6)) - WARM)
@@ -147,22 +157,35 @@ def measure(src: Source, fetch_s: float) -> WorkerFetch:
     n = min(n, len(src.dataset) // size - WARM)
     if n < 1:
         return WorkerFetch(skipped="the dataset holds too few batches")
-    loader = torch.utils.data.DataLoader(
-        _TimedBatches(src, WARM + n), batch_size=None, num_workers=1,
+    total = WARM + n
+    worker = torch.utils.data.DataLoader(
+        _TimedBatches(src, total), batch_size=None, num_workers=1,
         multiprocessing_context="fork", timeout=max(TIMEOUT_S, 20 * fetch_s),
     )  # fmt: skip
+    here = torch.utils.data.DataLoader(_TimedBatches(src, total), batch_size=None)
 
-    def fetch_all() -> list[tuple[float, float]]:  # iter() forks the worker from here
-        return [(float(c), float(w)) for c, w in loader]
+    def fetch_both() -> list[tuple[tuple[float, float], tuple[float, float]]]:
+        it: Any = iter(worker)  # forks the worker from here
+        try:
+            mine = iter(here)  # the loop's own path: DataLoader.__next__, fetcher, dataset
+            return [(next(mine), next(it)) for _ in range(total)]
+        finally:
+            shutdown = getattr(it, "_shutdown_workers", None)
+            if shutdown is not None:
+                shutdown()
 
     try:
-        timed = at_depth(src.depth, fetch_all)[WARM:]
+        pairs = at_depth(src.depth, fetch_both)[WARM:]
     except Exception as err:  # noqa: BLE001 - the dataset cannot be read again: no figure
         return WorkerFetch(skipped=f"reading the dataset again failed ({_reason(err)})")
-    # The least of each: a machine shared with other VMs slows a whole stretch of batches now
-    # and then (one probe's 4 batches took 32 ms each where the run's loop took 22, and other
-    # probes 21-22), never speeds one up.
-    return WorkerFetch(min(c for c, _ in timed), min(w for _, w in timed), len(timed))
+    cpu = [w[0] / m[0] for m, w in pairs if m[0] > 0]
+    wall = [w[1] / m[1] for m, w in pairs if m[1] > 0]
+    if not cpu or not wall:
+        return WorkerFetch(skipped="the fetches took no measurable time")
+    return WorkerFetch(
+        cpu_s=statistics.median(float(w[0]) for _, w in pairs),
+        cpu_ratio=statistics.median(cpu), wall_ratio=statistics.median(wall), batches=len(pairs),
+    )  # fmt: skip
 
 
 def thread_counts(run_threads: int, cores: int) -> list[int]:
@@ -183,9 +206,10 @@ def probe(meta: RunMeta, source: Source | None, call: tuple[Any, tuple, dict] | 
         ipc.worker_fetch_skipped = "no map-style dataset behind the loop's first batch"
     else:
         got = measure(source, fetch)
-        if got.cpu_s is not None and got.wall_s is not None:
+        if got.cpu_s is not None and got.cpu_ratio is not None and got.wall_ratio is not None:
             ipc.worker_fetch_ms = round(got.cpu_s * 1e3, 3)
-            ipc.worker_fetch_wall_ms = round(got.wall_s * 1e3, 3)
+            ipc.worker_fetch_ratio = round(got.cpu_ratio, 4)
+            ipc.worker_fetch_wall_ratio = round(got.wall_ratio, 4)
         ipc.worker_fetch_batches, ipc.worker_fetch_skipped = got.batches, got.skipped
     if call is None:
         ipc.model_threads_skipped = "no training call of the model was kept"

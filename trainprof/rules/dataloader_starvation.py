@@ -53,10 +53,12 @@ On a CPU trace the workers take the fetch off the loop, but:
   CUDA not initialised torch.manual_seed queues a lazy CUDA seed with the formatted stack) pays
   per frame: try_fakedata's workers spent 22.5 ms of CPU per batch where the loop's fetch took
   16 ms (plain Python, quiet 2-core machine). So a forked worker fetches a few of the script's
-  own batches after the run, forked from as deep a frame as the loop's (capture/loaderfetch):
-  F_w, its wall time per step, and F_w,cpu, its CPU time (a fetch waiting on storage spends
-  less CPU than time). Where that cannot be done (the files are gone, an iterable dataset) F_w
-  = F_w,cpu = F, and the evidence does not mention it.
+  own batches after the run, forked from as deep a frame as the loop's, beside the same batches
+  fetched as the loop fetched them (capture/loaderfetch): F_w = F x the ratio of their wall
+  times, F_w,cpu = F x the ratio of their CPU times (a fetch waiting on storage spends less CPU
+  than time). A ratio of fetches side by side, not the worker's own time: a shared machine's
+  slow stretches moved that 2x between identical runs. Where it cannot be done (the files are
+  gone, an iterable dataset) F_w = F_w,cpu = F, and the evidence does not mention it.
 - fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'; a
   copy of the model is timed after the run with T, one and C - 1, C - 2 threads
   (capture/modelprobe.thread_times, wall time) and M(T') = M x t(T') / t(T), t linear in 1/T
