@@ -14,7 +14,8 @@ and print per rule the estimate next to the measurement `try` made (profiler off
 rounds), with its interval, verdict, and whether the estimate is within the target (±30 % of
 the measured saving, 2 points under 5 %). For a DataLoader worker variant that also lowered the
 intra-op threads (CPU runs), the workers' part and the thread change's part are printed below
-it, and the target is checked against the workers' part, which is what the estimate models.
+it, and the target is checked against the workers' part where the estimate models only that
+(older runs), against the whole variant where the run timed its model with fewer threads.
 `--steps` is passed to `trainprof try` (steps per round, the first 5 not timed); `--threads N`
 sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The load
 average is printed at the start of the run, of the try and at its end: on a machine shared with
@@ -214,9 +215,11 @@ def try_main(args: argparse.Namespace) -> None:
                 # The worker variant also set the intra-op threads: its two parts (try.json).
                 wlo, whi = r["workers_ci_pct"]
                 tlo, thi = r["threads_only_ci_pct"]
+                vs = ("(the estimate includes the thread change: checked against the whole)"
+                      if r.get("estimate_includes_threads") else f"(estimate vs this: {target})")
                 print(f"{'':14s} {'  of which workers':22s} {'':>9s} "
-                      f"{r['workers_pct']:+.1f} % [{wlo:+.1f}, {whi:+.1f}]".ljust(75)
-                      + f"(estimate vs this: {target})", flush=True)
+                      f"{r['workers_pct']:+.1f} % [{wlo:+.1f}, {whi:+.1f}]".ljust(75) + vs,
+                      flush=True)
                 print(f"{'':14s} {'  of which threads only':22s} {'':>9s} "
                       f"{r['threads_only_pct']:+.1f} % [{tlo:+.1f}, {thi:+.1f}]", flush=True)
     print(f"run folders: {folder}")
