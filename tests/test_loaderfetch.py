@@ -155,3 +155,15 @@ def test_a_run_records_both_and_lets_the_dataset_go(tmp_path: Path):
     del data, run
     gc.collect()
     assert gone() is None
+
+
+class Lengthless(Costly):
+    def __len__(self) -> int:
+        raise TypeError("a stream has no length")
+
+
+def test_a_dataset_without_a_length():
+    src = loaderfetch.Source(Lengthless(0, 0), lambda x: x, 4, 1)
+    got = loaderfetch.measure(src, fetch_s=0.001)
+    assert got.cpu_s is None
+    assert got.skipped == "the dataset's length is not known (TypeError: a stream has no length)"

@@ -154,7 +154,10 @@ def measure(src: Source, fetch_s: float) -> WorkerFetch:
     if n < 1:
         return WorkerFetch(skipped=f"a fetch takes {fetch_s:.2f} s, too long to repeat here")
     size = src.batch_size or 1
-    n = min(n, len(src.dataset) // size - WARM)
+    try:
+        n = min(n, len(src.dataset) // size - WARM)
+    except Exception as err:  # noqa: BLE001 - a dataset whose __len__ fails: no figure
+        return WorkerFetch(skipped=f"the dataset's length is not known ({_reason(err)})")
     if n < 1:
         return WorkerFetch(skipped="the dataset holds too few batches")
     total = WARM + n

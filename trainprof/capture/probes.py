@@ -112,7 +112,10 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
             stepper.on_fetch_end()
             if stepper.first_batch is None and not S.fetch_depth:
                 stepper.first_batch = batch_spec(batch)
-                stepper.first_source = source_of(self, sys._getframe(1))
+                try:
+                    stepper.first_source = source_of(self, sys._getframe(1))
+                except Exception:  # an odd dataset (hasattr raising): no worker-fetch probe
+                    stepper.first_source = None
             return batch
 
         return __next__
