@@ -145,34 +145,6 @@ def test_the_receiving_with_busy_workers_is_what_counts(loop: Path, tmp_path: Pa
     assert "while" not in a.evidence.split("to receive it")[1].split(".")[0]
 
 
-def test_a_worker_that_spends_more_than_the_loop(loop: Path, tmp_path: Path):
-    """try_fakedata's workers spend ~1.4x the loop's fetch per batch (FakeData's per-sample seed
-    formats the stack, deeper in a worker): the model takes the loop's fetch times the worker's
-    ratio to it, measured after the run where it has one; the wall-time ratio for the workers'
-    pace, the CPU-time ratio for the cores' bound."""
-    steps, fetch = [20.0] * 30, [10.0] * 30
-    plain = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2)
-    slow = LoaderIpc(
-        receive_ms=0.5, worker_ms=1.0, tensors=2, worker_fetch_ms=40.0, worker_fetch_ratio=1.6,
-        worker_fetch_wall_ratio=1.6, worker_fetch_batches=4,
-    )  # fmt: skip
-    a = _starvation(with_meta(loop, tmp_path / "plain", _meta(steps, fetch, plain)))
-    b = _starvation(with_meta(loop, tmp_path / "slow", _meta(steps, fetch, slow)))
-    # M = 10 on 2 cores; with F = 10: (M + F + W + R) / 2 = 10.75; the worker's 16 instead:
-    # (10 + 16 + 1 + 0.5) / 2 = 13.75 (its pace, (16 + 1) / 2 = 8.5, is not the bound).
-    assert a.metrics["fixed_step_ms"] == pytest.approx(10.75)
-    assert b.metrics["fixed_step_ms"] == pytest.approx(13.75)
-    assert "spends 16.0 ms of CPU per step where the loop's fetch takes 10.0 ms" in b.evidence
-    assert "forked worker" not in a.evidence
-    # A fetch waiting on storage: the pace takes the wall time, the cores only the CPU time.
-    io = LoaderIpc(
-        receive_ms=0.5, worker_ms=1.0, tensors=2, worker_fetch_ms=2.0, worker_fetch_ratio=0.2,
-        worker_fetch_wall_ratio=3.0, worker_fetch_batches=4,
-    )  # fmt: skip
-    c = _starvation(with_meta(loop, tmp_path / "io", _meta(steps, fetch, io)))
-    assert c.metrics["fixed_step_ms"] == pytest.approx((30.0 + 1.0) / 2)
-
-
 def test_the_models_own_slowdown_with_fewer_threads(loop: Path, tmp_path: Path):
     """Workers take cores from the model's threads: M ran with 2 threads, the fix leaves one.
     try_fakedata's CNN: 5.6 ms with 2 threads, 8 ms with one. The model scales M by a copy of

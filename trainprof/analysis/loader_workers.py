@@ -117,10 +117,6 @@ class CpuModel:
     workers: int  # n, the best worker count
     threads: int  # T' = torch threads with that many workers
     fixed: float  # the step with the fix
-    # A worker's fetch per step: CPU time and wall time (the loop's F where not measured)
-    worker_fetch: float = 0.0
-    worker_fetch_wall: float = 0.0
-    worker_fetch_measured: bool = False
     compute: float = 0.0  # M with T' threads (M itself where the scaling was not measured)
     run_threads: int = 0  # T, the threads M ran with (0: the scaling was not measured)
 
@@ -131,21 +127,19 @@ class CpuModel:
 
 def fixed_step(
     m: float, f: float, k: float, r: float, w: float, cores: int, n: int,
-    r_cpu: float | None = None, f_cpu: float | None = None,
+    r_cpu: float | None = None,
 ) -> float:  # fmt: skip
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), a worker's fetch `f` per step (wall time), `k` batches per step, receive `r` and
     hand-over `w` per batch, on `cores` cores. `r_cpu`: the part of `r` that is CPU work
     (default all of it); the rest is the loop blocked until a busy worker answers the
-    hand-shake, which lengthens the loop's own path but leaves its core to the workers.
-    `f_cpu`: the CPU work in `f` (default all of it: a fetch waiting on storage uses less)."""
+    hand-shake, which lengthens the loop's own path but leaves its core to the workers."""
     threads = max(1, cores - n)
     rc = r if r_cpu is None else min(r_cpu, r)
-    fc = f if f_cpu is None else f_cpu
     return max(
         m + k * r,
         (f + k * w) / n,
-        (m * min(threads, cores) + fc + k * (w + rc)) / cores,
+        (m * min(threads, cores) + f + k * (w + rc)) / cores,
     )
 
 
@@ -197,15 +191,6 @@ def cpu_model(
     r = 1000 * receive_ms(ipc) if ipc else 0.0
     ri = 1000 * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
     w = 1000 * ipc.worker_ms if ipc else 0.0
-    # What a worker spends on the script's own batches per step: the loop's fetch times the
-    # worker's ratio to it (capture/loaderfetch, for a loader without workers); else the fetch.
-    wf_cpu = wf_wall = fw
-    wf_measured = bool(
-        ipc and ipc.worker_fetch_ratio is not None and ipc.worker_fetch_wall_ratio is not None
-        and wait_share >= 1.0
-    )  # fmt: skip
-    if ipc and wf_measured:  # the ratio to the loop's own fetch, timed side by side
-        wf_cpu, wf_wall = fw * ipc.worker_fetch_ratio, fw * ipc.worker_fetch_wall_ratio
     # M with the threads the fix leaves the model (capture/modelprobe.thread_times); else M.
     run_threads = ctx.meta.torch_threads or 0
     scale = thread_scale(ipc.model_threads_ms, run_threads) if ipc else None
@@ -214,15 +199,14 @@ def cpu_model(
         return m * scale(max(1, cores - n)) if scale else m
 
     def fixed(n: int) -> float:
-        return fixed_step(compute(n), wf_wall, k, r, w, cores, n, r_cpu=ri, f_cpu=wf_cpu)
+        return fixed_step(compute(n), fw, k, r, w, cores, n, r_cpu=ri)
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
         step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
         busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed(best), worker_fetch=wf_cpu,
-        worker_fetch_wall=wf_wall, worker_fetch_measured=wf_measured, compute=compute(best),
+        threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0,
     )  # fmt: skip
 

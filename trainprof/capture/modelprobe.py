@@ -39,6 +39,7 @@ import torch
 
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cputime import best_interleaved, cpu_time
+from trainprof.runmeta import RunMeta
 
 MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
@@ -152,7 +153,8 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
 
 
 THREADS_BUDGET_S = 1.5  # wall time for `thread_times`'s timed runs, after one warm-up each
-THREADS_REPS = 7  # timed runs of each thread count at most (interleaved, the least taken)
+THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): a
+# model of 1-2 ms gave 0.9-1.8 ms at 2 threads over 7 runs in three identical runs
 
 
 def thread_times(
@@ -199,3 +201,24 @@ def thread_times(
     finally:
         torch.set_num_threads(saved)
     return [[n, round(best[n] * 1e3, 3)] for n in threads], ""
+
+
+def thread_counts(run_threads: int, cores: int) -> list[int]:
+    """The intra-op thread counts the model is timed with for dataloader-starvation: the run's,
+    one, and what one or two workers would leave of the cores (the CPU model interpolates
+    between them in 1/threads, Amdahl's law being linear there)."""
+    want = {max(1, run_threads), 1, max(1, cores - 1), max(1, cores - 2)}
+    return sorted(want, reverse=True)
+
+
+def loader_probe(meta: RunMeta, call: tuple[Any, tuple, dict] | None) -> None:
+    """Fill meta.loader_ipc's model thread figures (capture/loaderipc ran: a CPU run fetching
+    without workers, where the fix would take cores from the model's threads)."""
+    ipc = meta.loader_ipc
+    if ipc is None:
+        return
+    if call is None:
+        ipc.model_threads_skipped = "no training call of the model was kept"
+        return
+    counts = thread_counts(meta.torch_threads or torch.get_num_threads(), meta.cpu_count or 1)
+    ipc.model_threads_ms, ipc.model_threads_skipped = thread_times(*call, counts)

@@ -190,7 +190,7 @@ class Session:
 
     def _session(self, noise: StderrFilter) -> Generator[None, Outcome, SessionResult]:
         # torch is imported only now: argument errors above stay instant.
-        from trainprof.capture import cpumath, loaderfetch, loaderipc, metadata, optprobe
+        from trainprof.capture import cpumath, loaderipc, metadata, modelprobe, optprobe
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.evaluation import EvalSupport
         from trainprof.capture.metadata import MetaCollector
@@ -364,13 +364,11 @@ class Session:
                 root.last_call,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
-            if meta.loader_ipc is not None:
-                loaderfetch.probe(meta, stepper.first_source, root.last_call)
+            modelprobe.loader_probe(meta, root.last_call)
             # Also for a class stepped with a closure (Lightning): the probe steps its copies
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
-        stepper.first_source = None  # and so is its dataset
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured

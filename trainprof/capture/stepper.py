@@ -59,7 +59,6 @@ from torch.profiler import ProfilerAction
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.gpusteps import GpuStepClock
 from trainprof.capture.launch import MaxStepsReached
-from trainprof.capture.loaderfetch import Source
 from trainprof.capture.optprobe import OptimizerSpec, spec_of
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
@@ -140,9 +139,6 @@ class Stepper:
         self.stepped_ids: dict[str, int] = {}
         # (shape, dtype) of the tensors of the first batch fetched on the script's thread
         self.first_batch: list[tuple[list[int], str]] | None = None
-        # what that batch's loader (no workers, a map-style dataset) fetches from: held for
-        # capture/loaderfetch's after-run probe, dropped after it
-        self.first_source: Source | None = None
         self.recorded: list[int] = []
         self.primary: weakref.ref[Any] | None = None
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # alive torch optimizers

@@ -48,29 +48,27 @@ On a CPU trace the workers take the fetch off the loop, but:
 - each batch crosses a process boundary: measured after the run on this machine for batches of
   the script's shapes (capture/loaderipc), the main process pays R per batch to receive it and
   a worker W to hand it over. For tiny samples this costs more than the fetch it saves.
-- a worker's fetch of a batch is not the loop's: a forked worker's stack starts with the fork
-  point's, and code that formats the stack (FakeData seeds every sample; on a CUDA build with
-  CUDA not initialised torch.manual_seed queues a lazy CUDA seed with the formatted stack) pays
-  per frame: try_fakedata's workers spent 22.5 ms of CPU per batch where the loop's fetch took
-  16 ms (plain Python, quiet 2-core machine). So a forked worker fetches a few of the script's
-  own batches after the run, forked from as deep a frame as the loop's, beside the same batches
-  fetched as the loop fetched them (capture/loaderfetch): F_w = F x the ratio of their wall
-  times, F_w,cpu = F x the ratio of their CPU times (a fetch waiting on storage spends less CPU
-  than time). A ratio of fetches side by side, not the worker's own time: a shared machine's
-  slow stretches moved that 2x between identical runs. Where it cannot be done (the files are
-  gone, an iterable dataset) F_w = F_w,cpu = F, and the evidence does not mention it.
 - fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'; a
   copy of the model is timed after the run with T, one and C - 1, C - 2 threads
   (capture/modelprobe.thread_times, wall time) and M(T') = M x t(T') / t(T), t linear in 1/T
-  between the timed counts (Amdahl's law is linear there). try_fakedata's CNN: 5.6 ms with 2
-  threads, 8 ms with one. Not measured (no training call kept, a compiled model): M(T') = M.
+  between the timed counts (Amdahl's law is linear there), the least of up to 50 interleaved
+  runs each (7 left a 1-2 ms model at 0.9-1.8 ms with 2 threads across identical runs and
+  flipped Lightning's finding between low and high). try_fakedata's CNN: 5.6 ms with 2 threads,
+  8 ms with one. Not measured (no training call kept, a compiled model): M(T') = M.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
-  own work M(T') + k R (k fetches per step), the workers' rate (F_w + k W) / n, and all the CPU
-  work spread over the cores, (M(T') min(T', C) + F_w,cpu + k (W + R_cpu)) / C (R_cpu: the
+  own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
+  work spread over the cores, (M(T') min(T', C) + F + k (W + R_cpu)) / C (R_cpu: the
   CPU work in R, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
-- not modelled: the workers' start-up (once per run with persistent_workers=True; given in the
+- not modelled: a worker's fetch costing more than the loop's (one intra-op thread; code that
+  formats the stack, as FakeData's per-sample seed does on a CUDA build without CUDA, pays per
+  frame, and a worker's stack is the fork point's plus its own loop's), and more again when two
+  workers and the loop share two cores (`try_fakedata` under `trainprof try`, /proc sampled:
+  30 ms of CPU per batch with one worker, 45 ms with two, the loop's fetch ~22 ms). A probe
+  that fetched the script's own batches in a forked worker beside the loop's way was tried and
+  left out: its ratio moved 0.7-1.7 between identical runs on a shared VM and flipped findings.
+  Nor the workers' start-up (once per run with persistent_workers=True; given in the
   evidence); nor other processes' load: the cores are taken as the run's own (the evidence says
   when other processes kept half a CPU or more busy during the run), and on a machine whose
   cores other jobs share fewer threads can make the model faster, not slower (threads that
@@ -86,9 +84,9 @@ the cores' bound counts only the receiving's CPU work, R_cpu = the idle worker's
 (receive_ms). On a loaded 2-core machine (load 1.6-3, another job using a CPU) the probe gave
 5.4-10.4 ms busy against 0.7-3.0 ms idle for try_fakedata and try_jpeg; try_jpeg's estimate went
 from 35.2-35.6 % to 25.3-32.8 % (26-27 % measured on a quiet machine); try_fakedata's did not
-move (45-47 %, 23 % measured: the cores' bound holds there, and its workers' fetch and its
-model with one thread are what the two items above add). Older metadata: R_cpu = R = the idle
-figure.
+move (45-47 %, 23 % measured: the cores' bound holds there; its model with one thread, above,
+brought it to 38-48 %, and its workers' own cost is not modelled). Older metadata: R_cpu = R =
+the idle figure.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
@@ -123,12 +121,6 @@ def _cpu_evidence(
         f" Without the profiler ({where}) a step takes {ms(model.step)}, {ms(model.fetch)} of it "
         f"fetching."
     )
-    if model.worker_fetch_measured:
-        text += (
-            f" A worker fetching the script's own batches (timed after the run in a forked "
-            f"worker) spends {ms(model.worker_fetch)} of CPU per step where the loop's fetch "
-            f"takes {ms(model.fetch)}."
-        )
     if model.receive or model.worker:
         text += (
             f" Measured here after the run, a worker hands over a batch like these in "
@@ -347,7 +339,6 @@ def check(ctx: Context) -> list[Finding]:
             receive_ms_per_batch=round(model.receive / 1000, 3),
             worker_ms_per_batch=round(model.worker / 1000, 3),
             suggested_threads=model.threads,
-            worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # per step, CPU (F if not timed)
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
             # The estimate includes the thread change's effect on the model (timed on a copy):
             # `trainprof try` then checks it against the whole variant, not the workers' part.
