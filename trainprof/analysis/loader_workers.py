@@ -130,7 +130,7 @@ def fixed_step(
     r_cpu: float | None = None,
 ) -> float:  # fmt: skip
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
-    threads), a worker's fetch `f` per step (wall time), `k` batches per step, receive `r` and
+    threads), fetch `f` per step, `k` batches per step, receive `r` and
     hand-over `w` per batch, on `cores` cores. `r_cpu`: the part of `r` that is CPU work
     (default all of it); the rest is the loop blocked until a busy worker answers the
     hand-shake, which lengthens the loop's own path but leaves its core to the workers."""

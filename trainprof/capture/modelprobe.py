@@ -153,8 +153,8 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
 
 
 THREADS_BUDGET_S = 1.5  # wall time for `thread_times`'s timed runs, after one warm-up each
-THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): a
-# model of 1-2 ms gave 0.9-1.8 ms at 2 threads over 7 runs in three identical runs
+THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): with
+# 7, a 1-2 ms model's least moved 0.9-1.8 ms at 2 threads between identical runs
 
 
 def thread_times(

@@ -52,9 +52,10 @@ On a CPU trace the workers take the fetch off the loop, but:
   copy of the model is timed after the run with T, one and C - 1, C - 2 threads
   (capture/modelprobe.thread_times, wall time) and M(T') = M x t(T') / t(T), t linear in 1/T
   between the timed counts (Amdahl's law is linear there), the least of up to 50 interleaved
-  runs each (7 left a 1-2 ms model at 0.9-1.8 ms with 2 threads across identical runs and
-  flipped Lightning's finding between low and high). try_fakedata's CNN: 5.6 ms with 2 threads,
-  8 ms with one. Not measured (no training call kept, a compiled model): M(T') = M.
+  runs each. try_fakedata's CNN: 5.6 ms with 2 threads, 8 ms with one. On a machine whose
+  speed moves within seconds (this project's 2-vCPU VM) the probe can land in a slow stretch:
+  Lightning's 1-2 ms model took 0.94-1.05 ms with 2 threads in five runs and 1.65 ms in one.
+  Not measured (no training call kept, a compiled model): M(T') = M.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
   own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
