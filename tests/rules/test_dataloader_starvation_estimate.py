@@ -18,6 +18,7 @@ from cpu_trace import record, with_meta
 from trainprof.analysis.loader_workers import fixed_step, thread_scale
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
+from trainprof.tryfix.command import estimates
 
 # A Python-heavy fetch (per-sample __getitem__ building tensors), num_workers=0.
 LOOP = """
@@ -155,6 +156,10 @@ def test_the_models_own_slowdown_with_fewer_threads(loop: Path, tmp_path: Path):
     scaled = LoaderIpc(**base, model_threads_ms=[[2, 5.0], [1, 8.0]])
     a = _starvation(with_meta(loop, tmp_path / "flat", _meta(steps, fetch, flat)))
     b = _starvation(with_meta(loop, tmp_path / "scaled", _meta(steps, fetch, scaled)))
+    # `trainprof try` then checks b's estimate against the whole worker variant (threads too).
+    assert (a.metrics["threads_modelled"], b.metrics["threads_modelled"]) == (0, 1)
+    assert estimates(tmp_path / "scaled").threads_modelled == {"dataloader-starvation"}
+    assert estimates(tmp_path / "flat").threads_modelled == set()
     assert a.metrics["fixed_step_ms"] == pytest.approx(10.75)
     # M = 10 x 8 / 5 = 16 with one thread: the loop's own path 16 + 0.5 bounds the step.
     assert b.metrics["fixed_step_ms"] == pytest.approx(16.5)

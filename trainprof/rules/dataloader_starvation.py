@@ -343,7 +343,7 @@ def check(ctx: Context) -> list[Finding]:
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
             # The estimate includes the thread change's effect on the model (timed on a copy):
             # `trainprof try` then checks it against the whole variant, not the workers' part.
-            threads_modelled=bool(model.run_threads),
+            threads_modelled=int(bool(model.run_threads)),  # 1/0: metrics hold numbers
         )
     return [
         finding(

@@ -127,7 +127,7 @@ def estimates(run: Path) -> RunEstimates:
             else:
                 out.est.setdefault(f.rule, None)
             out.fix.setdefault(f.rule, f.fix)
-            if f.metrics.get("threads_modelled") is True:
+            if f.metrics.get("threads_modelled") == 1:
                 out.threads_modelled.add(f.rule)
     # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
     out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
