@@ -73,3 +73,17 @@ def test_no_figures_without_a_training_call():
     bare = RunMeta(cpu_count=2)  # no loader probe ran: nothing to fill
     loader_probe(bare, None)
     assert bare.loader_ipc is None
+
+
+def test_a_slow_model_keeps_its_warm_up_times(monkeypatch):
+    """When the warm-ups alone use the budget up (a large model), no timed runs follow: the
+    warm-ups' times stand, so that the probe costs about one call per thread count."""
+    from trainprof.capture import modelprobe
+
+    calls = []
+    model = nn.Linear(8, 1)
+    model.register_forward_hook(lambda *a: calls.append(torch.get_num_threads()))
+    monkeypatch.setattr(modelprobe, "THREADS_BUDGET_S", 0.0)
+    times, why = modelprobe.thread_times(model, (torch.randn(4, 8),), {}, [2, 1])
+    assert why == "" and [t for t, _ in times] == [2, 1]
+    assert calls == [2, 1]  # one call each: the warm-ups
