@@ -103,6 +103,16 @@ def _model_bytes(module: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def _not_copied(module: torch.nn.Module) -> str:
+    """Why the probes do not time a copy of `module` (empty: they do)."""
+    if hasattr(module, "_orig_mod") or type(module).__name__ == "OptimizedModule":
+        return "a torch.compile'd model (compiling a copy is slow)"
+    size = _model_bytes(module)
+    if size > MAX_MODEL_BYTES:
+        return f"the model is too large to copy ({size >> 20} MiB)"
+    return ""
+
+
 def _reason(err: BaseException) -> str:
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
@@ -111,11 +121,9 @@ def _reason(err: BaseException) -> str:
 def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes:
     """Forward + backward of copies of `module` on (args, kwargs): fp32 vs the bf16 fix."""
     name = type(module).__name__
-    if hasattr(module, "_orig_mod") or name == "OptimizedModule":
-        return ModelTimes(model=name, skipped="a torch.compile'd model (compiling a copy is slow)")
-    size = _model_bytes(module)
-    if size > MAX_MODEL_BYTES:
-        return ModelTimes(model=name, skipped=f"the model is too large to copy ({size >> 20} MiB)")
+    why = _not_copied(module)
+    if why:
+        return ModelTimes(model=name, skipped=why)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -165,12 +173,9 @@ def thread_times(
     least of interleaved runs after a warm-up of each. For dataloader-starvation's CPU model:
     workers take cores from the model's threads, and how the model's step grows with fewer
     threads is the model's own (try_fakedata's CNN: 5.6 ms with 2 threads, 8 ms with one)."""
-    name = type(module).__name__
-    if hasattr(module, "_orig_mod") or name == "OptimizedModule":
-        return [], "a torch.compile'd model (compiling a copy is slow)"
-    size = _model_bytes(module)
-    if size > MAX_MODEL_BYTES:
-        return [], f"the model is too large to copy ({size >> 20} MiB)"
+    why = _not_copied(module)
+    if why:
+        return [], why
     saved = torch.get_num_threads()
     best: dict[int, float] = {}
     try:
