@@ -222,3 +222,24 @@ def test_step_times_without_the_profiler_leave_evaluation_out() -> None:
     summary = step_summary(meta)
     assert "8 holding an evaluation pass (Lightning validation)" in summary
     assert "median 10.00 ms" in summary
+
+
+def test_steps_with_fewer_threads_are_left_out_like_evaluation() -> None:
+    """Steps a CPU run ran with fewer threads to time a DataLoader fix (capture/threadsteps):
+    not the run's steps, in every statistic (unprofiled step, compare, summary, chart)."""
+    from trainprof.report.step_marks import step_marks
+
+    times = [0.01] * 20
+    block = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(range(10, 20))]
+    for s, t in block:
+        if t == 1:
+            times[s] = 0.05
+    meta = RunMeta(step_times_s=times, torch_threads=2, thread_steps=block)
+    assert meta.altered_steps() == {11, 13, 15, 17, 19}
+    assert Context(trace=None, meta=meta).unprofiled_step_us == pytest.approx(10_000)
+    sample, _, _ = step_sample(RunInput("run", [], meta))
+    assert sample.max() == pytest.approx(10.0) and len(sample) < 20
+    summary = step_summary(meta)
+    assert "5 run with fewer threads" in summary and "median 10.00 ms" in summary
+    marks = step_marks(meta)
+    assert marks.threads == {11: 1, 13: 1, 15: 1, 17: 1, 19: 1} and not marks.outliers

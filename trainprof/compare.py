@@ -280,8 +280,10 @@ def step_sample(run: RunInput, gpu: bool = False) -> tuple[np.ndarray, str, int]
         times = run.meta.gpu_step_times_s if host else run.meta.step_times_s
         ms = np.asarray([np.nan if t is None else t for t in times], dtype=float) * 1000.0
         k = warmup_steps(len(ms), run.meta)
-        train = np.ones(len(ms), bool)  # steps holding an evaluation pass are not training
-        train[[i for i in run.meta.eval_steps if i < len(ms)]] = False
+        # Steps holding an evaluation pass, or run with another thread count, are not the run's
+        # training steps.
+        train = np.ones(len(ms), bool)
+        train[[i for i in run.meta.altered_steps() if i < len(ms)]] = False
         return ms[k:][train[k:]], "gpu" if host else "metadata", k
     durs = [x for d in _main_rank(run.diagnoses) for x in d.steps.durations_ms]
     return np.asarray(durs, dtype=float), "trace", 0
@@ -605,13 +607,19 @@ def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
                 f"{name}: {why}; step times are the {s.count} traced steps' durations."
             )
         else:
-            evals = run.meta.eval_steps if run.meta is not None else []
+            meta = run.meta
+            evals = meta.eval_steps if meta is not None else []
             kept = [i for i in evals if i >= s.dropped]  # (earlier ones went with the warm-up)
+            other = sorted(meta.altered_steps() - set(evals)) if meta is not None else []
+            other = [i for i in other if i >= s.dropped]
             gpu = " (GPU side: CUDA events at the step boundaries)" if s.source == "gpu" else ""
+            left = [f"{len(kept)} holding an evaluation pass"] if kept else []
+            if other:
+                left.append(f"{len(other)} run with fewer threads (timing the DataLoader fix)")
             notes.append(
-                f"{name}: step times of all {s.count + s.dropped + len(kept)} steps from run "
-                f"metadata{gpu}; the first {s.dropped} dropped as warm-up"
-                + (f", {len(kept)} holding an evaluation pass left out." if kept else ".")
+                f"{name}: step times of all {s.count + s.dropped + len(kept) + len(other)} steps "
+                f"from run metadata{gpu}; the first {s.dropped} dropped as warm-up"
+                + (f", {' and '.join(left)} left out." if left else ".")
             )
         if side.status not in (None, "ok"):
             notes.append(f"{name}: the run ended with status {side.status!r}.")

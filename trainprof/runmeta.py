@@ -213,6 +213,11 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # Trainer.evaluate, a model.eval() forward without grad): not training, left out of statistics.
     eval_steps: list[int] = []
     eval_kinds: list[str] = []  # what evaluated, e.g. "Lightning validation"
+    # [step, intra-op threads] of the steps a CPU run fetching without workers ran round-robin
+    # with the thread counts a DataLoader fix would leave, after the profiling window
+    # (capture/threadsteps; the first is the run's count): those with another count are left
+    # out of the statistics (altered_steps). Empty otherwise and in older metadata.
+    thread_steps: list[list[int]] = []
     dataloaders: list[DataLoaderInfo] = []
     optimizers: list[OptimizerInfo] = []
     metrics: list[MetricInfo] = []
@@ -239,6 +244,13 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cwd: str = ""
     executable: str = ""
     env: dict[str, str] = {}
+
+    def altered_steps(self) -> set[int]:
+        """Steps that are no plain training steps of the run: evaluation passes, and steps run
+        with another intra-op thread count than the run's (thread_steps)."""
+        run = self.thread_steps[0][1] if self.thread_steps else 0  # the block starts with it
+        other = {s for s, t in self.thread_steps if t != run}
+        return set(self.eval_steps) | other
 
 
 # The first note of a trainprof.json written while the script still ran (capture/session.py):

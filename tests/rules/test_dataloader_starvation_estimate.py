@@ -168,6 +168,36 @@ def test_the_models_own_slowdown_with_fewer_threads(loop: Path, tmp_path: Path):
     assert "not measured" in a.evidence and "not measured" not in b.evidence
 
 
+def test_the_runs_own_steps_with_fewer_threads_come_first(loop: Path, tmp_path: Path):
+    """Steps the run ran round-robin with 2 and 1 threads after its window (capture/threadsteps)
+    time M with the fix's threads on the step itself, before any copy of the model: Lightning's
+    example, the step minus its fetch 2.7-3.2 ms with 2 threads and 3.9-4.3 with one, where a
+    copy's forward and backward scaled it to 5.3-6.1. The 1-thread steps are no plain steps of
+    the run: left out of S and F."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    block = list(range(14, 30))  # 8 with 2 threads, 8 with one, the evaluation pass left out
+    threads = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(block)]
+    for s, t in threads:
+        if t == 1:
+            steps[s] = 10.0 + 12.0  # M with one thread: 12 ms
+    steps[17] = 500.0  # a 1-thread step holding an evaluation pass: neither S nor M(1)
+    meta = _meta(steps, fetch, LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2,
+                                         model_threads_ms=[[2, 5.0], [1, 8.0]]))  # fmt: skip
+    meta.thread_steps, meta.eval_steps = threads, [17]
+    f = _starvation(with_meta(loop, tmp_path / "steps", meta))
+    assert f.metrics["unprofiled_step_ms"] == pytest.approx(20.0)  # the 22 ms steps left out
+    # M(1) = 10 x 12 / 10 = 12 from the steps (the copy's 8/5 would give 16); loop path 12.5.
+    assert f.metrics["compute_ms_with_fix"] == pytest.approx(12.0)
+    assert f.metrics["fixed_step_ms"] == pytest.approx(12.5)
+    assert f.metrics["threads_modelled"] == 1
+    assert "timed on 7 of the run's steps run with fewer threads" in f.evidence
+    # Too few steps of a count (the script ended inside the block): the copy's figures.
+    meta.thread_steps = threads[:4]
+    g = _starvation(with_meta(loop, tmp_path / "short", meta))
+    assert g.metrics["compute_ms_with_fix"] == pytest.approx(16.0)
+    assert "a copy of the model" in g.evidence
+
+
 def test_thread_scale_is_linear_in_one_over_threads():
     scale = thread_scale([[8, 2.0], [1, 9.0]], run_threads=8)
     assert scale is not None

@@ -177,8 +177,8 @@ class Context:
         if w.partial_step is not None:
             touched.add(w.partial_step)
         skip = w.wait + w.warmup
-        evals = set(self.meta.eval_steps)  # evaluation passes are not training steps
-        touched |= evals
+        # Evaluation passes, and steps run with another thread count, are not the run's steps.
+        touched |= self.meta.altered_steps()
         plain = [i for i in range(len(times)) if i >= skip and i not in touched]
         if len(plain) < 5:
             plain = [i for i in range(len(times)) if i >= 1 and i not in touched]

@@ -149,7 +149,8 @@ def idle_notes(ctx: Context) -> list[str]:
 
 
 def eval_notes(ctx: Context) -> list[str]:
-    """Which steps hold an evaluation pass, and that they are left out of the statistics."""
+    """Which steps hold an evaluation pass, or ran with fewer threads, and that they are left out
+    of the statistics."""
     notes = []
     ev = ctx.eval_windows
     if ev:
@@ -170,4 +171,8 @@ def eval_notes(ctx: Context) -> list[str]:
         notes.append(f"{len(meta.eval_steps)} of {len(meta.step_times_s)} steps of the run {verb} "
                      f"an evaluation pass ({kinds}): left out of the step time without the "
                      "profiler.")
+    if meta is not None and (fewer := meta.altered_steps() - set(meta.eval_steps)):
+        notes.append(f"{len(fewer)} of {len(meta.step_times_s)} steps of the run ran with fewer "
+                     "intra-op threads (timing the model as a DataLoader fix would leave it): left "
+                     "out of the step time without the profiler.")
     return notes

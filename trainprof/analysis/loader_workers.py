@@ -119,6 +119,10 @@ class CpuModel:
     fixed: float  # the step with the fix
     compute: float = 0.0  # M with T' threads (M itself where the scaling was not measured)
     run_threads: int = 0  # T, the threads M ran with (0: the scaling was not measured)
+    # Where the scaling comes from: "steps" (the run's own steps with fewer threads, the count of
+    # them in `thread_steps`), "copy" (a copy of the model timed after the run), "" (neither).
+    threads_source: str = ""
+    thread_steps: int = 0
 
     @property
     def saving(self) -> float:
@@ -156,6 +160,29 @@ def thread_scale(points: list[list[float]], run_threads: int) -> Callable[[int],
     return lambda t: float(np.interp(1.0 / max(t, 1), xs, ys)) / base
 
 
+MIN_THREAD_STEPS = 3  # steps per thread count from which the run's own times are taken
+
+
+def step_thread_points(ctx: Context) -> tuple[list[list[float]], int]:
+    """[[threads, ms], ...]: the step minus its fetch, median per intra-op thread count over the
+    steps the run ran round-robin with them (capture/threadsteps; evaluation passes left out),
+    and how many steps ran with another count than the run's (the block's first). ([], 0) with
+    fewer than MIN_THREAD_STEPS steps of any count, or without them."""
+    meta = ctx.meta
+    if meta is None or not meta.thread_steps:
+        return [], 0
+    times, fetches = meta.step_times_s, meta.fetch_times_s
+    evals = set(meta.eval_steps)
+    by: dict[int, list[float]] = {}
+    for s, t in meta.thread_steps:
+        if s not in evals and s < min(len(times), len(fetches)):
+            by.setdefault(t, []).append(max(times[s] - fetches[s], 0.0))
+    if len(by) < 2 or min(len(v) for v in by.values()) < MIN_THREAD_STEPS:
+        return [], 0
+    other = sum(len(v) for t, v in by.items() if t != meta.thread_steps[0][1])
+    return [[t, 1000 * float(np.median(v))] for t, v in sorted(by.items())], other
+
+
 def receive_ms(ipc: LoaderIpc) -> float:
     """The probe's per-batch receiving (ms) the CPU model uses: timed with workers busy fetching
     the next batches where the probe did (a busy worker answers the per-tensor hand-shake late:
@@ -191,9 +218,18 @@ def cpu_model(
     r = 1000 * receive_ms(ipc) if ipc else 0.0
     ri = 1000 * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
     w = 1000 * ipc.worker_ms if ipc else 0.0
-    # M with the threads the fix leaves the model (capture/modelprobe.thread_times); else M.
-    run_threads = ctx.meta.torch_threads or 0
-    scale = thread_scale(ipc.model_threads_ms, run_threads) if ipc else None
+    # M with the threads the fix leaves the model: timed on the run's own steps where it ran
+    # some with fewer threads (capture/threadsteps), else on a copy of the model after the run
+    # (capture/modelprobe.thread_times, forward and backward only); else M.
+    points, n_steps = step_thread_points(ctx)
+    # The count the steps were timed against (a script that set its own later changes only
+    # torch_threads, read at the end).
+    run_threads = ctx.meta.thread_steps[0][1] if points else ctx.meta.torch_threads or 0
+    scale = thread_scale(points, run_threads) if points else None
+    source = "steps" if scale else ""
+    if scale is None and ipc is not None:
+        scale = thread_scale(ipc.model_threads_ms, run_threads)
+        source = "copy" if scale else ""
 
     def compute(n: int) -> float:
         return m * scale(max(1, cores - n)) if scale else m
@@ -207,7 +243,8 @@ def cpu_model(
         busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
-        run_threads=run_threads if scale else 0,
+        run_threads=run_threads if scale else 0, threads_source=source,
+        thread_steps=n_steps if source == "steps" else 0,
     )  # fmt: skip
 
 

@@ -92,9 +92,16 @@ def wanted(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> bool:
         return False
     # The median step's share, not the total's: a few stalled steps (a busy machine) must not
     # hide a fetch that takes a fifth of every other step.
-    shares = [f / t for t, f in zip(meta.step_times_s[1:], meta.fetch_times_s[1:], strict=False)
-              if t > 0]
+    shares = [f / t for t, f in _plain(meta) if t > 0]
     return bool(shares) and statistics.median(shares) >= MIN_FETCH_SHARE
+
+
+def _plain(meta: RunMeta) -> list[tuple[float, float]]:
+    """(step, fetch) seconds of the run's own steps: the first, evaluation passes and steps run
+    with fewer threads (capture/threadsteps) left out."""
+    aside = meta.altered_steps() | {0}
+    pairs = zip(meta.step_times_s, meta.fetch_times_s, strict=False)
+    return [p for i, p in enumerate(pairs) if i not in aside]
 
 
 def _loader(spec: list[tuple[list[int], str]], workers: int, busy_s: float = 0.0) -> Any:
@@ -195,10 +202,9 @@ def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc 
     if ipc is None:
         return None
     # The run's median fetch and the rest of its step, for the busy variant's workers and loop.
-    fetch = statistics.median(meta.fetch_times_s[1:])
-    compute = statistics.median(
-        max(t - f, 0.0) for t, f in zip(meta.step_times_s[1:], meta.fetch_times_s[1:], strict=False)
-    )
+    plain = _plain(meta)
+    fetch = statistics.median(f for _, f in plain)
+    compute = statistics.median(max(t - f, 0.0) for t, f in plain)
     workers = max(1, min(BUSY_WORKERS, meta.cpu_count or 1))
     busy_s = receive_busy(spec, workers, fetch, compute)
     if busy_s is not None:

@@ -193,12 +193,14 @@ class Session:
         from trainprof.capture import cpumath, loaderipc, metadata, modelprobe, optprobe
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.evaluation import EvalSupport
+        from trainprof.capture.loadprobe import cpu_quota, usable_cpus
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
         from trainprof.capture.patching import Patches
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
+        from trainprof.capture.threadsteps import ThreadSteps
         from trainprof.capture.traces import TraceWriter, make_profiler, worker_name
         from trainprof.capture.userframe import UserCode
         from trainprof.capture.userprof import ScriptProfiler
@@ -252,6 +254,7 @@ class Session:
                 },
                 eval_steps=steps.eval_steps,
                 eval_kinds=steps.eval_kinds,
+                thread_steps=[list(x) for x in threads.steps],
                 window=w,
                 dataloaders=collector.dataloaders,
                 optimizers=collector.optimizers,
@@ -296,7 +299,18 @@ class Session:
 
         writer.on_saved = lambda: checkpoint(force=True)
         stepper.guard = StopAfterSave
-        stepper.on_step = checkpoint
+        threads = ThreadSteps(
+            lambda: not stepper.profiling and not stepper.aside and stepper.last_step is not None,
+            stepper.step_times, stepper.fetch_times,
+            lambda: [d.num_workers for d in collector.dataloaders],
+            usable_cpus(cpu_quota()) or 1,
+        )  # fmt: skip
+
+        def on_step() -> None:
+            threads.after_step()
+            checkpoint()
+
+        stepper.on_step = on_step
         relaunch = metadata.relaunch_context()  # before the script can chdir (Hydra does)
         try:
             collector.install()
@@ -322,6 +336,7 @@ class Session:
         finally:
             S.enabled = False
             S.recording = False
+            threads.restore()
             steps = stepper.finish()
             save_error = None
             if os.getpid() == self.pid:  # not in a child the script forked (see the docstring)
@@ -364,7 +379,10 @@ class Session:
                 root.last_call,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
-            modelprobe.loader_probe(meta, root.last_call)
+            if threads.complete and meta.loader_ipc is not None:
+                meta.loader_ipc.model_threads_skipped = "timed on the run's own steps"
+            else:
+                modelprobe.loader_probe(meta, root.last_call)
             # Also for a class stepped with a closure (Lightning): the probe steps its copies
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))

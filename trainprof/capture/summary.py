@@ -27,12 +27,16 @@ def step_ranges(steps: list[int]) -> str:
 
 def step_summary(meta: RunMeta) -> str:
     evals = set(meta.eval_steps)
-    times = [t for i, t in enumerate(meta.step_times_s) if i not in evals] or meta.step_times_s
+    aside = meta.altered_steps()
+    times = [t for i, t in enumerate(meta.step_times_s) if i not in aside] or meta.step_times_s
     n = len(meta.step_times_s)
     parts = [f"{n} steps (step source: {_SOURCE.get(meta.step_source, meta.step_source)})"]
     if evals:
         kinds = ", ".join(meta.eval_kinds) or "evaluation"
         parts.append(f"{len(evals)} holding an evaluation pass ({kinds}) left out of the times")
+    if aside - evals:
+        parts.append(f"{len(aside - evals)} run with fewer threads (timing the DataLoader fix) "
+                     "left out of the times")
     if times:
         parts.append(f"median {statistics.median(times) * 1e3:.2f} ms")
         parts.append(f"mean {statistics.fmean(times) * 1e3:.2f} ms")

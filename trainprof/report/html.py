@@ -154,10 +154,10 @@ def step_time_chart(meta: RunMeta) -> str:
     if not times:
         return ""
     n = len(times)
-    colors = [EVAL_COLOR if i in m.evals else OUTLIER_COLOR if i in m.outliers else None
-              for i in range(n)]
-    marks = ["eval" if i in m.evals else f"{m.outliers[i]:.0f}×" if i in m.outliers else ""
-             for i in range(n)]
+    colors = [EVAL_COLOR if i in m.evals or i in m.threads
+              else OUTLIER_COLOR if i in m.outliers else None for i in range(n)]
+    marks = ["eval" if i in m.evals else f"{m.threads[i]}t" if i in m.threads
+             else f"{m.outliers[i]:.0f}×" if i in m.outliers else "" for i in range(n)]
     plain = [t for i, t in enumerate(times) if colors[i] is None]
     # An outlier 20x the median would flatten every other bar: the axis ends above the others.
     cap = 1.25 * max(plain) if plain and max(times) > 1.25 * max(plain) else None
@@ -181,6 +181,15 @@ def step_time_chart(meta: RunMeta) -> str:
         notes.append(f"Step{'s' if len(evals) > 1 else ''} {_step_list(evals)} "
                      f"{'hold' if len(evals) > 1 else 'holds'} an evaluation pass ({kinds}): "
                      "left out of the step statistics and findings.")
+    if m.threads:
+        steps = sorted(m.threads)
+        counts = ", ".join(str(c) for c in sorted(set(m.threads.values())))
+        legend.append(f'<span><i style="background:{EVAL_COLOR}"></i>fewer threads: '
+                      f"{_e(_step_list(steps))}</span>")
+        notes.append(f"Steps {_step_list(steps)} ran with {counts} intra-op thread(s) instead of "
+                     f"{meta.torch_threads}, every other step after the profiled window, to time "
+                     "the model as a DataLoader fix with workers would leave it: left out of the "
+                     "step statistics.")
     if m.outliers:
         out = sorted(m.outliers)
         legend.append(f'<span><i style="background:{OUTLIER_COLOR}"></i>outlier '

@@ -1,5 +1,6 @@
 """Which steps of a run the step-time chart singles out: the traced ones, those holding an
-evaluation pass (`eval_steps` in the run metadata) and the outliers, training steps far slower
+evaluation pass (`eval_steps` in the run metadata), those run with fewer threads to time a
+DataLoader fix (`thread_steps`) and the outliers, training steps far slower
 than the median (the machine got busy, a checkpoint was saved, a first step compiled)."""
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ class StepMarks:
     times_ms: list[float]
     traced: set[int] = field(default_factory=set)
     evals: set[int] = field(default_factory=set)
+    threads: dict[int, int] = field(default_factory=dict)  # step -> its other thread count
     outliers: dict[int, float] = field(default_factory=dict)  # step -> times the median
     median_ms: float = 0.0
 
@@ -26,14 +28,16 @@ def step_marks(meta: RunMeta) -> StepMarks:
     every step statistic); a step is an outlier at OUTLIER_X times it or more."""
     times = [1000.0 * t for t in meta.step_times_s]
     evals = {i for i in meta.eval_steps if 0 <= i < len(times)}
-    marks = StepMarks(times, traced=set(meta.window.recorded_steps), evals=evals)
-    train = [t for i, t in enumerate(times) if i not in evals]
+    aside = {i for i in meta.altered_steps() if 0 <= i < len(times)}
+    threads = {s: t for s, t in meta.thread_steps if s in aside and s not in evals}
+    marks = StepMarks(times, traced=set(meta.window.recorded_steps), evals=evals, threads=threads)
+    train = [t for i, t in enumerate(times) if i not in aside]
     if not train:
         return marks
     marks.median_ms = statistics.median(train)
     if marks.median_ms > 0:
         marks.outliers = {
             i: t / marks.median_ms for i, t in enumerate(times)
-            if i not in evals and t >= OUTLIER_X * marks.median_ms
+            if i not in aside and t >= OUTLIER_X * marks.median_ms
         }
     return marks

@@ -143,10 +143,15 @@ def _cpu_evidence(
         f" and torch.set_num_threads({model.threads})" if model.threads < threads else ""
     )
     if threads_text and model.run_threads:
+        how = "a copy of the model timed after the run with both"
+        if model.threads_source == "steps":
+            how = (
+                f"timed on {model.thread_steps} of the run's steps run with fewer threads after "
+                "the profiled window, interleaved with steps with its own"
+            )
         text += (
             f" The rest of the step, {ms(model.step - model.removable)} with {threads} threads, "
-            f"would take about {ms(model.compute)} with {model.threads} (a copy of the model "
-            "timed after the run with both)."
+            f"would take about {ms(model.compute)} with {model.threads} ({how})."
         )
     text += (
         f" With {cores} cores shared by the workers and the model's threads, "

@@ -1,0 +1,106 @@
+"""capture/threadsteps: after the profiling window, a CPU run fetching without workers runs its
+next steps round-robin with its own intra-op thread count and those a DataLoader fix would leave,
+then its own again. Structure only (which steps, which counts, what is restored, what the
+statistics leave out), no timing of the machine asserted."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import trainprof
+from trainprof.capture.loaderipc import busy
+from trainprof.capture.threadsteps import CYCLES
+from trainprof.runmeta import RunMeta
+
+
+class Costly(Dataset):
+    """`cost_s` of CPU per sample: the fetch is most of the step."""
+
+    def __init__(self, cost_s: float, n: int) -> None:
+        self.cost_s, self.n = cost_s, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        busy(self.cost_s)
+        return torch.zeros(4), i % 2
+
+
+@pytest.fixture
+def two_threads():
+    """The run's count: 2 (the fix with one worker leaves 1), whatever this machine has."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def _train(out: Path, batches: int, on_step=None) -> RunMeta:
+    data = Costly(cost_s=0.001, n=8 * batches)
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    with trainprof.profile(out, show=False, wait=1, warmup=1, active=2) as run:
+        for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+            seen.append(torch.get_num_threads())
+            if on_step is not None:
+                on_step(i)
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    run.seen = seen
+    return run
+
+
+@pytest.mark.slow
+def test_steps_after_the_window_run_round_robin(tmp_path: Path, two_threads):
+    run = _train(tmp_path / "run", batches=40)
+    meta = run.meta
+    first = meta.window.recorded_steps[-1] + 1  # the first step after the window
+    block = list(range(first, first + 2 * CYCLES))
+    assert meta.thread_steps == [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(block)]
+    # What each step ran with, as the loop saw it at its start (the stepper numbers a step from
+    # the batch fetched for it): the block's counts, then the run's own for the rest.
+    assert [run.seen[s] for s, _ in meta.thread_steps] == [t for _, t in meta.thread_steps]
+    assert set(run.seen[first + 2 * CYCLES :]) == {2} and torch.get_num_threads() == 2
+    assert meta.altered_steps() == {s for s, t in meta.thread_steps if t == 1}
+    # The copy of the model need not be timed: the run's own steps were.
+    assert meta.loader_ipc is not None and meta.loader_ipc.model_threads_ms == []
+    (f,) = [f for f in run.diagnosis.findings if f.rule == "dataloader-starvation"]
+    assert f"timed on {CYCLES} of the run's steps run with fewer threads" in f.evidence
+    assert any("ran with fewer intra-op threads" in n for n in run.diagnosis.notes)
+
+
+@pytest.mark.slow
+def test_the_scripts_own_thread_count_stands(tmp_path: Path, two_threads):
+    """A script that sets the thread count itself inside the block ends it: the step it did so
+    in is dropped from the block, and its setting is not undone."""
+    marks = {}
+
+    def set_three(i: int) -> None:
+        if i == marks.setdefault("at", 0):
+            torch.set_num_threads(3)
+
+    # The block starts after the window (steps 2-3): step 4 runs with 2 threads, 5 with one.
+    marks["at"] = 5
+    run = _train(tmp_path / "run", batches=30, on_step=set_three)
+    assert run.meta.thread_steps == [[4, 2]]
+    assert torch.get_num_threads() == 3
+    assert run.meta.altered_steps() == set()
+
+
+def test_no_block_with_workers_or_one_thread(tmp_path: Path):
+    """A loader with workers, or a run with one thread: nothing to time."""
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        run = _train(tmp_path / "one", batches=30)
+        assert run.meta.thread_steps == [] and set(run.seen) == {1}
+    finally:
+        torch.set_num_threads(before)

@@ -1,0 +1,106 @@
+"""Timing the script's own steps with the intra-op thread counts a DataLoader fix would leave.
+
+On a CPU run whose loader fetches in the loop (num_workers=0), the fix (worker processes) takes
+cores from the model's intra-op threads. How much slower the rest of the step gets with fewer
+threads is best measured on the step itself: a copy of the model's forward and backward timed
+after the run (capture/modelprobe.thread_times) leaves out the optimizer's multi-threaded
+element-wise updates and scales the framework's Python with it (Lightning's example: the step
+minus its fetch, 2.7-3.2 ms with 2 threads and 3.9-4.3 ms with one, where the copy gave +0.5-0.6
+ms and scaling the whole rest by its ratio +1.7-2.5 ms).
+
+So, once the profiling window is saved, the next steps run round-robin with the run's count T
+and the counts the fix could leave (`torch.set_num_threads` between two steps, outside the step
+times), CYCLES rounds, then T again for the rest of the run. Interleaved, a machine that speeds up
+or slows down meanwhile moves both alike. `steps` records [step, threads] for every step of that
+block; the steps with another count than T are left out of the run's step statistics, as
+evaluation passes are (runmeta.RunMeta.altered_steps). A script that sets the thread count
+itself during the block ends it, and its own setting stands. Numerics: as with any thread
+count, reductions may round differently in those steps.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from trainprof.capture.loaderipc import MIN_FETCH_SHARE
+from trainprof.capture.modelprobe import thread_counts
+from trainprof.capture.state import S
+
+CYCLES = 8  # rounds of the counts; 2 cores: 16 steps, 8 of them with one thread
+
+
+class ThreadSteps:
+    """Decides at each step boundary the thread count of the next step (see the module doc)."""
+
+    def __init__(
+        self,
+        profiling_done: Callable[[], bool],
+        step_times: list[float],
+        fetch_times: list[float],
+        loader_workers: Callable[[], list[int]],
+        cores: int,
+    ) -> None:
+        self.profiling_done = profiling_done
+        self.step_times = step_times  # the stepper's lists, read as they grow
+        self.fetch_times = fetch_times
+        self.loader_workers = loader_workers  # num_workers of every DataLoader built so far
+        self.cores = cores
+        self.pid = os.getpid()
+        self.order: list[int] = []  # counts in a round, the run's first
+        self.steps: list[list[int]] = []  # [step, threads] of every step of the block
+        self.set_to: int | None = None  # what this module set for the running step
+        self.state = "waiting"  # waiting -> running -> done
+
+    def after_step(self) -> None:
+        """Called at every step boundary (capture/stepper on_step), before the next step."""
+        if self.state == "done" or os.getpid() != self.pid or not S.enabled:
+            return
+        if self.state == "waiting":
+            if not self.profiling_done():
+                return
+            self.order = self._counts()
+            if not self.order:
+                self.state = "done"
+                return
+            self.state = "running"
+        elif torch.get_num_threads() != self.set_to:  # the script set its own: it stands
+            self.steps.pop()
+            self.state = "done"
+            return
+        k = len(self.steps)
+        if k >= CYCLES * len(self.order):
+            self.restore()
+            self.state = "done"
+            return
+        count = self.order[k % len(self.order)]
+        torch.set_num_threads(count)
+        self.set_to = count
+        self.steps.append([len(self.step_times), count])
+
+    @property
+    def complete(self) -> bool:
+        """Every round of the block ran (the copy of the model need not be timed after the run)."""
+        return bool(self.order) and len(self.steps) >= CYCLES * len(self.order)
+
+    def restore(self) -> None:
+        """The run's count back (end of the block, or the script ended inside it)."""
+        if self.state == "running" and self.order and torch.get_num_threads() == self.set_to:
+            torch.set_num_threads(self.order[0])
+        if self.state == "running":
+            self.state = "done"
+
+    def _counts(self) -> list[int]:
+        """[T, the other counts] where the measurement matters, else []."""
+        if torch.cuda.is_initialized() or not any(w == 0 for w in self.loader_workers()):
+            return []  # a GPU run, or no loader fetching in the loop
+        pairs = zip(self.step_times[1:], self.fetch_times[1:], strict=False)
+        shares = [f / t for t, f in pairs if t > 0]
+        if not shares or statistics.median(shares) < MIN_FETCH_SHARE:
+            return []
+        run = torch.get_num_threads()
+        others = [c for c in thread_counts(run, self.cores) if c != run]
+        return [run, *others] if others else []
