@@ -161,6 +161,7 @@ TRY_WORKLOADS = [
     ("many_problems", "examples/many_problems.py", [], 30),
     ("amp_compile", "examples/amp_compile.py", [], 30),
     ("metrics_sync", "examples/metrics_sync.py", [], 30),
+    ("lightning_train", "examples/frameworks/lightning_train.py", [], 30),
 ]
 
 

@@ -41,13 +41,16 @@ def two_threads():
     torch.set_num_threads(before)
 
 
-def _train(out: Path, batches: int, on_step=None) -> RunMeta:
+def _train(
+    out: Path, batches: int, on_step=None, max_steps: int | None = None, workers: int = 0
+) -> RunMeta:
     data = Costly(cost_s=0.001, n=8 * batches)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
-    with trainprof.profile(out, show=False, wait=1, warmup=1, active=2) as run:
-        for i, (x, y) in enumerate(DataLoader(data, batch_size=8)):
+    with trainprof.profile(out, show=False, wait=1, warmup=1, active=2,
+                           max_steps=max_steps) as run:
+        for i, (x, y) in enumerate(DataLoader(data, batch_size=8, num_workers=workers)):
             seen.append(torch.get_num_threads())
             if on_step is not None:
                 on_step(i)
@@ -75,6 +78,8 @@ def test_steps_after_the_window_run_round_robin(tmp_path: Path, two_threads):
     (f,) = [f for f in run.diagnosis.findings if f.rule == "dataloader-starvation"]
     assert f"timed on {CYCLES} of the run's steps run with fewer threads" in f.evidence
     assert any("ran with fewer intra-op threads" in n for n in run.diagnosis.notes)
+    page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
+    assert "ran with 1 intra-op thread(s) instead of 2" in page  # the step chart's note
 
 
 @pytest.mark.slow
@@ -95,8 +100,24 @@ def test_the_scripts_own_thread_count_stands(tmp_path: Path, two_threads):
     assert run.meta.altered_steps() == set()
 
 
-def test_no_block_with_workers_or_one_thread(tmp_path: Path):
-    """A loader with workers, or a run with one thread: nothing to time."""
+@pytest.mark.slow
+def test_max_steps_inside_the_block(tmp_path: Path, two_threads):
+    """--max-steps ending the run inside the block: only steps that ran are listed, and the
+    run's count is back afterwards."""
+    run = _train(tmp_path / "run", batches=40, max_steps=10)
+    n = len(run.meta.step_times_s)
+    assert [s for s, _ in run.meta.thread_steps] == list(range(4, n))
+    assert torch.get_num_threads() == 2
+
+
+@pytest.mark.slow
+def test_no_block_with_workers(tmp_path: Path, two_threads):
+    run = _train(tmp_path / "workers", batches=30, workers=1)
+    assert run.meta.thread_steps == [] and set(run.seen) == {2}
+
+
+def test_no_block_with_one_thread(tmp_path: Path):
+    """A run with one thread: no fewer to time."""
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)

@@ -2,8 +2,8 @@
 worker processes would save. On a GPU trace the saving is the GPU idle inside fetches; on a CPU
 trace it comes from a model of the step with n workers sharing the cores with the model's threads
 (the fetch and the step without the profiler, the per-batch cost of handing batches between
-processes; the rule's docstring states the model); the suggested worker count follows from the
-same figures.
+processes, the step timed with the fix's thread counts; the rule's docstring states the model);
+the suggested worker count follows from the same figures.
 
 A fetch from a loader that has workers is two things: the loop WAITING for a batch no worker has
 handed over yet (the workers are too slow: more workers, prefetch help), and the loop RECEIVING

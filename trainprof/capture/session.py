@@ -254,7 +254,8 @@ class Session:
                 },
                 eval_steps=steps.eval_steps,
                 eval_kinds=steps.eval_kinds,
-                thread_steps=[list(x) for x in threads.steps],
+                # (the count set for a step --max-steps ended before it ran is not listed)
+                thread_steps=[list(x) for x in threads.steps if x[0] < len(steps.step_times)],
                 window=w,
                 dataloaders=collector.dataloaders,
                 optimizers=collector.optimizers,
