@@ -101,13 +101,16 @@ def test_the_scripts_own_thread_count_stands(tmp_path: Path, two_threads):
 
 
 @pytest.mark.slow
-def test_max_steps_inside_the_block(tmp_path: Path, two_threads):
-    """--max-steps ending the run inside the block: only steps that ran are listed, and the
-    run's count is back afterwards."""
-    run = _train(tmp_path / "run", batches=40, max_steps=10)
-    n = len(run.meta.step_times_s)
-    assert [s for s, _ in run.meta.thread_steps] == list(range(4, n))
-    assert torch.get_num_threads() == 2
+def test_max_steps_shortens_the_block(tmp_path: Path, two_threads):
+    """--max-steps: the block leaves TIMED_AFTER steps with the run's count after it, and is not
+    run where fewer than MIN_CYCLES rounds fit."""
+    run = _train(tmp_path / "run", batches=40, max_steps=20)
+    # The window ends after step 3: 16 steps left, 5 kept plain, 5 rounds of 2 counts.
+    assert run.meta.thread_steps == [[s, 2 if s % 2 == 0 else 1] for s in range(4, 14)]
+    assert len(run.meta.step_times_s) == 20 and torch.get_num_threads() == 2
+    short = _train(tmp_path / "short", batches=40, max_steps=12)  # 8 left: 1 round would fit
+    assert short.meta.thread_steps == []
+    assert short.meta.loader_ipc is not None and short.meta.loader_ipc.model_threads_ms
 
 
 @pytest.mark.slow

@@ -11,11 +11,12 @@ ms and scaling the whole rest by its ratio +1.7-2.5 ms).
 So, once the profiling window is saved, the next steps run round-robin with the run's count T
 and the counts the fix could leave (`torch.set_num_threads` between two steps, outside the step
 times), CYCLES rounds, then T again for the rest of the run. Interleaved, a machine that speeds up
-or slows down meanwhile moves both alike. `steps` records [step, threads] for every step of that
-block; the steps with another count than T are left out of the run's step statistics, as
-evaluation passes are (runmeta.RunMeta.altered_steps). A script that sets the thread count
-itself during the block ends it, and its own setting stands. Numerics: as with any thread
-count, reductions may round differently in those steps.
+or slows down meanwhile moves both alike. Under --max-steps the block is shortened to leave
+TIMED_AFTER steps with the run's count, and not run under MIN_CYCLES rounds. `steps` records
+[step, threads] for every step of that block; the steps with another count than T are left out
+of the run's step statistics, as evaluation passes are (runmeta.RunMeta.altered_steps). A script
+that sets the thread count itself during the block ends it, and its own setting stands.
+Numerics: as with any thread count, reductions may round differently in those steps.
 """
 
 from __future__ import annotations
@@ -26,11 +27,13 @@ from collections.abc import Callable
 
 import torch
 
+from trainprof.capture.config import TIMED_AFTER
 from trainprof.capture.loaderipc import MIN_FETCH_SHARE
 from trainprof.capture.modelprobe import thread_counts
 from trainprof.capture.state import S
 
 CYCLES = 8  # rounds of the counts; 2 cores: 16 steps, 8 of them with one thread
+MIN_CYCLES = 3  # fewer rounds are not run (dataloader-starvation needs 3 steps per count)
 
 
 class ThreadSteps:
@@ -43,12 +46,15 @@ class ThreadSteps:
         fetch_times: list[float],
         loader_workers: Callable[[], list[int]],
         cores: int,
+        max_steps: int = 0,
     ) -> None:
         self.profiling_done = profiling_done
         self.step_times = step_times  # the stepper's lists, read as they grow
         self.fetch_times = fetch_times
         self.loader_workers = loader_workers  # num_workers of every DataLoader built so far
         self.cores = cores
+        self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
+        self.cycles = CYCLES
         self.pid = os.getpid()
         self.order: list[int] = []  # counts in a round, the run's first
         self.steps: list[list[int]] = []  # [step, threads] of every step of the block
@@ -63,7 +69,12 @@ class ThreadSteps:
             if not self.profiling_done():
                 return
             self.order = self._counts()
-            if not self.order:
+            if self.order and self.max_steps:
+                # Keep TIMED_AFTER steps with the run's count beside the block's: the step
+                # without the profiler is timed on those.
+                left = self.max_steps - len(self.step_times) - TIMED_AFTER
+                self.cycles = min(CYCLES, left // len(self.order))
+            if not self.order or self.cycles < MIN_CYCLES:
                 self.state = "done"
                 return
             self.state = "running"
@@ -72,7 +83,7 @@ class ThreadSteps:
             self.state = "done"
             return
         k = len(self.steps)
-        if k >= CYCLES * len(self.order):
+        if k >= self.cycles * len(self.order):
             self.restore()
             self.state = "done"
             return
@@ -84,7 +95,7 @@ class ThreadSteps:
     @property
     def complete(self) -> bool:
         """Every round of the block ran (the copy of the model need not be timed after the run)."""
-        return bool(self.order) and len(self.steps) >= CYCLES * len(self.order)
+        return bool(self.order) and len(self.steps) >= self.cycles * len(self.order)
 
     def restore(self) -> None:
         """The run's count back (end of the block, or the script ended inside it)."""
