@@ -106,8 +106,13 @@ class ThreadSteps:
 
     def _counts(self) -> list[int]:
         """[T, the other counts] where the measurement matters, else []."""
-        if torch.cuda.is_initialized() or not any(w == 0 for w in self.loader_workers()):
-            return []  # a GPU run, or no loader fetching in the loop
+        # A GPU run (is_available() could initialise CUDA before the script forks its workers,
+        # so only what the script initialised counts), or no loader fetching in the loop.
+        mps = getattr(torch.backends, "mps", None)
+        if torch.cuda.is_initialized() or (mps is not None and mps.is_available()):
+            return []
+        if not any(w == 0 for w in self.loader_workers()):
+            return []
         pairs = zip(self.step_times[1:], self.fetch_times[1:], strict=False)
         shares = [f / t for t, f in pairs if t > 0]
         if not shares or statistics.median(shares) < MIN_FETCH_SHARE:
