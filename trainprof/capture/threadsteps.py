@@ -4,9 +4,10 @@ On a CPU run whose loader fetches in the loop (num_workers=0), the fix (worker p
 cores from the model's intra-op threads. How much slower the rest of the step gets with fewer
 threads is best measured on the step itself: a copy of the model's forward and backward timed
 after the run (capture/modelprobe.thread_times) leaves out the optimizer's multi-threaded
-element-wise updates and scales the framework's Python with it (Lightning's example: the step
-minus its fetch, 2.7-3.2 ms with 2 threads and 3.9-4.3 ms with one, where the copy gave +0.5-0.6
-ms and scaling the whole rest by its ratio +1.7-2.5 ms).
+element-wise updates and scales the framework's Python with it (Lightning's example: its
+training call, from batch start to batch end, timed by hand, 2.5-3.2 ms with 2 threads and
+3.7-4.3 ms with one, where the copy gave +0.5-0.6 ms and scaling all of the step minus its fetch
+by the copy's ratio +1.7-2.5 ms).
 
 So, once the profiling window is saved, the next steps run round-robin with the run's count T
 and the counts the fix could leave (`torch.set_num_threads` between two steps, outside the step

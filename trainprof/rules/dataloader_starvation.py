@@ -53,13 +53,14 @@ On a CPU trace the workers take the fetch off the loop, but:
   C - 1, C - 2 threads for 8 rounds (capture/threadsteps; those steps are left out of S and F),
   and M(T') = M x m(T') / m(T), m the median step minus its fetch per count in that block,
   linear in 1/T between the counts (Amdahl's law is linear there). The step itself, not a part
-  of it: Lightning's example, 3.2-3.5 ms with 2 threads and 3.9-4.2 with one, where a copy of
-  the model's forward and backward (below) scaled all of M by its own ratio (1.45-1.68) to
-  5.3-6.1 ms, leaving the estimate at 0-4 % against 22-28 % measured; the optimizer's updates
-  scale with threads too, the framework's Python does not. Where the script ended before the
-  block (or set its own thread count in it): a copy of the model, forward and backward on its
-  last batch, timed after the run with each count (capture/modelprobe.thread_times, the least
-  of up to 50 interleaved runs each), t(T') / t(T) in place of m. try_fakedata's CNN: 5.6 ms
+  of it: Lightning's example, M 2.7-3.5 ms with 2 threads and 3.5-4.2 with one in seven runs,
+  where a copy of the model's forward and backward (below) scaled all of M by its own ratio
+  (1.45-1.68) to 5.3-6.1 ms, leaving the estimate at 0-4 % against 22-28 % measured; the
+  optimizer's updates scale with threads too, the framework's Python does not. Where the
+  script ended before the block (or set its own thread count in it): a copy of the model,
+  forward and backward on its last batch, timed after the run with each count
+  (capture/modelprobe.thread_times, the least of up to 50 interleaved runs each), t(T') / t(T)
+  in place of m. try_fakedata's CNN: 5.6 ms
   with 2 threads, 8 ms with one. Neither (no training call kept, a compiled model): M(T') = M.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
