@@ -311,3 +311,22 @@ def test_receiving_round_sets_file_system_for_that_round_only(tmp_path: Path) ->
     assert fix["measured_pct"] is not None, fix
     assert fix["change"].startswith('torch.multiprocessing.set_sharing_strategy("file_system")')
     assert "variants" not in fix  # no num_workers sweep
+
+
+def test_default_steps_from_the_runs_own_steps():
+    """The round length comes from the run's plain steps: evaluation passes and steps run with
+    fewer threads (slower by design) left out, as in every other step statistic."""
+    from trainprof.tryfix.command import WARMUP_STEPS, default_steps
+
+    times = [0.1] * 30  # 3 s of steps at 0.1 s: 30 kept steps
+    # 4 cores: rounds of 4, 3, 2 and 1 threads, three of every four steps slower.
+    block = [[s, 4 - k % 4] for k, s in enumerate(range(2, 30))]
+    for s, t in block:
+        if t != 4:
+            times[s] = 0.5
+    for s in (3, 5):
+        times[s] = 2.0  # evaluation passes
+    meta = RunMeta(step_times_s=times, thread_steps=block, eval_steps=[3, 5])
+    assert default_steps(meta) == WARMUP_STEPS + 30
+    # All steps counted, the median would be 0.5 s and the rounds 20 steps (the floor).
+    assert default_steps(RunMeta(step_times_s=times)) == WARMUP_STEPS + 20

@@ -136,7 +136,9 @@ def estimates(run: Path) -> RunEstimates:
 
 def default_steps(meta: RunMeta) -> int:
     """Enough steps for a stable median: at least 20 kept steps, and about 3 s of them."""
-    times = sorted(meta.step_times_s[1:] or meta.step_times_s)
+    aside = meta.altered_steps()  # evaluation passes, steps run with fewer threads
+    plain = [t for i, t in enumerate(meta.step_times_s) if i >= 1 and i not in aside]
+    times = sorted(plain or meta.step_times_s)
     med = times[len(times) // 2] if times else 0.1
     kept = min(100, max(20, math.ceil(3.0 / max(med, 1e-4))))
     return WARMUP_STEPS + kept
