@@ -7,19 +7,20 @@ saving `compare` measured.
     python benchmarks/fix_efficacy.py --try [--rounds N] [--steps N] [--only NAME ...]
                                       [--keep DIR]
 
-`--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an
-in-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
-files decoded and augmented per sample), `trainprof run` it, then `trainprof try` the run folder,
-and print per rule the estimate next to the measurement `try` made (profiler off, interleaved
-rounds), with its interval, verdict, and whether the estimate is within the target (±30 % of
-the measured saving, 2 points under 5 %). For a DataLoader worker variant that also lowered the
-intra-op threads (CPU runs), the workers' part and the thread change's part are printed below
-it, and the target is checked against the workers' part where the estimate models only that
-(older runs), against the whole variant where the run timed its model with fewer threads.
-`--steps` is passed to `trainprof try` (steps per round, the first 5 not timed); `--threads N`
-sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The load
-average is printed at the start of the run, of the try and at its end: on a machine shared with
-other jobs the figures move with it.
+`--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an in-
+memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
+files decoded and augmented per sample, try_threaded_fetch: a transform of one large matmul per
+sample, faster on several intra-op threads), `trainprof run` it, then `trainprof try` the run
+folder, and print per rule the estimate next to the measurement `try` made (profiler off,
+interleaved rounds), with its interval, verdict, and whether the estimate is within the target
+(±30 % of the measured saving, 2 points under 5 %). For a DataLoader worker variant that also
+lowered the intra-op threads (CPU runs), the workers' part and the thread change's part are
+printed below it, and the target is checked against the workers' part where the estimate models
+only that (older runs), against the whole variant where the run timed its model with fewer
+threads. `--steps` is passed to `trainprof try` (steps per round, the first 5 not timed);
+`--threads N` sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The
+load average is printed at the start of the run, of the try and at its end: on a machine shared
+with other jobs the figures move with it.
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -156,6 +157,7 @@ TRY_WORKLOADS = [
     ("try_mlp", "tests/scripts/try_mlp.py", ["400"], 30),
     ("try_fakedata", "tests/scripts/try_fakedata.py", ["200"], 30),
     ("try_jpeg", "tests/scripts/try_jpeg.py", ["200"], 30),
+    ("try_threaded_fetch", "tests/scripts/try_threaded_fetch.py", ["200"], 30),
     ("dataloader_starved", "examples/dataloader_starved.py", ["--steps", "60"], 30),
     ("quickstart", "examples/quickstart.py", [], 30),
     ("many_problems", "examples/many_problems.py", [], 30),

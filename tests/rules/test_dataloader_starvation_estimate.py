@@ -198,6 +198,35 @@ def test_the_runs_own_steps_with_fewer_threads_come_first(loop: Path, tmp_path: 
     assert "a copy of the model" in g.evidence
 
 
+def test_a_worker_fetches_with_one_thread(loop: Path, tmp_path: Path):
+    """The block's one-thread steps time the fetch as a worker runs it: a transform that ran
+    faster on the loop's two threads (a large matmul per sample) is more work per batch for a
+    worker, and its wall time on two threads understated the CPU it needs. Slower with two
+    threads than with one: noise, the loop's figure stands."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    threads = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(range(14, 30))]
+    for s, t in threads:
+        if t == 1:
+            fetch[s], steps[s] = 16.0, 26.0  # the fetch 1.6x with one thread, M unchanged
+    ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2)
+    meta = _meta(steps, fetch, ipc)
+    meta.thread_steps = threads
+    f = _starvation(with_meta(loop, tmp_path / "slow", meta))
+    # 2 workers (one thread each, the model one): rate (16 + 1) / 2 = 8.5, cores
+    # (10 + 16 + 1.5) / 2 = 13.75 > the loop's 10 + 0.5: the cores bound the step.
+    assert f.metrics["fixed_step_ms"] == pytest.approx(13.75)
+    assert f.metrics["worker_fetch_ms"] == pytest.approx(16.0)
+    assert "The fetch itself took 16.0 ms in those steps with one thread" in f.evidence
+    for s, t in threads:
+        if t == 1:
+            fetch[s], steps[s] = 9.0, 19.0
+    meta = _meta(steps, fetch, ipc)
+    meta.thread_steps = threads
+    g = _starvation(with_meta(loop, tmp_path / "fast", meta))
+    assert g.metrics["fixed_step_ms"] == pytest.approx((10 + 10 + 1.5) / 2)
+    assert "The fetch itself" not in g.evidence
+
+
 def test_thread_scale_is_linear_in_one_over_threads():
     scale = thread_scale([[8, 2.0], [1, 9.0]], run_threads=8)
     assert scale is not None

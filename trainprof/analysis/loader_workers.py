@@ -123,6 +123,9 @@ class CpuModel:
     # them in `thread_steps`), "copy" (a copy of the model timed after the run), "" (neither).
     threads_source: str = ""
     thread_steps: int = 0
+    # The fetch as a worker (one intra-op thread) does it, when the run's steps timed the fetch
+    # with one thread (else the removable fetch as it ran): the workers' work in the model.
+    worker_fetch: float = 0.0
 
     @property
     def saving(self) -> float:
@@ -163,24 +166,49 @@ def thread_scale(points: list[list[float]], run_threads: int) -> Callable[[int],
 MIN_THREAD_STEPS = 3  # steps per thread count from which the run's own times are taken
 
 
-def step_thread_points(ctx: Context) -> tuple[list[list[float]], int]:
-    """[[threads, ms], ...]: the step minus its fetch, median per intra-op thread count over the
-    steps the run ran round-robin with them (capture/threadsteps; evaluation passes left out),
-    and how many steps ran with another count than the run's (the block's first). ([], 0) with
-    fewer than MIN_THREAD_STEPS steps of any count, or without them."""
+@dataclass(frozen=True)
+class StepThreads:
+    """The run's steps run round-robin with other intra-op thread counts (capture/threadsteps),
+    evaluation passes left out: per count, the median step minus its fetch (`points`, [[threads,
+    ms], ...]) and the median fetch (`fetch_ms`, {threads: ms}); `steps`: how many ran with
+    another count than the run's (the block's first, `run`)."""
+
+    points: list[list[float]]
+    fetch_ms: dict[int, float]
+    steps: int
+    run: int
+
+    def fetch_ratio(self) -> float:
+        """The fetch with one thread (as a DataLoader worker runs it: torch sets one there) over
+        the fetch with the run's count; at least 1 (fewer threads do not make a fetch's work
+        cheaper: below 1 is the noise between steps). 1 where one thread was not timed."""
+        one, run = self.fetch_ms.get(1), self.fetch_ms.get(self.run)
+        return max(one / run, 1.0) if one and run else 1.0
+
+
+def step_threads(ctx: Context) -> StepThreads | None:
+    """The run's own steps with other thread counts; None with fewer than MIN_THREAD_STEPS steps
+    of any count, or without them."""
     meta = ctx.meta
     if meta is None or not meta.thread_steps:
-        return [], 0
+        return None
     times, fetches = meta.step_times_s, meta.fetch_times_s
     evals = set(meta.eval_steps)
-    by: dict[int, list[float]] = {}
+    rest: dict[int, list[float]] = {}
+    fetch: dict[int, list[float]] = {}
     for s, t in meta.thread_steps:
         if s not in evals and s < min(len(times), len(fetches)):
-            by.setdefault(t, []).append(max(times[s] - fetches[s], 0.0))
-    if len(by) < 2 or min(len(v) for v in by.values()) < MIN_THREAD_STEPS:
-        return [], 0
-    other = sum(len(v) for t, v in by.items() if t != meta.thread_steps[0][1])
-    return [[t, 1000 * float(np.median(v))] for t, v in sorted(by.items())], other
+            rest.setdefault(t, []).append(max(times[s] - fetches[s], 0.0))
+            fetch.setdefault(t, []).append(fetches[s])
+    if len(rest) < 2 or min(len(v) for v in rest.values()) < MIN_THREAD_STEPS:
+        return None
+    run = meta.thread_steps[0][1]
+    return StepThreads(
+        points=[[t, 1000 * float(np.median(v))] for t, v in sorted(rest.items())],
+        fetch_ms={t: 1000 * float(np.median(v)) for t, v in fetch.items()},
+        steps=sum(len(v) for t, v in rest.items() if t != run),
+        run=run,
+    )
 
 
 def receive_ms(ipc: LoaderIpc) -> float:
@@ -221,12 +249,16 @@ def cpu_model(
     # M with the threads the fix leaves the model: timed on the run's own steps where it ran
     # some with fewer threads (capture/threadsteps), else on a copy of the model after the run
     # (capture/modelprobe.thread_times, forward and backward only); else M.
-    points, n_steps = step_thread_points(ctx)
+    timed = step_threads(ctx)
     # The count the steps were timed against (a script that set its own later changes only
     # torch_threads, read at the end).
-    run_threads = ctx.meta.thread_steps[0][1] if points else ctx.meta.torch_threads or 0
-    scale = thread_scale(points, run_threads) if points else None
+    run_threads = timed.run if timed else ctx.meta.torch_threads or 0
+    scale = thread_scale(timed.points, run_threads) if timed else None
     source = "steps" if scale else ""
+    # The workers' fetch: one intra-op thread each. A fetch that ran faster on the run's
+    # threads (large tensor ops in the transform) costs a worker more than it cost the loop, and
+    # the wall time it took there understates its CPU work.
+    fwk = fw * timed.fetch_ratio() if timed else fw
     if scale is None and ipc is not None:
         scale = thread_scale(ipc.model_threads_ms, run_threads)
         source = "copy" if scale else ""
@@ -235,7 +267,7 @@ def cpu_model(
         return m * scale(max(1, cores - n)) if scale else m
 
     def fixed(n: int) -> float:
-        return fixed_step(compute(n), fw, k, r, w, cores, n, r_cpu=ri)
+        return fixed_step(compute(n), fwk, k, r, w, cores, n, r_cpu=ri)
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
@@ -244,7 +276,7 @@ def cpu_model(
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
-        thread_steps=n_steps if source == "steps" else 0,
+        thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
     )  # fmt: skip
 
 

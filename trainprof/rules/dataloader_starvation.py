@@ -62,6 +62,15 @@ On a CPU trace the workers take the fetch off the loop, but:
   (capture/modelprobe.thread_times, the least of up to 50 interleaved runs each), t(T') / t(T)
   in place of m. try_fakedata's CNN: 5.6 ms
   with 2 threads, 8 ms with one. Neither (no training call kept, a compiled model): M(T') = M.
+- a worker fetches with one intra-op thread (torch sets it there): the block's steps with one
+  thread also time the fetch so, and the workers' F is the loop's times their ratio (at least
+  1: fewer threads do not make the work cheaper, below is noise). A transform of large tensor
+  ops runs faster on the loop's threads, and its wall time there understates its CPU work: a
+  384x384 matmul per sample (tests/scripts/try_threaded_fetch.py) fetched in 9.4 ms with 2
+  threads and 15.0 ms with one, which took the estimate from 40 % to 13.8 % (`trainprof try`:
+  +19.4 % and +25.5 %, intervals of ±20-25 points; two workers at 8.0 ms per step, their rate
+  bound exactly). On the image pipelines measured here (PIL, FakeData, small tensors) the
+  ratio is 0.97-1.02.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
   own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
@@ -115,6 +124,7 @@ MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 # without the profiler is an estimate (its profiled time, the profiler's per-event cost out).
 RECEIVE_SHARE = 2 * MIN_SHARE
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
+WORKER_FETCH_SAYS = 1.05  # a worker's fetch this much slower than the loop's: the evidence says so
 
 
 def _cpu_evidence(
@@ -158,6 +168,12 @@ def _cpu_evidence(
         text += (
             f" The rest of the step, {ms(model.step - model.removable)} with {threads} threads, "
             f"would take about {ms(model.compute)} with {model.threads} ({how})."
+        )
+    if model.worker_fetch > WORKER_FETCH_SAYS * model.removable:
+        text += (
+            f" The fetch itself took {ms(model.worker_fetch)} in those steps with one thread, as "
+            f"a worker runs it, against {ms(model.removable)} with {threads}: a worker's work "
+            "per batch."
         )
     text += (
         f" With {cores} cores shared by the workers and the model's threads, "
@@ -352,6 +368,7 @@ def check(ctx: Context) -> list[Finding]:
             worker_ms_per_batch=round(model.worker / 1000, 3),
             suggested_threads=model.threads,
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
+            worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # a worker's fetch, one thread
             # The estimate includes the thread change's effect on the model (timed on a copy):
             # `trainprof try` then checks it against the whole variant, not the workers' part.
             threads_modelled=int(bool(model.run_threads)),  # 1/0: metrics hold numbers
