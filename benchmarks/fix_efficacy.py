@@ -7,8 +7,8 @@ saving `compare` measured.
     python benchmarks/fix_efficacy.py --try [--rounds N] [--steps N] [--only NAME ...]
                                       [--keep DIR]
 
-`--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an in-
-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
+`--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an
+in-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
 files decoded and augmented per sample, try_threaded_fetch: a transform of one large matmul per
 sample, faster on several intra-op threads), `trainprof run` it, then `trainprof try` the run
 folder, and print per rule the estimate next to the measurement `try` made (profiler off,
