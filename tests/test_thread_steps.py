@@ -42,14 +42,15 @@ def two_threads():
 
 
 def _train(
-    out: Path, batches: int, on_step=None, max_steps: int | None = None, workers: int = 0
+    out: Path, batches: int, on_step=None, max_steps: int | None = None, workers: int = 0,
+    config: Path | None = None,
 ) -> RunMeta:
     data = Costly(cost_s=0.001, n=8 * batches)
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     seen = []
     with trainprof.profile(out, show=False, wait=1, warmup=1, active=2,
-                           max_steps=max_steps) as run:
+                           max_steps=max_steps, config=config) as run:
         for i, (x, y) in enumerate(DataLoader(data, batch_size=8, num_workers=workers)):
             seen.append(torch.get_num_threads())
             if on_step is not None:
@@ -116,6 +117,23 @@ def test_max_steps_shortens_the_block(tmp_path: Path, two_threads):
 @pytest.mark.slow
 def test_no_block_with_workers(tmp_path: Path, two_threads):
     run = _train(tmp_path / "workers", batches=30, workers=1)
+    assert run.meta.thread_steps == [] and set(run.seen) == {2}
+
+
+@pytest.mark.slow
+def test_no_block_when_switched_off_or_deterministic(tmp_path: Path, two_threads):
+    """`thread_steps = false` in a --config file, or a script that asked for reproducible
+    numerics: no step runs with another thread count (the copy of the model stands in)."""
+    off = tmp_path / "off.toml"
+    off.write_text("[run]\nthread_steps = false\n")
+    run = _train(tmp_path / "off", batches=30, config=off)
+    assert run.meta.thread_steps == [] and set(run.seen) == {2}
+    assert run.meta.loader_ipc is not None and run.meta.loader_ipc.model_threads_ms
+    torch.use_deterministic_algorithms(True)
+    try:
+        run = _train(tmp_path / "det", batches=30)
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert run.meta.thread_steps == [] and set(run.seen) == {2}
 
 

@@ -31,6 +31,7 @@ class ProfileConfig:
     profile_memory: bool = False
     max_steps: int = 0  # end the script after this many steps (0: run it to its end)
     max_active: int = 1000  # the most steps one window records (memory: see default.toml)
+    thread_steps: bool = True  # time some steps with fewer threads (capture/threadsteps)
 
     @property
     def first_recorded(self) -> int:
@@ -64,6 +65,7 @@ _TYPES: dict[str, type] = {
     "profile_memory": bool,
     "max_steps": int,
     "max_active": int,
+    "thread_steps": bool,
 }
 _MINIMUM = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "max_steps": 0, "max_active": 1}
 # Peak memory of a window per recorded step, measured on a tiny model's fast loop (Linear 32-64-10,

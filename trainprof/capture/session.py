@@ -304,7 +304,7 @@ class Session:
             lambda: not stepper.profiling and not stepper.aside and stepper.last_step is not None,
             stepper.step_times, stepper.fetch_times,
             lambda: [d.num_workers for d in collector.dataloaders],
-            usable_cpus(cpu_quota()) or 1, stepper.max_steps,
+            usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
         )  # fmt: skip
 
         def on_step() -> None:

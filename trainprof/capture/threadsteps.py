@@ -17,7 +17,9 @@ TIMED_AFTER steps with the run's count, and not run under MIN_CYCLES rounds. `st
 [step, threads] for every step of that block; the steps with another count than T are left out
 of the run's step statistics, as evaluation passes are (runmeta.RunMeta.altered_steps). A script
 that sets the thread count itself during the block ends it, and its own setting stands.
-Numerics: as with any thread count, reductions may round differently in those steps.
+Numerics: as with any thread count, reductions may round differently in those steps; so no block
+where the script called torch.use_deterministic_algorithms(True), or with `thread_steps = false`
+in the config.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class ThreadSteps:
         loader_workers: Callable[[], list[int]],
         cores: int,
         max_steps: int = 0,
+        enabled: bool = True,
     ) -> None:
         self.profiling_done = profiling_done
         self.step_times = step_times  # the stepper's lists, read as they grow
@@ -55,6 +58,7 @@ class ThreadSteps:
         self.loader_workers = loader_workers  # num_workers of every DataLoader built so far
         self.cores = cores
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
+        self.enabled = enabled  # `thread_steps` in the config
         self.cycles = CYCLES
         self.pid = os.getpid()
         self.order: list[int] = []  # counts in a round, the run's first
@@ -107,6 +111,10 @@ class ThreadSteps:
 
     def _counts(self) -> list[int]:
         """[T, the other counts] where the measurement matters, else []."""
+        # Off in the config, or a script that asked for reproducible numerics (other thread
+        # counts may round reductions differently).
+        if not self.enabled or torch.are_deterministic_algorithms_enabled():
+            return []
         # A GPU run (is_available() could initialise CUDA before the script forks its workers,
         # so only what the script initialised counts), or no loader fetching in the loop.
         mps = getattr(torch.backends, "mps", None)
