@@ -9,27 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_model_threads import Costly
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 import trainprof
-from trainprof.capture.loaderipc import busy
 from trainprof.capture.threadsteps import CYCLES
 from trainprof.runmeta import RunMeta
-
-
-class Costly(Dataset):
-    """`cost_s` of CPU per sample: the fetch is most of the step."""
-
-    def __init__(self, cost_s: float, n: int) -> None:
-        self.cost_s, self.n = cost_s, n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        busy(self.cost_s)
-        return torch.zeros(4), i % 2
 
 
 @pytest.fixture
