@@ -40,6 +40,7 @@ import multiprocessing
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -90,9 +91,14 @@ def wanted(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> bool:
     it, and a batch of tensors seen."""
     if meta.devices or not spec or not any(d.num_workers == 0 for d in meta.dataloaders):
         return False
-    # The median step's share, not the total's: a few stalled steps (a busy machine) must not
-    # hide a fetch that takes a fifth of every other step.
-    shares = [f / t for t, f in _plain(meta) if t > 0]
+    return fetches_matter(_plain(meta))
+
+
+def fetches_matter(pairs: Iterable[tuple[float, float]]) -> bool:
+    """Whether the fetches take at least MIN_FETCH_SHARE of the median step, over (step, fetch)
+    seconds. The median step's share, not the total's: a few stalled steps (a busy machine) must
+    not hide a fetch that takes a fifth of every other step."""
+    shares = [f / t for t, f in pairs if t > 0]
     return bool(shares) and statistics.median(shares) >= MIN_FETCH_SHARE
 
 

@@ -25,13 +25,12 @@ in the config.
 from __future__ import annotations
 
 import os
-import statistics
 from collections.abc import Callable
 
 import torch
 
 from trainprof.capture.config import TIMED_AFTER
-from trainprof.capture.loaderipc import MIN_FETCH_SHARE
+from trainprof.capture.loaderipc import fetches_matter
 from trainprof.capture.modelprobe import thread_counts
 from trainprof.capture.state import S
 
@@ -122,9 +121,7 @@ class ThreadSteps:
             return []
         if not any(w == 0 for w in self.loader_workers()):
             return []
-        pairs = zip(self.step_times[1:], self.fetch_times[1:], strict=False)
-        shares = [f / t for t, f in pairs if t > 0]
-        if not shares or statistics.median(shares) < MIN_FETCH_SHARE:
+        if not fetches_matter(zip(self.step_times[1:], self.fetch_times[1:], strict=False)):
             return []
         run = torch.get_num_threads()
         others = [c for c in thread_counts(run, self.cores) if c != run]
