@@ -114,6 +114,14 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     busy_workers: int = 0
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
+    # A DataLoader worker forked from the loop fetching the script's own batches between its
+    # steps, each against the loop's fetch just before (capture/loaderfetch): the worker's wall
+    # ms per batch and its ratio to the loop's, medians over `worker_fetch_batches` pairs (None:
+    # not measured, why in `worker_fetch_skipped`). A worker can spend more than the loop.
+    worker_fetch_ms: float | None = None
+    worker_fetch_ratio: float | None = None
+    worker_fetch_batches: int = 0
+    worker_fetch_skipped: str = ""
     # One fp32 forward + backward of a copy of the model at intra-op thread counts, wall ms
     # (capture/modelprobe.thread_times): [[threads, ms], ...], the run's own count among them;
     # empty: not measured (`model_threads_skipped` says why).

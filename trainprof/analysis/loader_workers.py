@@ -123,9 +123,11 @@ class CpuModel:
     # them in `thread_steps`), "copy" (a copy of the model timed after the run), "" (neither).
     threads_source: str = ""
     thread_steps: int = 0
-    # The fetch as a worker (one intra-op thread) does it, when the run's steps timed the fetch
-    # with one thread (else the removable fetch as it ran): the workers' work in the model.
+    # The fetch as a worker does it (the removable fetch where nothing timed that): the workers'
+    # work in the model. `worker_fetch_source`: "worker" (a worker fetching the script's batches
+    # between its steps), "threads" (the run's steps with one thread), "" (neither).
     worker_fetch: float = 0.0
+    worker_fetch_source: str = ""
 
     @property
     def saving(self) -> float:
@@ -255,10 +257,12 @@ def cpu_model(
     run_threads = timed.run if timed else ctx.meta.torch_threads or 0
     scale = thread_scale(timed.points, run_threads) if timed else None
     source = "steps" if scale else ""
-    # The workers' fetch: one intra-op thread each. A fetch that ran faster on the run's
-    # threads (large tensor ops in the transform) costs a worker more than it cost the loop, and
-    # the wall time it took there understates its CPU work.
-    fwk = fw * timed.fetch_ratio() if timed else fw
+    # The workers' fetch: the loop's times a worker's ratio to it, from a worker forked from the
+    # loop fetching the script's batches between its steps (capture/loaderfetch: one intra-op
+    # thread there, a deeper stack); else from the run's one-thread steps (a fetch that ran
+    # faster on the run's threads, large tensor ops in the transform, costs a worker more).
+    ratio, fetch_source = worker_ratio(ipc, timed)
+    fwk = fw * ratio
     if scale is None and ipc is not None:
         scale = thread_scale(ipc.model_threads_ms, run_threads)
         source = "copy" if scale else ""
@@ -277,7 +281,20 @@ def cpu_model(
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
+        worker_fetch_source=fetch_source,
     )  # fmt: skip
+
+
+def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:
+    """A worker's fetch over the loop's, at least 1 (below is the noise between fetches: a
+    worker does the same work with fewer threads), and where it comes from: "worker" (a worker
+    fetching the script's batches between its steps), "threads" (the run's one-thread steps),
+    "" (neither: 1)."""
+    if ipc is not None and ipc.worker_fetch_ratio is not None:
+        return max(ipc.worker_fetch_ratio, 1.0), "worker"
+    if timed is not None and 1 in timed.fetch_ms:
+        return timed.fetch_ratio(), "threads"
+    return 1.0, ""
 
 
 @dataclass(frozen=True)

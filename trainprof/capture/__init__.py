@@ -31,6 +31,8 @@ Modules, one job each:
 * cpumath    bf16 vs fp32 conv/matmul speed on this CPU (for cpu-bf16), measured after the script
 * modelprobe a copy of the user's model, fp32 vs the bf16 fix (cpu-bf16), and at the intra-op
              thread counts DataLoader workers would leave it (dataloader-starvation)
+* loaderfetch a DataLoader worker forked from the loop, fetching the script's batches between
+             its steps against the loop's fetch (dataloader-starvation)
 * bf16fix    the bf16 autocast fix itself (channels-last for CNNs), shared with `trainprof try`
 * optprobe   copies of the run's optimizer, loop vs fused/foreach, timed after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log

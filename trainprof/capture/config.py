@@ -32,6 +32,7 @@ class ProfileConfig:
     max_steps: int = 0  # end the script after this many steps (0: run it to its end)
     max_active: int = 1000  # the most steps one window records (memory: see default.toml)
     thread_steps: bool = True  # time some steps with fewer threads (capture/threadsteps)
+    worker_fetch: bool = True  # time a worker's fetch between steps (capture/loaderfetch)
 
     @property
     def first_recorded(self) -> int:
@@ -66,6 +67,7 @@ _TYPES: dict[str, type] = {
     "max_steps": int,
     "max_active": int,
     "thread_steps": bool,
+    "worker_fetch": bool,
 }
 _MINIMUM = {"wait": 0, "warmup": 0, "active": 1, "repeat": 0, "max_steps": 0, "max_active": 1}
 # Peak memory of a window per recorded step, measured on a tiny model's fast loop (Linear 32-64-10,

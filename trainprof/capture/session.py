@@ -193,6 +193,7 @@ class Session:
         from trainprof.capture import cpumath, loaderipc, metadata, modelprobe, optprobe
         from trainprof.capture.cudaflags import CudaFlags
         from trainprof.capture.evaluation import EvalSupport
+        from trainprof.capture.loaderfetch import WorkerPairs
         from trainprof.capture.loadprobe import cpu_quota, usable_cpus
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
@@ -200,7 +201,7 @@ class Session:
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
-        from trainprof.capture.threadsteps import ThreadSteps
+        from trainprof.capture.threadsteps import ThreadSteps, cpu_loop_fetches
         from trainprof.capture.traces import TraceWriter, make_profiler, worker_name
         from trainprof.capture.userframe import UserCode
         from trainprof.capture.userprof import ScriptProfiler
@@ -307,7 +308,17 @@ class Session:
             usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
         )  # fmt: skip
 
+        pairs = WorkerPairs(
+            lambda: not stepper.profiling and not stepper.aside and stepper.last_step is not None,
+            lambda: cpu_loop_fetches(
+                stepper.step_times, stepper.fetch_times,
+                [d.num_workers for d in collector.dataloaders],
+            ),
+            lambda: stepper.first_source, lambda: stepper.last_fetch, cfg.worker_fetch,
+        )  # fmt: skip
+
         def on_step() -> None:
+            pairs.after_step()  # first: the thread count is still the ended step's
             threads.after_step()
             checkpoint()
 
@@ -338,6 +349,7 @@ class Session:
             S.enabled = False
             S.recording = False
             threads.restore()
+            pairs.close()
             steps = stepper.finish()
             save_error = None
             if os.getpid() == self.pid:  # not in a child the script forked (see the docstring)
@@ -380,6 +392,12 @@ class Session:
                 root.last_call,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
+            if meta.loader_ipc is not None:
+                ipc = meta.loader_ipc
+                worker, ratio, ipc.worker_fetch_batches, ipc.worker_fetch_skipped = pairs.figures()
+                if worker is not None and ratio is not None:
+                    ipc.worker_fetch_ms = round(1e3 * worker, 3)
+                    ipc.worker_fetch_ratio = round(ratio, 4)
             if threads.complete and meta.loader_ipc is not None:
                 meta.loader_ipc.model_threads_skipped = "timed on the run's own steps"
             else:
@@ -388,6 +406,7 @@ class Session:
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
+        stepper.first_source = stepper.last_fetch = None  # and so is its dataset
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured

@@ -114,15 +114,22 @@ class ThreadSteps:
         # counts may round reductions differently).
         if not self.enabled or torch.are_deterministic_algorithms_enabled():
             return []
-        # A GPU run (is_available() could initialise CUDA before the script forks its workers,
-        # so only what the script initialised counts), or no loader fetching in the loop.
-        mps = getattr(torch.backends, "mps", None)
-        if torch.cuda.is_initialized() or (mps is not None and mps.is_available()):
-            return []
-        if not any(w == 0 for w in self.loader_workers()):
-            return []
-        if not fetches_matter(zip(self.step_times[1:], self.fetch_times[1:], strict=False)):
+        if not cpu_loop_fetches(self.step_times, self.fetch_times, self.loader_workers()):
             return []
         run = torch.get_num_threads()
         others = [c for c in thread_counts(run, self.cores) if c != run]
         return [run, *others] if others else []
+
+
+def cpu_loop_fetches(step_times: list[float], fetch_times: list[float], workers: list[int]) -> bool:
+    """Whether the run so far is one the DataLoader fix's CPU model needs timings of: no GPU, a
+    loader without workers, fetches that matter (loaderipc.fetches_matter, the first step left
+    out)."""
+    # A GPU run (is_available() could initialise CUDA before the script forks its workers, so
+    # only what the script initialised counts).
+    mps = getattr(torch.backends, "mps", None)
+    if torch.cuda.is_initialized() or (mps is not None and mps.is_available()):
+        return False
+    if not any(w == 0 for w in workers):
+        return False
+    return fetches_matter(zip(step_times[1:], fetch_times[1:], strict=False))

@@ -62,28 +62,37 @@ On a CPU trace the workers take the fetch off the loop, but:
   (capture/modelprobe.thread_times, the least of up to 50 interleaved runs each), t(T') / t(T)
   in place of m. try_fakedata's CNN: 5.6 ms
   with 2 threads, 8 ms with one. Neither (no training call kept, a compiled model): M(T') = M.
-- a worker fetches with one intra-op thread (torch sets it there): the block's steps with one
-  thread also time the fetch so, and the workers' F is the loop's times their ratio (at least
-  1: fewer threads do not make the work cheaper, below is noise). A transform of large tensor
-  ops runs faster on the loop's threads, and its wall time there understates its CPU work: a
-  384x384 matmul per sample (tests/scripts/try_threaded_fetch.py) fetched in 9.4 ms with 2
-  threads and 15.0 ms with one, which took the estimate from 40 % to 13.8 % (`trainprof try`:
-  +19.4 % and +25.5 %, intervals of ±20-25 points; two workers at 8.0 ms per step, their rate
-  bound exactly). On the image pipelines measured here (PIL, FakeData, small tensors) the
-  ratio is 0.97-1.02.
+- a worker's fetch is not the loop's: it runs one intra-op thread (torch sets it there), and its
+  stack is deeper (code that formats the stack pays per frame: FakeData seeds torch for every
+  sample, and on a CUDA build with CUDA not initialised torch.manual_seed queues a lazy CUDA seed
+  with the formatted stack; under `trainprof run` try_fakedata's loop fetched a batch in 21.5 ms
+  and a real worker in 31.2, timed by hand). So from the end of the profiling window a
+  DataLoader worker forked from the loop fetches one of the script's batches at step boundaries
+  (outside the step times) while the loop waits, each paired with the loop's own fetch in the
+  step just ended, after steps with the run's thread count only (beside the thread steps, then
+  after them), 12 pairs, the first after the fork left out (capture/loaderfetch); the workers' F
+  is the loop's times the median ratio (at least 1: below is noise). Five workloads, 30-step
+  runs: try_fakedata 1.17-1.30 (three runs; the estimate 34.5-38.8 % where it was 40-41 %,
+  `trainprof try` measuring 23-27 % in earlier runs), Lightning's example 1.07-1.13 (still high
+  in three runs), dataloader_starved 1.16-1.17, try_jpeg 1.28, try_threaded_fetch 1.51-1.53.
+  Where the pairs did not run (off with `worker_fetch = false`, the script ended first, an
+  iterable dataset), the thread steps' one thread also time the fetch, and their ratio stands
+  in: a 384x384 matmul per sample (tests/scripts/try_threaded_fetch.py) fetched in 9.4 ms with
+  2 threads and 15.0 ms with one.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
   own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
   work spread over the cores, (M(T') min(T', C) + F + k (W + R_cpu)) / C (R_cpu: the
   CPU work in R, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
-- not modelled: a worker's fetch costing more than the loop's (one intra-op thread; code that
-  formats the stack, as FakeData's per-sample seed does on a CUDA build without CUDA, pays per
-  frame, and a worker's stack is the fork point's plus its own loop's), and more again when two
-  workers and the loop share two cores (`try_fakedata` under `trainprof try`, /proc sampled:
-  30 ms of CPU per batch with one worker, 45 ms with two, the loop's fetch ~22 ms). A probe
-  that fetched the script's own batches in a forked worker beside the loop's way was tried and
-  left out: its ratio moved 0.7-1.7 between identical runs on a shared VM and flipped findings.
+- not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
+  siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
+  bound said 17.9 (`trainprof try`). In a plain script on a quiet VM, two workers spent 22-33 ms
+  of CPU per batch where one spent 22-24, in runs a minute apart, and two spinning processes
+  got 1.14-1.29 times one's throughput then, 1.30-1.90 half an hour before. Measuring that
+  during the run was tried (a second forked process fetching beside the timed worker) and left
+  out: a figure that moves so between minutes would make the estimate, and its severity, move
+  with it between identical runs.
   Nor the workers' start-up (once per run with persistent_workers=True; given in the
   evidence); nor other processes' load: the cores are taken as the run's own (the evidence says
   when other processes kept half a CPU or more busy during the run), and on a machine whose
@@ -101,7 +110,7 @@ the cores' bound counts only the receiving's CPU work, R_cpu = the idle worker's
 5.4-10.4 ms busy against 0.7-3.0 ms idle for try_fakedata and try_jpeg; try_jpeg's estimate went
 from 35.2-35.6 % to 25.3-32.8 % (26-27 % measured on a quiet machine); try_fakedata's did not
 move (45-47 %, 23 % measured: the cores' bound holds there; its model with one thread, above,
-brought it to 38-48 %, and its workers' own cost is not modelled). Older metadata: R_cpu = R =
+brought it to 38-48 %, its workers' own cost, above, to 34.5-38.8 %). Older metadata: R_cpu = R =
 the idle figure.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
@@ -170,11 +179,18 @@ def _cpu_evidence(
             f"would take about {ms(model.compute)} with {model.threads} ({how})."
         )
     if model.worker_fetch > WORKER_FETCH_SAYS * model.removable:
-        text += (
-            f" The fetch itself took {ms(model.worker_fetch)} in those steps with one thread, as "
-            f"a worker runs it, against {ms(model.removable)} with {threads}: a worker's work "
-            "per batch."
-        )
+        if model.worker_fetch_source == "worker":
+            text += (
+                f" A DataLoader worker forked from the loop, fetching the script's own batches "
+                f"between its steps, took {model.worker_fetch / model.removable:.2f}x the loop's "
+                f"fetch just before each: {ms(model.worker_fetch)} of a worker's work per step."
+            )
+        else:
+            text += (
+                f" The fetch itself took {ms(model.worker_fetch)} in those steps with one "
+                f"thread, as a worker runs it, against {ms(model.removable)} with {threads}: a "
+                "worker's work per batch."
+            )
     text += (
         f" With {cores} cores shared by the workers and the model's threads, "
         f"{model.workers} worker(s){threads_text} would make the step about {ms(model.fixed)}"

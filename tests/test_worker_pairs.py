@@ -1,0 +1,151 @@
+"""capture/loaderfetch: a DataLoader worker forked from the loop fetches the script's own batches
+between the run's steps, each against the loop's fetch just before; dataloader-starvation's model
+takes the ratio. CPU-time lower bounds only (a dataset that spins until its thread's CPU clock has
+moved), no timing of the machine asserted beyond which side is the slower."""
+
+from __future__ import annotations
+
+import gc
+import multiprocessing
+import sys
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
+
+import trainprof
+from trainprof.analysis.loader_workers import StepThreads, worker_ratio
+from trainprof.capture import loaderfetch
+from trainprof.capture.loaderipc import busy
+from trainprof.capture.state import S
+from trainprof.runmeta import LoaderIpc
+
+pytestmark = pytest.mark.skipif(
+    sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods(),
+    reason="the worker is forked",
+)
+
+
+class TwoCosts(Dataset):
+    """`main_s` of CPU per sample in the main process, `worker_s` in a DataLoader worker."""
+
+    def __init__(self, main_s: float, worker_s: float, n: int) -> None:
+        self.main_s, self.worker_s, self.n = main_s, worker_s, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        busy(self.worker_s if get_worker_info() is not None else self.main_s)
+        return torch.zeros(4), i % 2
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        return iter([torch.zeros(4)] * 8)
+
+
+def test_the_source_of_a_loop_without_workers():
+    assert loaderfetch.source_of(iter(DataLoader(TwoCosts(0, 0, 8), batch_size=4))).batch_size == 4
+    src = loaderfetch.source_of(iter(DataLoader(TwoCosts(0, 0, 8), batch_size=None)))
+    assert src is not None and src.batch_size is None
+    assert loaderfetch.source_of(iter(DataLoader(Stream(), batch_size=2))) is None
+    it = iter(DataLoader(TwoCosts(0, 0, 8), batch_size=4, num_workers=1))
+    try:
+        assert loaderfetch.source_of(it) is None  # workers already
+    finally:
+        del it
+
+
+def test_the_models_ratio():
+    """The pairs' ratio where they ran (at least 1), else the one-thread steps', else 1."""
+    steps = StepThreads(points=[], fetch_ms={2: 10.0, 1: 13.0}, steps=8, run=2)
+    assert worker_ratio(LoaderIpc(worker_fetch_ratio=1.4), steps) == (1.4, "worker")
+    assert worker_ratio(LoaderIpc(worker_fetch_ratio=0.9), steps) == (1.0, "worker")
+    assert worker_ratio(LoaderIpc(), steps) == (1.3, "threads")
+    assert worker_ratio(None, None) == (1.0, "")
+
+
+def _train(out: Path, data: Dataset, config: Path | None = None) -> trainprof.api.Run:
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)  # the thread steps run first, whatever this machine has
+    try:
+        with trainprof.profile(out, show=False, wait=1, warmup=1, active=2, config=config) as run:
+            for x, y in DataLoader(data, batch_size=8):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(before)
+    return run
+
+
+@pytest.mark.slow
+def test_pairs_between_the_steps(tmp_path: Path):
+    """A dataset that costs 4x as much in a worker: 12 pairs, the worker the slower, at least
+    the CPU it spins; the worker's loader is not one of the run's, its fetches are in no step's
+    fetch time; the dataset is let go after the run."""
+    data = TwoCosts(main_s=0.001, worker_s=0.004, n=8 * 45)
+    gone = weakref.ref(data)
+    run = _train(tmp_path / "run", data)
+    ipc = run.meta.loader_ipc
+    assert ipc is not None, run.meta.notes
+    assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
+    assert ipc.worker_fetch_ms >= 8 * 4.0 and ipc.worker_fetch_ratio > 1.0
+    assert [d.num_workers for d in run.meta.dataloaders] == [0]
+    # The loop's fetch of 8 samples spins 8 ms; a step's fetch that held the worker's (32 ms of
+    # spinning) would be at least 40 ms.
+    assert max(run.meta.fetch_times_s[1:]) < 0.040 or sorted(run.meta.fetch_times_s)[-3] < 0.040
+    del data, run
+    gc.collect()
+    assert gone() is None
+
+
+@pytest.mark.slow
+def test_switched_off(tmp_path: Path):
+    off = tmp_path / "off.toml"
+    off.write_text("[run]\nworker_fetch = false\n")
+    run = _train(tmp_path / "off", TwoCosts(0.001, 0.004, 8 * 45), config=off)
+    ipc = run.meta.loader_ipc
+    assert ipc is not None and ipc.worker_fetch_ratio is None
+    assert ipc.worker_fetch_skipped == "worker_fetch = false in the config"
+
+
+def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.MonkeyPatch):
+    """Driven by hand: forked at the first boundary once ready; the first boundary after the fork
+    is left out (the loop's fetch then pays the fork's copy-on-write faults); a boundary after a
+    step with another thread count (a thread step) is not paired; the worker stops after PAIRS."""
+    data = TwoCosts(main_s=0.0, worker_s=0.0005, n=8 * 40)
+    src = loaderfetch.source_of(iter(DataLoader(data, batch_size=8)))
+    fetch = (data, 0.001)
+    ready = [False]
+    pairs = loaderfetch.WorkerPairs(lambda: ready[0], lambda: True, lambda: src, lambda: fetch)
+    monkeypatch.setattr(S, "enabled", True)  # as inside a run
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        pairs.after_step()
+        assert pairs.state == "waiting"
+        ready[0] = True
+        pairs.after_step()  # forks the worker
+        assert pairs.state == "running" and pairs.pairs == []
+        pairs.after_step()  # the first after the fork: left out
+        assert pairs.pairs == []
+        torch.set_num_threads(1)  # a thread step ended: no pair
+        pairs.after_step()
+        assert pairs.pairs == []
+        torch.set_num_threads(2)
+        for _ in range(loaderfetch.PAIRS + 3):
+            pairs.after_step()
+    finally:
+        torch.set_num_threads(before)
+        pairs.close()
+    assert len(pairs.pairs) == loaderfetch.PAIRS and pairs.state == "done"
+    worker, ratio, n, why = pairs.figures()
+    assert why == "" and n == loaderfetch.PAIRS
+    assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)

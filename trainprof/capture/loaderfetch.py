@@ -1,0 +1,274 @@
+"""The script's own batches fetched in a DataLoader worker between the run's steps: what a
+worker spends per batch where the run's loader had none.
+
+`dataloader-starvation`'s CPU model gives the workers the loop's fetch as their work per batch.
+A worker can spend more. It runs one intra-op thread (torch sets that in its workers), so a
+transform of large tensor ops that ran on the loop's threads takes longer there. And its stack
+is deeper (the loop's, where iter() forked it, plus the worker loop's), which costs code that
+formats the stack: FakeData seeds torch for every sample, and on a CUDA build with CUDA not
+initialised torch.manual_seed queues a lazy CUDA seed with the formatted stack (in Python 3.11,
+parsing each frame's line for its carets): try_fakedata's worker spent 20.3 ms per batch where
+the loop spent 14.3, timed by hand over 90-270 batches. Nothing in the run shows either.
+
+So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
+conditions, capture/threadsteps), the first fetch keeps a reference to that loader's map-style
+dataset and collate function (`Source`, dropped at the end of the run), and once the profiling
+window is saved, at a step boundary (outside the step times, as the thread changes are) one
+DataLoader worker is forked from the loop's own stack (torch's worker loop, one intra-op
+thread), with the dataset's first batches to fetch. At each later boundary after a step that ran
+with the run's thread count (every other step during the thread steps, which start at the same
+boundary, then every step) it fetches one, timed inside the worker, while this process waits (a
+semaphore lets it go): the pair is that time and the loop's own fetch of its batch in the step
+just ended (the stepper's `last_fetch`, the same loader's dataset). So the pairs need no steps
+of their own: under --max-steps 30 they fit beside the thread steps. The worker never runs
+beside a step: a fetch beside another on the same cores is contention, not either's cost (an
+after-the-run probe that let a worker and this process fetch at once gave ratios of 0.6-1.9 on
+one dataset within a minute), and after the run this process's stack is not the loop's
+(try_fakedata: 35 ms per batch there, the loop's 22 ms). Forking mid-run does not slow the
+loop's later steps: try_threaded_fetch's fetch after the pairs, three runs each with and
+without them, 13.9-16.9 ms against 15.4-17.5 ms (an earlier run that seemed to say otherwise was
+one of this VM's slow stretches).
+
+What the model takes is the RATIO of the worker's fetch to the loop's, pair by pair (the
+median), applied to the run's own fetch time: a shared machine's slow stretches moved the
+absolute figure 2x between identical runs, and they move both sides of a pair alike. Wall time:
+the worker's fetch has a core of its own (the loop waits meanwhile); the loop's is what the run
+timed. Up to PAIRS pairs within BUDGET_S of pauses; fewer than MIN_PAIRS (the script ended, the
+worker failed: the reason is kept): no figure. The dataset's __getitem__ and collate run in the
+forked worker as the fix would run them; nothing comes back to the script's process but times.
+Off with `worker_fetch = false` under [run] in the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainprof.capture.state import S
+
+WARM = 1  # batches the worker fetches first, untimed, when it is forked (imports, first faults)
+# Pairs not kept after the fork: in the first step after it the loop's fetch pays copy-on-write
+# faults on the pages it writes (try_fakedata: 25-31 ms against 21.5 in the later pairs)
+SKIP = 1
+PAIRS = 12  # pairs timed at most
+MIN_PAIRS = 3  # fewer pairs: no figure
+BUDGET_S = 2.0  # the pauses (the worker's fetches, estimated from the loop's) stay within this
+WORKER_COST = 2.0  # the worker's fetch assumed at most this many loop fetches, for the budget
+TIMEOUT_S = 20.0  # a worker that hands nothing over in this long is given up
+
+
+@dataclass(frozen=True)
+class Source:
+    """What the loop's loader fetches from: its map-style dataset, collate function and batch
+    size (None: the dataset's items are the batches, `collate` converts them)."""
+
+    dataset: Any
+    collate: Any
+    batch_size: int | None
+
+
+def source_of(it: Any) -> Source | None:
+    """The Source of a DataLoader iterator without workers over a map-style dataset (else None:
+    workers already, an iterable dataset, or an iterator this torch does not describe)."""
+    from torch.utils.data import IterableDataset
+
+    if getattr(it, "_num_workers", None) != 0:
+        return None
+    dataset = getattr(it, "_dataset", None)
+    collate = getattr(it, "_collate_fn", None)
+    if dataset is None or collate is None or isinstance(dataset, IterableDataset):
+        return None
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        return None
+    size = None
+    if getattr(it, "_auto_collation", False):
+        size = getattr(getattr(it, "_index_sampler", None), "batch_size", None)
+        if not isinstance(size, int) or size < 1:
+            return None
+    return Source(dataset, collate, size)
+
+
+class _TimedBatches(torch.utils.data.Dataset):
+    """Item i: the wall time (s) to fetch batch i of the source and collate it, as a fetcher
+    does (`__getitems__` where the dataset has it), each fetch after the main process releases
+    `gate` (it waits meanwhile)."""
+
+    def __init__(self, src: Source, batches: int, gate: Any) -> None:
+        self.src = src
+        self.batches = batches
+        self.gate = gate
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __getitem__(self, i: int) -> float:
+        if not self.gate.acquire(timeout=TIMEOUT_S):
+            raise TimeoutError("the run never let the worker fetch")
+        src = self.src
+        t0 = time.perf_counter()
+        if src.batch_size is None:
+            src.collate(src.dataset[i])
+        else:
+            idx = list(range(i * src.batch_size, (i + 1) * src.batch_size))
+            many = getattr(src.dataset, "__getitems__", None)
+            src.collate(many(idx) if many is not None else [src.dataset[j] for j in idx])
+        return time.perf_counter() - t0
+
+
+@contextlib.contextmanager
+def _unseen() -> Any:
+    """trainprof's probes off: the worker's loader is not the script's (its fetches are no
+    steps' fetches, it is no loader of the run's metadata)."""
+    enabled, S.enabled = S.enabled, False
+    try:
+        yield
+    finally:
+        S.enabled = enabled
+
+
+def _reason(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[-1][:160]}" if text else type(err).__name__
+
+
+class WorkerPairs:
+    """Times a worker's fetch between the run's steps (see the module doc). `ready()` says when
+    the profiling window is saved; `wanted()`, asked once then, whether the run is one the
+    estimate needs it for (a CPU run fetching in the loop); `last_fetch()` gives the loop's
+    latest fetch, (dataset, seconds). Called at each boundary before the thread steps change the
+    count, so the count then is the ended step's."""
+
+    def __init__(
+        self,
+        ready: Callable[[], bool],
+        wanted: Callable[[], bool],
+        source: Callable[[], Source | None],
+        last_fetch: Callable[[], tuple[Any, float] | None],
+        enabled: bool = True,
+    ) -> None:
+        self.ready = ready
+        self.wanted = wanted
+        self.source = source
+        self.last_fetch = last_fetch
+        self.enabled = enabled
+        self.pid = os.getpid()
+        self.pairs: list[tuple[float, float]] = []  # (the loop's fetch, the worker's) in s
+        self.skipped = ""  # why there are no pairs, or fewer than wanted
+        self.state = "waiting"  # waiting -> running -> done
+        self._it: Any = None
+        self._gate: Any = None
+        self._src: Source | None = None
+        self._wanted = 0
+        self._skip = 0  # pairs still to leave out (SKIP)
+        self._threads = 0  # the run's intra-op threads when the worker was forked
+
+    def after_step(self) -> None:
+        """Called at every step boundary, outside the step times (capture/stepper on_step)."""
+        if self.state == "done" or os.getpid() != self.pid or not S.enabled:
+            return
+        if self.state == "waiting":
+            if not self.enabled:
+                self.skipped = "worker_fetch = false in the config"
+                self.state = "done"
+            elif self.ready():
+                self._start()
+            return
+        if torch.get_num_threads() != self._threads:
+            return  # a thread step's: its fetch is not the run's
+        last = self.last_fetch()
+        if last is None or self._src is None or last[0] is not self._src.dataset:
+            return  # no fetch of that loader in this step (an evaluation pass): no pair
+        try:
+            self._gate.release()  # the worker's turn; the loop waits for its batch
+            with _unseen():
+                worker = float(next(self._it))
+        except Exception as err:  # noqa: BLE001 - the dataset fails in a worker: no more pairs
+            self.skipped = f"the worker's fetch failed ({_reason(err)})"
+            self.close()
+            return
+        if self._skip:
+            self._skip -= 1
+            return
+        self.pairs.append((last[1], worker))
+        if len(self.pairs) >= self._wanted:
+            self.close()
+
+    def _start(self) -> None:
+        self.state = "done"
+        if not self.wanted():  # a GPU run, workers already, fetches too short to matter
+            self.skipped = "when the profiling window ended, no CPU loop's fetches to time"
+            return
+        src, last = self.source(), self.last_fetch()
+        if src is None or last is None:
+            self.skipped = "no map-style dataset behind the loop's batches"
+            return
+        if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
+            self.skipped = "no fork start method here"
+            return
+        size = src.batch_size or 1
+        try:
+            batches = len(src.dataset) // size
+        except Exception as err:  # noqa: BLE001 - a dataset whose __len__ fails: no figure
+            self.skipped = f"the dataset's length is not known ({_reason(err)})"
+            return
+        fetch = max(last[1], 1e-6)
+        self._wanted = min(PAIRS, batches - WARM - SKIP, int(BUDGET_S / (WORKER_COST * fetch)))
+        if self._wanted < MIN_PAIRS:
+            self.skipped = (
+                "the dataset holds too few batches" if batches - WARM - SKIP < MIN_PAIRS
+                else f"a fetch takes {fetch:.2f} s, too long to repeat"
+            )  # fmt: skip
+            return
+        self._gate = multiprocessing.get_context("fork").Semaphore(0)
+        try:
+            with _unseen():
+                loader = torch.utils.data.DataLoader(
+                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate), batch_size=None,
+                    num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
+                    timeout=max(TIMEOUT_S, 20 * fetch),
+                )  # fmt: skip
+                self._it = iter(loader)  # forks the worker from the loop's stack
+                for _ in range(WARM):
+                    self._gate.release()
+                    next(self._it)
+        except Exception as err:  # noqa: BLE001 - no worker here (a sandbox, /dev/shm full)
+            self.skipped = f"the worker's fetch failed ({_reason(err)})"
+            self.close()
+            return
+        self._src = src
+        self._skip = SKIP
+        self._threads = torch.get_num_threads()
+        self.state = "running"
+
+    def close(self) -> None:
+        """Stop the worker (the pairs are done, or the script ended during them)."""
+        it, self._it = self._it, None
+        shutdown = getattr(it, "_shutdown_workers", None)
+        if shutdown is not None:
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001,S110 - a worker already gone
+                pass
+        self._src = None
+        self.state = "done"
+
+    def figures(self) -> tuple[float | None, float | None, int, str]:
+        """(the worker's median fetch in s, the median ratio to the loop's, pairs, why none)."""
+        ratios = [w / m for m, w in self.pairs if m > 0]
+        if len(ratios) < MIN_PAIRS:
+            why = self.skipped or (
+                f"{len(ratios)} fetch pair(s) before the run ended" if self.state != "waiting"
+                else "the run ended before the worker's fetch was timed"
+            )  # fmt: skip
+            return None, None, len(ratios), why
+        worker = statistics.median(w for _, w in self.pairs)
+        return worker, statistics.median(ratios), len(ratios), ""
