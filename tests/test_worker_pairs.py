@@ -69,13 +69,21 @@ def test_the_models_ratio():
     assert worker_ratio(None, None) == (1.0, "")
 
 
-def _train(out: Path, data: Dataset, config: Path | None = None) -> trainprof.api.Run:
+def _train(
+    out: Path, data: Dataset, config: Path | None = None, val: Dataset | None = None
+) -> trainprof.api.Run:
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     before = torch.get_num_threads()
     torch.set_num_threads(2)  # the thread steps run first, whatever this machine has
     try:
         with trainprof.profile(out, show=False, wait=1, warmup=1, active=2, config=config) as run:
+            if val is not None:  # an evaluation pass first: its loader is fetched first
+                model.eval()
+                with torch.no_grad():
+                    for x, _ in DataLoader(val, batch_size=8):
+                        model(x)
+                model.train()
             for x, y in DataLoader(data, batch_size=8):
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(x), y).backward()
@@ -121,10 +129,10 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     is left out (the loop's fetch then pays the fork's copy-on-write faults); a boundary after a
     step with another thread count (a thread step) is not paired; the worker stops after PAIRS."""
     data = TwoCosts(main_s=0.0, worker_s=0.0005, n=8 * 40)
-    src = loaderfetch.source_of(iter(DataLoader(data, batch_size=8)))
-    fetch = (data, 0.001)
+    it = iter(DataLoader(data, batch_size=8))  # the loop's
+    fetch = (it, 0.001)
     ready = [False]
-    pairs = loaderfetch.WorkerPairs(lambda: ready[0], lambda: True, lambda: src, lambda: fetch)
+    pairs = loaderfetch.WorkerPairs(lambda: ready[0], lambda: True, lambda: fetch)
     monkeypatch.setattr(S, "enabled", True)  # as inside a run
     before = torch.get_num_threads()
     torch.set_num_threads(2)
@@ -149,3 +157,14 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     worker, ratio, n, why = pairs.figures()
     assert why == "" and n == loaderfetch.PAIRS
     assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)
+
+
+@pytest.mark.slow
+def test_pairs_with_the_training_loader_after_an_evaluation_pass(tmp_path: Path):
+    """The loader paired is the one the steps fetch from when the window ends, not the first
+    one fetched (an evaluation pass before training)."""
+    run = _train(tmp_path / "run", TwoCosts(0.001, 0.004, 8 * 45), val=TwoCosts(0.0, 0.0, 16))
+    ipc = run.meta.loader_ipc
+    assert ipc is not None, run.meta.notes
+    assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
+    assert ipc.worker_fetch_ms >= 8 * 4.0

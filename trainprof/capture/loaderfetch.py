@@ -11,15 +11,16 @@ parsing each frame's line for its carets): try_fakedata's worker spent 20.3 ms p
 the loop spent 14.3, timed by hand over 90-270 batches. Nothing in the run shows either.
 
 So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
-conditions, capture/threadsteps), the first fetch keeps a reference to that loader's map-style
-dataset and collate function (`Source`, dropped at the end of the run), and once the profiling
-window is saved, at a step boundary (outside the step times, as the thread changes are) one
+conditions, capture/threadsteps), once the profiling window is saved, the loader of the latest
+fetch gives its map-style dataset and collate function (`Source`: the stepper keeps only a weak
+reference to the iterator, and this module the Source until the pairs end), and at a step
+boundary (outside the step times, as the thread changes are) one
 DataLoader worker is forked from the loop's own stack (torch's worker loop, one intra-op
 thread), with the dataset's first batches to fetch. At each later boundary after a step that ran
 with the run's thread count (every other step during the thread steps, which start at the same
 boundary, then every step) it fetches one, timed inside the worker, while this process waits (a
 semaphore lets it go): the pair is that time and the loop's own fetch of its batch in the step
-just ended (the stepper's `last_fetch`, the same loader's dataset). So the pairs need no steps
+just ended (the stepper's `fetched()`, a loader over the same dataset). So the pairs need no steps
 of their own: under --max-steps 30 they fit beside the thread steps. The worker never runs
 beside a step: a fetch beside another on the same cores is contention, not either's cost (an
 after-the-run probe that let a worker and this process fetch at once gave ratios of 0.6-1.9 on
@@ -144,20 +145,18 @@ class WorkerPairs:
     """Times a worker's fetch between the run's steps (see the module doc). `ready()` says when
     the profiling window is saved; `wanted()`, asked once then, whether the run is one the
     estimate needs it for (a CPU run fetching in the loop); `last_fetch()` gives the loop's
-    latest fetch, (dataset, seconds). Called at each boundary before the thread steps change the
-    count, so the count then is the ended step's."""
+    latest fetch, (its DataLoader iterator or None, seconds). Called at each boundary before the
+    thread steps change the count, so the count then is the ended step's."""
 
     def __init__(
         self,
         ready: Callable[[], bool],
         wanted: Callable[[], bool],
-        source: Callable[[], Source | None],
         last_fetch: Callable[[], tuple[Any, float] | None],
         enabled: bool = True,
     ) -> None:
         self.ready = ready
         self.wanted = wanted
-        self.source = source
         self.last_fetch = last_fetch
         self.enabled = enabled
         self.pid = os.getpid()
@@ -185,8 +184,10 @@ class WorkerPairs:
         if torch.get_num_threads() != self._threads:
             return  # a thread step's: its fetch is not the run's
         last = self.last_fetch()
-        if last is None or self._src is None or last[0] is not self._src.dataset:
-            return  # no fetch of that loader in this step (an evaluation pass): no pair
+        if last is None or self._src is None or getattr(last[0], "_dataset", None) is not (
+            self._src.dataset
+        ):
+            return  # no fetch of that dataset in this step (an evaluation pass): no pair
         try:
             self._gate.release()  # the worker's turn; the loop waits for its batch
             with _unseen():
@@ -207,7 +208,11 @@ class WorkerPairs:
         if not self.wanted():  # a GPU run, workers already, fetches too short to matter
             self.skipped = "when the profiling window ended, no CPU loop's fetches to time"
             return
-        src, last = self.source(), self.last_fetch()
+        last = self.last_fetch()
+        try:
+            src = source_of(last[0]) if last is not None and last[0] is not None else None
+        except Exception:  # noqa: BLE001 - an odd dataset (hasattr raising): no pairs
+            src = None
         if src is None or last is None:
             self.skipped = "no map-style dataset behind the loop's batches"
             return

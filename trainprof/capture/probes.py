@@ -32,7 +32,6 @@ from torch.autograd.profiler import record_function
 
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.evaluation import EVAL_RANGE, is_eval_forward
-from trainprof.capture.loaderfetch import source_of
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S, on_fork_child
 from trainprof.capture.stepper import GENERIC_EVAL, Stepper
@@ -109,13 +108,9 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
                 batch = fetch(self)
             finally:
                 S.fetch_depth -= 1
-            stepper.on_fetch_end(getattr(self, "_dataset", None))
+            stepper.on_fetch_end(self)
             if stepper.first_batch is None and not S.fetch_depth:
                 stepper.first_batch = batch_spec(batch)
-                try:
-                    stepper.first_source = source_of(self)
-                except Exception:  # an odd dataset (hasattr raising): no worker-fetch pairs
-                    stepper.first_source = None
             return batch
 
         return __next__

@@ -314,7 +314,7 @@ class Session:
                 stepper.step_times, stepper.fetch_times,
                 [d.num_workers for d in collector.dataloaders],
             ),
-            lambda: stepper.first_source, lambda: stepper.last_fetch, cfg.worker_fetch,
+            stepper.fetched, cfg.worker_fetch,
         )  # fmt: skip
 
         def on_step() -> None:
@@ -406,7 +406,7 @@ class Session:
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
-        stepper.first_source = stepper.last_fetch = None  # and so is its dataset
+        stepper.last_fetch = None
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured

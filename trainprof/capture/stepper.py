@@ -59,7 +59,6 @@ from torch.profiler import ProfilerAction
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.gpusteps import GpuStepClock
 from trainprof.capture.launch import MaxStepsReached
-from trainprof.capture.loaderfetch import Source
 from trainprof.capture.optprobe import OptimizerSpec, spec_of
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
@@ -140,10 +139,10 @@ class Stepper:
         self.stepped_ids: dict[str, int] = {}
         # (shape, dtype) of the tensors of the first batch fetched on the script's thread
         self.first_batch: list[tuple[list[int], str]] | None = None
-        # what that batch's loader (no workers, a map-style dataset) fetches from: held for
-        # capture/loaderfetch, dropped at the end of the run
-        self.first_source: Source | None = None
-        self.last_fetch: tuple[Any, float] | None = None  # (its loader's dataset, seconds)
+        # the latest fetch on the script's thread: (a weak reference to its DataLoader iterator,
+        # seconds), for capture/loaderfetch; weak, so an iterator's workers end when the script
+        # drops it
+        self.last_fetch: tuple[weakref.ref[Any] | None, float] | None = None
         self.recorded: list[int] = []
         self.primary: weakref.ref[Any] | None = None
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()  # alive torch optimizers
@@ -278,15 +277,27 @@ class Stepper:
         if not S.fetch_depth:  # a loader iterated inside a dataset is part of the outer fetch
             self.fetch_t0 = time.perf_counter()
 
-    def on_fetch_end(self, dataset: Any = None) -> None:
-        """A fetch returned a batch; `dataset`: its loader's (kept with the fetch's time as
-        `last_fetch`: capture/loaderfetch pairs a worker's fetch with it)."""
+    def on_fetch_end(self, it: Any = None) -> None:
+        """A fetch returned a batch; `it`: the DataLoader iterator (kept, weakly, with the
+        fetch's time as `last_fetch`: capture/loaderfetch pairs a worker's fetch with it)."""
         self.batch_out = True
         if not S.fetch_depth and self.fetch_t0 is not None:
             took = time.perf_counter() - self.fetch_t0
             self.fetch_s += took
             self.fetch_t0 = None
-            self.last_fetch = (dataset, took)
+            try:
+                ref = None if it is None else weakref.ref(it)
+            except TypeError:  # an iterator without weak references (__slots__)
+                ref = None
+            self.last_fetch = (ref, took)
+
+    def fetched(self) -> tuple[Any, float] | None:
+        """The latest fetch: (its DataLoader iterator, None once the script dropped it; the
+        seconds it took), None before any."""
+        last = self.last_fetch
+        if last is None:
+            return None
+        return (last[0]() if last[0] is not None else None), last[1]
 
     def on_forward_root(self) -> None:
         if self.pending and not S.opt_depth:
