@@ -183,11 +183,11 @@ class WorkerPairs:
             return
         if torch.get_num_threads() != self._threads:
             return  # a thread step's: its fetch is not the run's
-        last = self.last_fetch()
-        if last is None or self._src is None or getattr(last[0], "_dataset", None) is not (
-            self._src.dataset
+        it, loop_s = self.last_fetch() or (None, 0.0)
+        if self._src is None or getattr(it, "_dataset", None) is not self._src.dataset or (
+            getattr(it, "_num_workers", None) != 0
         ):
-            return  # no fetch of that dataset in this step (an evaluation pass): no pair
+            return  # no fetch of that dataset in the loop in this step (evaluation): no pair
         try:
             self._gate.release()  # the worker's turn; the loop waits for its batch
             with _unseen():
@@ -199,7 +199,7 @@ class WorkerPairs:
         if self._skip:
             self._skip -= 1
             return
-        self.pairs.append((last[1], worker))
+        self.pairs.append((loop_s, worker))
         if len(self.pairs) >= self._wanted:
             self.close()
 
