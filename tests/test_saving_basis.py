@@ -74,9 +74,10 @@ def test_savings_are_shares_of_the_unprofiled_step(epochs: Path, as_json: dict) 
     assert basis["kind"] == "unprofiled"
     assert basis["step_ms"] == pytest.approx(_unprofiled_median_ms(meta), abs=0.002)
     assert basis["step_ms"] != pytest.approx(as_json["steps"]["mean_ms"], rel=1e-3)
-    saving = [f for f in as_json["findings"] if f["est_saving_ms_per_step"] > 0]
-    assert saving, "the run should have at least one finding with a saving"
-    for f in saving:
+    # Every finding, a saving of 0 too (on a loaded machine the DataLoader model can say that
+    # workers would not pay off here: 0 ms is then 0 %).
+    assert as_json["findings"]
+    for f in as_json["findings"]:
         share = f["est_saving_ms_per_step"] / basis["step_ms"]
         assert share == pytest.approx(f["est_saving_pct"] / 100, abs=2e-4), f["rule"]
 
@@ -89,7 +90,8 @@ def test_dataloader_evidence_speaks_of_the_same_step(as_json: dict) -> None:
     assert hit, f["evidence"]
     before, after = float(hit.group(1)), float(hit.group(2))
     assert before == pytest.approx(basis, abs=0.06)
-    assert before - after == pytest.approx(f["est_saving_ms_per_step"], abs=0.11)
+    # A fix the model says would make the step slower saves nothing (not a negative saving).
+    assert max(before - after, 0.0) == pytest.approx(f["est_saving_ms_per_step"], abs=0.11)
 
 
 def test_headers_state_the_basis(ran: tuple[Path, str], as_json: dict) -> None:
