@@ -55,6 +55,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.state import S
+from trainprof.errors import one_line
 
 WARM = 1  # batches the worker fetches first, untimed, when it is forked (imports, first faults)
 # Pairs not kept after the fork: in the first step after it the loop's fetch pays copy-on-write
@@ -125,6 +126,11 @@ class _TimedBatches(torch.utils.data.Dataset):
         return time.perf_counter() - t0
 
 
+def _why(err: BaseException) -> str:
+    """The error's last line: a worker's error re-raised here ends with the original one."""
+    return one_line(err, last=True, width=160)
+
+
 @contextlib.contextmanager
 def _unseen() -> Any:
     """trainprof's probes off: the worker's loader is not the script's (its fetches are no
@@ -134,11 +140,6 @@ def _unseen() -> Any:
         yield
     finally:
         S.enabled = enabled
-
-
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[-1][:160]}" if text else type(err).__name__
 
 
 class WorkerPairs:
@@ -193,7 +194,7 @@ class WorkerPairs:
             with _unseen():
                 worker = float(next(self._it))
         except Exception as err:  # noqa: BLE001 - the dataset fails in a worker: no more pairs
-            self.skipped = f"the worker's fetch failed ({_reason(err)})"
+            self.skipped = f"the worker's fetch failed ({_why(err)})"
             self.close()
             return
         if self._skip:
@@ -223,7 +224,7 @@ class WorkerPairs:
         try:
             batches = len(src.dataset) // size
         except Exception as err:  # noqa: BLE001 - a dataset whose __len__ fails: no figure
-            self.skipped = f"the dataset's length is not known ({_reason(err)})"
+            self.skipped = f"the dataset's length is not known ({_why(err)})"
             return
         fetch = max(last[1], 1e-6)
         self._wanted = min(PAIRS, batches - WARM - SKIP, int(BUDGET_S / (WORKER_COST * fetch)))
@@ -246,7 +247,7 @@ class WorkerPairs:
                     self._gate.release()
                     next(self._it)
         except Exception as err:  # noqa: BLE001 - no worker here (a sandbox, /dev/shm full)
-            self.skipped = f"the worker's fetch failed ({_reason(err)})"
+            self.skipped = f"the worker's fetch failed ({_why(err)})"
             self.close()
             return
         self._src = src

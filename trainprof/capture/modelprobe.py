@@ -39,6 +39,7 @@ import torch
 
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cputime import best_interleaved, cpu_time
+from trainprof.errors import one_line
 from trainprof.runmeta import RunMeta
 
 MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
@@ -113,11 +114,6 @@ def _not_copied(module: torch.nn.Module) -> str:
     return ""
 
 
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
-
-
 def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes:
     """Forward + backward of copies of `module` on (args, kwargs): fp32 vs the bf16 fix."""
     name = type(module).__name__
@@ -151,7 +147,7 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
             best32, best16, reps = best_interleaved(fp32, bf16, MAX_REPS, BUDGET_S, started)
             best32, best16 = min(best32, first), min(best16, first16)
     except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
-        return ModelTimes(model=name, skipped=f"the copy or its call failed: {_reason(err)}")
+        return ModelTimes(model=name, skipped=f"the copy or its call failed: {one_line(err)}")
     finally:
         torch.set_num_threads(threads)
     return ModelTimes(
@@ -206,7 +202,7 @@ def thread_times(
                     run()
                     best[n] = min(best[n], time.perf_counter() - t0)
     except Exception as err:  # noqa: BLE001 - no scaling figures: the model's threads as run
-        return [], f"the copy or its call failed: {_reason(err)}"
+        return [], f"the copy or its call failed: {one_line(err)}"
     finally:
         torch.set_num_threads(saved)
     return [[n, round(best[n] * 1e3, 3)] for n in threads], ""

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.cputime import best_interleaved, cpu_time
+from trainprof.errors import one_line
 from trainprof.runmeta import OptimizerProbe
 
 MAX_PARAM_BYTES = 256 << 20  # parameters: copies of them, their gradients and two states
@@ -123,11 +124,6 @@ def _build(cls: type, groups: list[dict], **flags: bool) -> Any:
     return cls([{**g, **flags} for g in groups], **flags)
 
 
-def _reason(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0][:200]}" if text else type(err).__name__
-
-
 def time_optimizer(opt: Any) -> OptimizerProbe:
     """step() of copies of `opt` (an optimizer or its OptimizerSpec): the single-tensor loop vs
     fused=True (or foreach=True)."""
@@ -160,7 +156,7 @@ def time_optimizer(opt: Any) -> OptimizerProbe:
             )
             best_loop, best_fix = min(best_loop, first_loop), min(best_fix, first_fix)
     except Exception as err:  # noqa: BLE001 - any failure means the fixed ratios instead
-        info.skipped = f"the copy or its step failed: {_reason(err)}"
+        info.skipped = f"the copy or its step failed: {one_line(err)}"
         return info
     info.loop_ms, info.fix_ms, info.reps = round(best_loop * 1e3, 4), round(best_fix * 1e3, 4), reps
     return info

@@ -301,19 +301,21 @@ class Session:
 
         writer.on_saved = lambda: checkpoint(force=True)
         stepper.guard = StopAfterSave
+
+        def window_done() -> bool:  # the profiling window saved; the steps after it are timed
+            return not stepper.profiling and not stepper.aside and stepper.last_step is not None
+
+        def loader_workers() -> list[int]:
+            return [d.num_workers for d in collector.dataloaders]
+
         threads = ThreadSteps(
-            lambda: not stepper.profiling and not stepper.aside and stepper.last_step is not None,
-            stepper.step_times, stepper.fetch_times,
-            lambda: [d.num_workers for d in collector.dataloaders],
+            window_done, stepper.step_times, stepper.fetch_times, loader_workers,
             usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
         )  # fmt: skip
 
         pairs = WorkerPairs(
-            lambda: not stepper.profiling and not stepper.aside and stepper.last_step is not None,
-            lambda: cpu_loop_fetches(
-                stepper.step_times, stepper.fetch_times,
-                [d.num_workers for d in collector.dataloaders],
-            ),
+            window_done,
+            lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
             stepper.fetched, cfg.worker_fetch,
         )  # fmt: skip
 
@@ -406,7 +408,6 @@ class Session:
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
-        stepper.last_fetch = None
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured
