@@ -243,3 +243,30 @@ def test_steps_with_fewer_threads_are_left_out_like_evaluation() -> None:
     assert "5 run with fewer threads" in summary and "median 10.00 ms" in summary
     marks = step_marks(meta)
     assert marks.threads == {11: 1, 13: 1, 15: 1, 17: 1, 19: 1} and not marks.outliers
+
+
+def test_steps_while_a_worker_timed_its_fetches_are_left_out() -> None:
+    """Steps run while a DataLoader worker timed its fetches (capture/loaderfetch) are slower:
+    not the run's steps either, named apart from the thread steps where both are."""
+    from trainprof.report.html import step_time_chart
+    from trainprof.report.step_marks import step_marks
+
+    times = [0.01] * 24
+    block = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(range(10, 16))]
+    waited = [10, 11, 13, 15, 17, 18]  # the fork, pairs before one-thread steps, then after
+    for s in set(waited) | {11, 13, 15}:
+        times[s] = 0.02
+    meta = RunMeta(step_times_s=times, torch_threads=2, thread_steps=block,
+                   worker_fetch_steps=waited)
+    assert meta.altered_steps() == {10, 11, 13, 15, 17, 18}
+    assert meta.probe_steps() == ({11, 13, 15}, {10, 17, 18})
+    assert Context(trace=None, meta=meta).unprofiled_step_us == pytest.approx(10_000)
+    sample, _, _ = step_sample(RunInput("run", [], meta))
+    assert sample.max() == pytest.approx(10.0)
+    summary = step_summary(meta)
+    assert "3 run with fewer threads" in summary and "median 10.00 ms" in summary
+    assert "3 while a DataLoader worker timed its fetches" in summary
+    marks = step_marks(meta)
+    assert marks.threads == {11: 1, 13: 1, 15: 1} and marks.waited == {10, 17, 18}
+    assert not marks.outliers
+    assert "Steps #10, #17, #18 ran while a DataLoader worker" in step_time_chart(meta)

@@ -56,13 +56,15 @@ def as_json(epochs: Path) -> dict:
 
 def _unprofiled_median_ms(meta: dict) -> float:
     """Independently of trainprof: the steps the profiler neither recorded nor warmed up for,
-    after the schedule's first wait + warmup steps, and not run with fewer threads (the block's
-    first count is the run's: `thread_steps`)."""
+    after the schedule's first wait + warmup steps, not run with fewer threads (the block's
+    first count is the run's: `thread_steps`) and not begun after a wait for a worker's timed
+    fetch (`worker_fetch_steps`)."""
     w = meta["window"]
     first = min(w["recorded_steps"])
     touched = set(w["recorded_steps"]) | set(range(first - w["warmup"], first))
     block = meta.get("thread_steps") or []
     touched |= {s for s, t in block if t != block[0][1]}
+    touched |= set(meta.get("worker_fetch_steps") or [])
     times = [t for i, t in enumerate(meta["step_times_s"])
              if i >= w["wait"] + w["warmup"] and i not in touched]
     return 1000 * statistics.median(times)

@@ -59,7 +59,8 @@ def test_steps_after_the_window_run_round_robin(tmp_path: Path, two_threads):
     # the batch fetched for it): the block's counts, then the run's own for the rest.
     assert [run.seen[s] for s, _ in meta.thread_steps] == [t for _, t in meta.thread_steps]
     assert set(run.seen[first + 2 * CYCLES :]) == {2} and torch.get_num_threads() == 2
-    assert meta.altered_steps() == {s for s, t in meta.thread_steps if t == 1}
+    assert meta.fewer_thread_steps() == {s for s, t in meta.thread_steps if t == 1}
+    assert meta.altered_steps() == meta.fewer_thread_steps() | set(meta.worker_fetch_steps)
     # The copy of the model need not be timed: the run's own steps were.
     assert meta.loader_ipc is not None and meta.loader_ipc.model_threads_ms == []
     (f,) = [f for f in run.diagnosis.findings if f.rule == "dataloader-starvation"]
@@ -84,7 +85,7 @@ def test_the_scripts_own_thread_count_stands(tmp_path: Path, two_threads):
     run = _train(tmp_path / "run", batches=30, on_step=set_three)
     assert run.meta.thread_steps == [[4, 2]]
     assert torch.get_num_threads() == 3
-    assert run.meta.altered_steps() == set()
+    assert run.meta.fewer_thread_steps() == set()
 
 
 @pytest.mark.slow

@@ -106,6 +106,15 @@ def test_pairs_between_the_steps(tmp_path: Path):
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
     assert ipc.worker_fetch_ms >= 8 * 4.0 and ipc.worker_fetch_ratio > 1.0
     assert [d.num_workers for d in run.meta.dataloaders] == [0]
+    # The steps from the fork to SETTLE after the worker stopped: left out of the run's steps,
+    # and said so.
+    disturbed = run.meta.worker_fetch_steps
+    assert len(disturbed) >= 1 + loaderfetch.SKIP + loaderfetch.PAIRS + loaderfetch.SETTLE - 1
+    assert disturbed == list(range(disturbed[0], disturbed[-1] + 1))
+    assert set(disturbed) <= run.meta.altered_steps()
+    notes = " ".join(run.diagnosis.notes)
+    assert f"{len(run.meta.probe_steps()[1])} of {len(run.meta.step_times_s)} steps of the run " \
+        "ran while a DataLoader worker timed" in notes
     # The loop's fetch of 8 samples spins 8 ms; a step's fetch that held the worker's (32 ms of
     # spinning) would be at least 40 ms.
     assert max(run.meta.fetch_times_s[1:]) < 0.040 or sorted(run.meta.fetch_times_s)[-3] < 0.040
@@ -157,6 +166,41 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     worker, ratio, n, why = pairs.figures()
     assert why == "" and n == loaderfetch.PAIRS
     assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)
+
+
+def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):
+    """The steps from the fork to SETTLE after the worker stops are left out of the run's
+    statistics (RunMeta.worker_fetch_steps): under --max-steps the worker is stopped early enough
+    to leave TIMED_AFTER steps after them, which time the step."""
+    from trainprof.capture.config import TIMED_AFTER
+
+    it = iter(DataLoader(TwoCosts(main_s=0.0, worker_s=0.0, n=8 * 40), batch_size=8))
+    done = [10]  # steps ended: the window ended with step 9
+    pairs = loaderfetch.WorkerPairs(
+        lambda: True, lambda: True, lambda: (it, 0.001), steps_done=lambda: done[0], max_steps=30
+    )
+    monkeypatch.setattr(S, "enabled", True)
+    try:
+        while done[0] < 30:
+            pairs.after_step()
+            done[0] += 1
+            if done[0] == 15:  # the run so far: from the fork on
+                assert pairs.steps(15) == list(range(10, 15))
+    finally:
+        pairs.close()
+    stop = 30 - TIMED_AFTER - loaderfetch.SETTLE  # the worker stopped before this step
+    assert pairs.stopped == stop and pairs.state == "done"
+    assert pairs.steps(30) == list(range(10, 30 - TIMED_AFTER))
+    # A pair at every boundary from the fork's on, the first left out, fewer than PAIRS.
+    assert len(pairs.pairs) == stop - 10 - 1 - loaderfetch.SKIP < loaderfetch.PAIRS
+    assert pairs.skipped == f"--max-steps left room for {len(pairs.pairs)} pair(s)"
+    worker, ratio, n, why = pairs.figures()
+    assert n == len(pairs.pairs) and why == ""  # enough pairs: the reason is not reported
+    late = loaderfetch.WorkerPairs(
+        lambda: True, lambda: True, lambda: (it, 0.001), steps_done=lambda: stop, max_steps=30
+    )
+    late.after_step()
+    assert late.steps(30) == [] and late.skipped.startswith("--max-steps left no steps")
 
 
 @pytest.mark.slow

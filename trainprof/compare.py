@@ -280,8 +280,8 @@ def step_sample(run: RunInput, gpu: bool = False) -> tuple[np.ndarray, str, int]
         times = run.meta.gpu_step_times_s if host else run.meta.step_times_s
         ms = np.asarray([np.nan if t is None else t for t in times], dtype=float) * 1000.0
         k = warmup_steps(len(ms), run.meta)
-        # Steps holding an evaluation pass, or run with another thread count, are not the run's
-        # training steps.
+        # Steps holding an evaluation pass, run with another thread count or while a worker timed
+        # its fetches are not the run's training steps.
         train = np.ones(len(ms), bool)
         train[[i for i in run.meta.altered_steps() if i < len(ms)]] = False
         return ms[k:][train[k:]], "gpu" if host else "metadata", k
@@ -610,14 +610,18 @@ def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
             meta = run.meta
             evals = meta.eval_steps if meta is not None else []
             kept = [i for i in evals if i >= s.dropped]  # (earlier ones went with the warm-up)
-            other = sorted(meta.altered_steps() - set(evals)) if meta is not None else []
-            other = [i for i in other if i >= s.dropped]
+            fewer, waited = meta.probe_steps() if meta is not None else (set(), set())
+            fewer = [i for i in fewer if i >= s.dropped]
+            waited = [i for i in waited if i >= s.dropped]
             gpu = " (GPU side: CUDA events at the step boundaries)" if s.source == "gpu" else ""
             left = [f"{len(kept)} holding an evaluation pass"] if kept else []
-            if other:
-                left.append(f"{len(other)} run with fewer threads (timing the DataLoader fix)")
+            if fewer:
+                left.append(f"{len(fewer)} run with fewer threads (timing the DataLoader fix)")
+            if waited:
+                left.append(f"{len(waited)} while a DataLoader worker timed its fetches")
+            other = len(fewer) + len(waited)
             notes.append(
-                f"{name}: step times of all {s.count + s.dropped + len(kept) + len(other)} steps "
+                f"{name}: step times of all {s.count + s.dropped + len(kept) + other} steps "
                 f"from run metadata{gpu}; the first {s.dropped} dropped as warm-up"
                 + (f", {' and '.join(left)} left out." if left else ".")
             )

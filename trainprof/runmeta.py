@@ -226,6 +226,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # (capture/threadsteps; the first is the run's count): those with another count are left
     # out of the statistics (altered_steps). Empty otherwise and in older metadata.
     thread_steps: list[list[int]] = []
+    # Steps run while a DataLoader worker forked from the loop timed its fetches of the script's
+    # batches at step boundaries (capture/loaderfetch: from its fork to a few steps after it
+    # stopped). The loop's steps are slower then (try_mlp: 0.45-0.55 ms against 0.36-0.40 after
+    # and without them): left out of the statistics (altered_steps). Empty otherwise and in
+    # older metadata.
+    worker_fetch_steps: list[int] = []
     dataloaders: list[DataLoaderInfo] = []
     optimizers: list[OptimizerInfo] = []
     metrics: list[MetricInfo] = []
@@ -254,11 +260,23 @@ class RunMeta(msgspec.Struct, kw_only=True):
     env: dict[str, str] = {}
 
     def altered_steps(self) -> set[int]:
-        """Steps that are no plain training steps of the run: evaluation passes, and steps run
-        with another intra-op thread count than the run's (thread_steps)."""
+        """Steps that are no plain training steps of the run: evaluation passes, steps run with
+        another intra-op thread count than the run's (thread_steps), and steps run while a
+        DataLoader worker timed its fetches (worker_fetch_steps)."""
+        return set(self.eval_steps) | self.fewer_thread_steps() | set(self.worker_fetch_steps)
+
+    def fewer_thread_steps(self) -> set[int]:
+        """The steps of `thread_steps` run with another count than the run's."""
         run = self.thread_steps[0][1] if self.thread_steps else 0  # the block starts with it
-        other = {s for s, t in self.thread_steps if t != run}
-        return set(self.eval_steps) | other
+        return {s for s, t in self.thread_steps if t != run}
+
+    def probe_steps(self) -> tuple[set[int], set[int]]:
+        """The altered steps that time a DataLoader fix, each counted once: (run with fewer
+        threads, while a worker timed its fetches and not one of those); evaluation passes
+        left out of both."""
+        evals = set(self.eval_steps)
+        fewer = self.fewer_thread_steps() - evals
+        return fewer, set(self.worker_fetch_steps) - evals - fewer
 
 
 # The first note of a trainprof.json written while the script still ran (capture/session.py):

@@ -149,8 +149,8 @@ def idle_notes(ctx: Context) -> list[str]:
 
 
 def eval_notes(ctx: Context) -> list[str]:
-    """Which steps hold an evaluation pass, or ran with fewer threads, and that they are left out
-    of the statistics."""
+    """Which steps hold an evaluation pass, ran with fewer threads or while a DataLoader worker
+    timed its fetches, and that they are left out of the statistics."""
     notes = []
     ev = ctx.eval_windows
     if ev:
@@ -171,8 +171,14 @@ def eval_notes(ctx: Context) -> list[str]:
         notes.append(f"{len(meta.eval_steps)} of {len(meta.step_times_s)} steps of the run {verb} "
                      f"an evaluation pass ({kinds}): left out of the step time without the "
                      "profiler.")
-    if meta is not None and (fewer := meta.altered_steps() - set(meta.eval_steps)):
+    fewer, waited = meta.probe_steps() if meta is not None else (set(), set())
+    if meta is not None and fewer:
         notes.append(f"{len(fewer)} of {len(meta.step_times_s)} steps of the run ran with fewer "
                      "intra-op threads (timing the model as a DataLoader fix would leave it): left "
                      "out of the step time without the profiler.")
+    if meta is not None and waited:
+        notes.append(f"{len(waited)} of {len(meta.step_times_s)} steps of the run ran while a "
+                     "DataLoader worker timed its fetches of the script's batches between them "
+                     "(what a worker spends per batch), or just after: left out of the step time "
+                     "without the profiler.")
     return notes

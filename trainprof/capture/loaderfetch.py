@@ -20,15 +20,24 @@ thread), with the dataset's first batches to fetch. At each later boundary after
 with the run's thread count (every other step during the thread steps, which start at the same
 boundary, then every step) it fetches one, timed inside the worker, while this process waits (a
 semaphore lets it go): the pair is that time and the loop's own fetch of its batch in the step
-just ended (the stepper's `fetched()`, a loader over the same dataset). So the pairs need no steps
-of their own: under --max-steps 30 they fit beside the thread steps. The worker never runs
-beside a step: a fetch beside another on the same cores is contention, not either's cost (an
-after-the-run probe that let a worker and this process fetch at once gave ratios of 0.6-1.9 on
-one dataset within a minute), and after the run this process's stack is not the loop's
-(try_fakedata: 35 ms per batch there, the loop's 22 ms). Forking mid-run does not slow the
-loop's later steps: try_threaded_fetch's fetch after the pairs, three runs each with and
-without them, 13.9-16.9 ms against 15.4-17.5 ms (an earlier run that seemed to say otherwise was
-one of this VM's slow stretches).
+just ended (the stepper's `fetched()`, a loader over the same dataset). The loop's steps are
+slower while the worker is there, and for a few steps after it stops: try_mlp's 0.4 ms step took
+0.45-0.55 ms during the pairs and 0.36-0.40 after them and in runs without them; in a plain loop
+a step after a 0.3 ms sleep took +30-60 %, the steps between two such +5-20 %, and steps beside
+an idle forked child +10-100 % (larger steps move less: try_fakedata's model part, 5-7 ms,
++0.2-0.9 ms during the pairs). So every step from the fork to SETTLE steps after the worker is
+stopped is recorded (`steps()`, RunMeta.worker_fetch_steps) and left out of the run's
+statistics, and under --max-steps the worker is stopped early enough to leave TIMED_AFTER steps
+after those, which time the step. The thread steps overlap the pairs: their two thread counts
+are disturbed alike (their ratio is what the model takes), and a plain try_fakedata loop's
+fetch and model (15 and 7-12 ms) moved within the noise after a 25 ms wait.
+The worker never runs beside a step: a fetch beside another on the same cores is contention,
+not either's cost (an after-the-run probe that let a worker and this process fetch at once gave
+ratios of 0.6-1.9 on one dataset within a minute), and after the run this process's stack is
+not the loop's (try_fakedata: 35 ms per batch there, the loop's 22 ms). Forking mid-run does not
+slow the loop's steps after the pairs: try_threaded_fetch's fetch after them, three runs each
+with and without them, 13.9-16.9 ms against 15.4-17.5 ms (an earlier run that seemed to say
+otherwise was one of this VM's slow stretches).
 
 What the model takes is the RATIO of the worker's fetch to the loop's, pair by pair (the
 median), applied to the run's own fetch time: a shared machine's slow stretches moved the
@@ -54,6 +63,7 @@ from typing import Any
 
 import torch
 
+from trainprof.capture.config import TIMED_AFTER
 from trainprof.capture.state import S
 from trainprof.errors import one_line
 
@@ -61,6 +71,10 @@ WARM = 1  # batches the worker fetches first, untimed, when it is forked (import
 # Pairs not kept after the fork: in the first step after it the loop's fetch pays copy-on-write
 # faults on the pages it writes (try_fakedata: 25-31 ms against 21.5 in the later pairs)
 SKIP = 1
+# Steps after the worker stopped still left out of the run's statistics: the loop takes a few to
+# return to its pace (try_mlp's 0.4 ms step: 1.4-1.6 ms right after, then 0.46-0.84, 0.41-0.66,
+# 0.39-0.56, and 0.38-0.49 from the fifth).
+SETTLE = 4
 PAIRS = 12  # pairs timed at most
 MIN_PAIRS = 3  # fewer pairs: no figure
 BUDGET_S = 2.0  # the pauses (the worker's fetches, estimated from the loop's) stay within this
@@ -155,13 +169,19 @@ class WorkerPairs:
         wanted: Callable[[], bool],
         last_fetch: Callable[[], tuple[Any, float] | None],
         enabled: bool = True,
+        steps_done: Callable[[], int] = lambda: 0,
+        max_steps: int = 0,
     ) -> None:
         self.ready = ready
         self.wanted = wanted
         self.last_fetch = last_fetch
         self.enabled = enabled
+        self.steps_done = steps_done  # steps ended so far: the next step's index
+        self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.pid = os.getpid()
         self.pairs: list[tuple[float, float]] = []  # (the loop's fetch, the worker's) in s
+        self.first: int | None = None  # the step begun right after the fork
+        self.stopped: int | None = None  # the step begun right after the worker was stopped
         self.skipped = ""  # why there are no pairs, or fewer than wanted
         self.state = "waiting"  # waiting -> running -> done
         self._it: Any = None
@@ -181,6 +201,11 @@ class WorkerPairs:
                 self.state = "done"
             elif self.ready():
                 self._start()
+            return
+        if not self._room(self.steps_done() + 1):
+            # No room to stop it at the next boundary: now (see _room).
+            self.skipped = f"--max-steps left room for {len(self.pairs)} pair(s)"
+            self.close()
             return
         if torch.get_num_threads() != self._threads:
             return  # a thread step's: its fetch is not the run's
@@ -204,10 +229,27 @@ class WorkerPairs:
         if len(self.pairs) >= self._wanted:
             self.close()
 
+    def _room(self, step: int) -> bool:
+        """Whether the worker may be stopped at the boundary before `step` and leave, after the
+        SETTLE steps left out with it, TIMED_AFTER steps under --max-steps to time the step.
+        Nothing is done at a boundary that would leave no room to stop at the next one."""
+        return not self.max_steps or self.max_steps - step - SETTLE >= TIMED_AFTER
+
+    def steps(self, ended: int) -> list[int]:
+        """The steps of the run's `ended` so far that the worker's fetches disturbed: from its
+        fork to SETTLE steps after it stopped (RunMeta.worker_fetch_steps)."""
+        if self.first is None:
+            return []
+        end = ended if self.stopped is None else min(ended, self.stopped + SETTLE)
+        return list(range(self.first, end))
+
     def _start(self) -> None:
         self.state = "done"
         if not self.wanted():  # a GPU run, workers already, fetches too short to matter
             self.skipped = "when the profiling window ended, no CPU loop's fetches to time"
+            return
+        if not self._room(self.steps_done() + 1):
+            self.skipped = "--max-steps left no steps for it after the profiling window"
             return
         last = self.last_fetch()
         try:
@@ -235,6 +277,7 @@ class WorkerPairs:
             )  # fmt: skip
             return
         self._gate = multiprocessing.get_context("fork").Semaphore(0)
+        self.first = self.steps_done()
         try:
             with _unseen():
                 loader = torch.utils.data.DataLoader(
@@ -257,6 +300,8 @@ class WorkerPairs:
 
     def close(self) -> None:
         """Stop the worker (the pairs are done, or the script ended during them)."""
+        if self._it is not None and self.stopped is None:
+            self.stopped = self.steps_done()
         it, self._it = self._it, None
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:

@@ -257,6 +257,7 @@ class Session:
                 eval_kinds=steps.eval_kinds,
                 # (the count set for a step --max-steps ended before it ran is not listed)
                 thread_steps=[list(x) for x in threads.steps if x[0] < len(steps.step_times)],
+                worker_fetch_steps=pairs.steps(len(steps.step_times)),
                 window=w,
                 dataloaders=collector.dataloaders,
                 optimizers=collector.optimizers,
@@ -316,7 +317,7 @@ class Session:
         pairs = WorkerPairs(
             window_done,
             lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
-            stepper.fetched, cfg.worker_fetch,
+            stepper.fetched, cfg.worker_fetch, lambda: len(stepper.step_times), stepper.max_steps,
         )  # fmt: skip
 
         def on_step() -> None:

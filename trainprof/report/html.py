@@ -154,9 +154,10 @@ def step_time_chart(meta: RunMeta) -> str:
     if not times:
         return ""
     n = len(times)
-    colors = [EVAL_COLOR if i in m.evals or i in m.threads
+    colors = [EVAL_COLOR if i in m.evals or i in m.threads or i in m.waited
               else OUTLIER_COLOR if i in m.outliers else None for i in range(n)]
     marks = ["eval" if i in m.evals else f"{m.threads[i]}t" if i in m.threads
+             else "w" if i in m.waited
              else f"{m.outliers[i]:.0f}×" if i in m.outliers else "" for i in range(n)]
     plain = [t for i, t in enumerate(times) if colors[i] is None]
     # An outlier 20x the median would flatten every other bar: the axis ends above the others.
@@ -190,6 +191,15 @@ def step_time_chart(meta: RunMeta) -> str:
                      f"{meta.torch_threads}, every other step after the profiled window, to time "
                      "the model as a DataLoader fix with workers would leave it: left out of the "
                      "step statistics.")
+    if m.waited:
+        steps = sorted(m.waited)
+        legend.append(f'<span><i style="background:{EVAL_COLOR}"></i>worker timing (w): '
+                      f"{_e(_step_list(steps))}</span>")
+        notes.append(f"Step{'s' if len(steps) > 1 else ''} {_step_list(steps)} ran while a "
+                     "DataLoader worker forked from the loop fetched one of the script's batches "
+                     "at step boundaries, the loop waiting (what a worker spends per batch, for "
+                     "the DataLoader fix), or just after it stopped; the loop's steps are slower "
+                     "then: left out of the step statistics.")
     if m.outliers:
         out = sorted(m.outliers)
         legend.append(f'<span><i style="background:{OUTLIER_COLOR}"></i>outlier '

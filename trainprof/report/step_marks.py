@@ -1,6 +1,7 @@
 """Which steps of a run the step-time chart singles out: the traced ones, those holding an
 evaluation pass (`eval_steps` in the run metadata), those run with fewer threads to time a
-DataLoader fix (`thread_steps`) and the outliers, training steps far slower
+DataLoader fix (`thread_steps`) or while a DataLoader worker timed its fetches
+(`worker_fetch_steps`), and the outliers, training steps far slower
 than the median (the machine got busy, a checkpoint was saved, a first step compiled)."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class StepMarks:
     traced: set[int] = field(default_factory=set)
     evals: set[int] = field(default_factory=set)
     threads: dict[int, int] = field(default_factory=dict)  # step -> its other thread count
+    waited: set[int] = field(default_factory=set)  # while a worker timed its fetches
     outliers: dict[int, float] = field(default_factory=dict)  # step -> times the median
     median_ms: float = 0.0
 
@@ -29,8 +31,10 @@ def step_marks(meta: RunMeta) -> StepMarks:
     times = [1000.0 * t for t in meta.step_times_s]
     evals = {i for i in meta.eval_steps if 0 <= i < len(times)}
     aside = {i for i in meta.altered_steps() if 0 <= i < len(times)}
-    threads = {s: t for s, t in meta.thread_steps if s in aside and s not in evals}
-    marks = StepMarks(times, traced=set(meta.window.recorded_steps), evals=evals, threads=threads)
+    fewer, waited = meta.probe_steps()
+    threads = {s: t for s, t in meta.thread_steps if s in fewer and s < len(times)}
+    marks = StepMarks(times, traced=set(meta.window.recorded_steps), evals=evals, threads=threads,
+                      waited={i for i in waited if 0 <= i < len(times)})
     train = [t for i, t in enumerate(times) if i not in aside]
     if not train:
         return marks

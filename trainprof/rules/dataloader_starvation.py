@@ -70,11 +70,15 @@ On a CPU trace the workers take the fetch off the loop, but:
   DataLoader worker forked from the loop fetches one of the script's batches at step boundaries
   (outside the step times) while the loop waits, each paired with the loop's own fetch in the
   step just ended, after steps with the run's thread count only (beside the thread steps, then
-  after them), 12 pairs, the first after the fork left out (capture/loaderfetch); the workers' F
-  is the loop's times the median ratio (at least 1: below is noise). Five workloads, 30-step
-  runs: try_fakedata 1.17-1.30 (three runs; the estimate 34.5-38.8 % where it was 40-41 %,
-  `trainprof try` measuring 23-27 % in earlier runs), Lightning's example 1.07-1.13 (still high
-  in three runs), dataloader_starved 1.16-1.17, try_jpeg 1.28, try_threaded_fetch 1.51-1.53.
+  after them), up to 12 pairs, the first after the fork left out (capture/loaderfetch); the
+  workers' F is the loop's times the median ratio (at least 1: below is noise). The loop's
+  steps are slower while the worker is there and for a few steps after (a 0.4 ms step:
+  0.45-0.55 ms, 0.36-0.40 after and without): left out of the step statistics
+  (RunMeta.worker_fetch_steps). Five
+  workloads, 30-step runs: try_fakedata 1.17-1.30 (three runs; the estimate 34.5-38.8 % where
+  it was 40-41 %, `trainprof try` measuring 23-27 % in earlier runs), Lightning's example
+  1.07-1.13 (still high in three runs), dataloader_starved 1.16-1.17, try_jpeg 1.28,
+  try_threaded_fetch 1.51-1.53.
   Where the pairs did not run (off with `worker_fetch = false`, the script ended first, an
   iterable dataset), the thread steps' one thread also time the fetch, and their ratio stands
   in: a 384x384 matmul per sample (tests/scripts/try_threaded_fetch.py) fetched in 9.4 ms with
