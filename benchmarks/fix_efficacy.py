@@ -14,7 +14,8 @@ sample, faster on several intra-op threads), `trainprof run` it, then `trainprof
 folder, and print per rule the estimate next to the measurement `try` made (profiler off,
 interleaved rounds), with its interval, verdict, and whether the estimate is within the target
 (±30 % of the measured saving, 2 points under 5 %; "noise" where it is not, but the interval
-holds the estimate: the rounds cannot tell). For a DataLoader worker variant that also
+holds the estimate: the rounds cannot tell; "right" where no saving was claimed and the fix
+made the step slower: an estimate is never below 0). For a DataLoader worker variant that also
 lowered the intra-op threads (CPU runs), the workers' part and the thread change's part are
 printed below it, and the target is checked against the workers' part where the estimate models
 only that (older runs), against the whole variant where the run timed its model with fewer
@@ -212,6 +213,9 @@ def target_mark(r: dict) -> str:
     split = r.get("workers_pct") is not None and not r.get("estimate_includes_threads")
     ci = r.get("workers_ci_pct" if split else "ci_pct")
     est = r.get("estimated_pct")
+    measured = r.get("workers_pct" if split else "measured_pct")
+    if est == 0 and measured is not None and measured <= 0:
+        return "right"  # no saving claimed (a saving is never below 0), and the fix slowed it
     return "noise" if ci and est is not None and ci[0] <= est <= ci[1] else "NO"
 
 

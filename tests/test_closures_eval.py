@@ -24,7 +24,7 @@ from trainprof.capture.runner import RunOptions, run_script
 from trainprof.capture.summary import step_summary
 from trainprof.compare import RunInput, step_sample
 from trainprof.diagnose import diagnose_path
-from trainprof.runmeta import RunMeta
+from trainprof.runmeta import RunMeta, Window
 
 WINDOW = ["--wait", "4", "--warmup", "1", "--active", "4"]  # records steps 5-8
 
@@ -253,20 +253,29 @@ def test_steps_while_a_worker_timed_its_fetches_are_left_out() -> None:
 
     times = [0.01] * 24
     block = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(range(10, 16))]
-    waited = [10, 11, 13, 15, 17, 18]  # the fork, pairs before one-thread steps, then after
-    for s in set(waited) | {11, 13, 15}:
+    timing = list(range(10, 19))  # the worker forked before step 10, stopped before 15
+    for s in set(timing) | {11, 13, 15}:
         times[s] = 0.02
     meta = RunMeta(step_times_s=times, torch_threads=2, thread_steps=block,
-                   worker_fetch_steps=waited)
-    assert meta.altered_steps() == {10, 11, 13, 15, 17, 18}
-    assert meta.probe_steps() == ({11, 13, 15}, {10, 17, 18})
+                   worker_fetch_steps=timing)
+    assert meta.altered_steps() == set(range(10, 19))
+    assert meta.probe_steps() == ({11, 13, 15}, {10, 12, 14, 16, 17, 18})
     assert Context(trace=None, meta=meta).unprofiled_step_us == pytest.approx(10_000)
     sample, _, _ = step_sample(RunInput("run", [], meta))
     assert sample.max() == pytest.approx(10.0)
     summary = step_summary(meta)
     assert "3 run with fewer threads" in summary and "median 10.00 ms" in summary
-    assert "3 while a DataLoader worker timed its fetches" in summary
+    assert "6 while a DataLoader worker timed its fetches" in summary
     marks = step_marks(meta)
-    assert marks.threads == {11: 1, 13: 1, 15: 1} and marks.waited == {10, 17, 18}
-    assert not marks.outliers
-    assert "Steps #10, #17, #18 ran while a DataLoader worker" in step_time_chart(meta)
+    assert marks.threads == {11: 1, 13: 1, 15: 1}
+    assert marks.worker_timing == {10, 12, 14, 16, 17, 18} and not marks.outliers
+    chart = step_time_chart(meta)
+    assert "Steps #10, #12, #14, #16, #17, #18 ran while a DataLoader worker" in chart
+    # A run that ended while the worker timed its fetches: those steps (slower, but the run's
+    # own) rather than no step without the profiler at all; the thread steps stay out.
+    window = Window(wait=1, warmup=1, active=2, recorded_steps=[2, 3])
+    short = RunMeta(step_times_s=times, torch_threads=2, thread_steps=block, window=window,
+                    worker_fetch_steps=list(range(5, 24)))
+    assert Context(trace=None, meta=short).unprofiled_step_index == [
+        i for i in range(4, 24) if i not in {11, 13, 15}
+    ]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import multiprocessing
+import os
 import sys
 import weakref
 from pathlib import Path
@@ -166,6 +167,45 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     worker, ratio, n, why = pairs.figures()
     assert why == "" and n == loaderfetch.PAIRS
     assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)
+
+
+class Where(Dataset):
+    """In a worker, appends the CPUs it may run on to `path` at each item."""
+
+    def __init__(self, path: Path, n: int) -> None:
+        self.path, self.n = path, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if get_worker_info() is not None:
+            with open(self.path, "a") as f:
+                f.write(",".join(str(c) for c in sorted(os.sched_getaffinity(0))) + "\n")
+        return torch.zeros(4), 0
+
+
+def test_the_worker_fetches_on_the_loops_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Each fetch runs on the CPU the loop's step just ran on: a VM's vCPUs can differ in speed
+    for seconds at a time, which would be the ratio instead of the worker's own cost."""
+    cpu = max(os.sched_getaffinity(0))
+    monkeypatch.setattr(loaderfetch, "this_cpu", lambda: cpu)
+    assert loaderfetch.this_cpu() == cpu
+    where = tmp_path / "cpus"
+    it = iter(DataLoader(Where(where, 8 * 20), batch_size=8))
+    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
+    monkeypatch.setattr(S, "enabled", True)
+    try:
+        for _ in range(5):
+            pairs.after_step()
+    finally:
+        pairs.close()
+    assert len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP
+    assert set(where.read_text().split()) == {str(cpu)}
+
+
+def test_this_cpu_is_one_this_process_may_run_on():
+    assert loaderfetch.this_cpu() in os.sched_getaffinity(0)
 
 
 def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):

@@ -610,16 +610,16 @@ def _notes(a: RunInput, b: RunInput, sa: Side, sb: Side) -> list[str]:
             meta = run.meta
             evals = meta.eval_steps if meta is not None else []
             kept = [i for i in evals if i >= s.dropped]  # (earlier ones went with the warm-up)
-            fewer, waited = meta.probe_steps() if meta is not None else (set(), set())
+            fewer, timing = meta.probe_steps() if meta is not None else (set(), set())
             fewer = [i for i in fewer if i >= s.dropped]
-            waited = [i for i in waited if i >= s.dropped]
+            timing = [i for i in timing if i >= s.dropped]
             gpu = " (GPU side: CUDA events at the step boundaries)" if s.source == "gpu" else ""
             left = [f"{len(kept)} holding an evaluation pass"] if kept else []
             if fewer:
                 left.append(f"{len(fewer)} run with fewer threads (timing the DataLoader fix)")
-            if waited:
-                left.append(f"{len(waited)} while a DataLoader worker timed its fetches")
-            other = len(fewer) + len(waited)
+            if timing:
+                left.append(f"{len(timing)} while a DataLoader worker timed its fetches")
+            other = len(fewer) + len(timing)
             notes.append(
                 f"{name}: step times of all {s.count + s.dropped + len(kept) + other} steps "
                 f"from run metadata{gpu}; the first {s.dropped} dropped as warm-up"

@@ -159,7 +159,8 @@ class Context:
         """Wall times of the steps the profiler did not touch (run metadata): neither recorded
         nor warming it up, and after the schedule's first wait+warmup steps (the script's own
         warm-up: first batches, lazy init, compilation). When fewer than 5 remain, every
-        untouched step but the first. Empty without metadata."""
+        untouched step but the first; then the same with the steps a DataLoader worker's timed
+        fetches disturbed (`worker_fetch_steps`) counted. Empty without metadata."""
         times = self.meta.step_times_s if self.meta else []
         return [times[i] for i in self.unprofiled_step_index]
 
@@ -177,12 +178,18 @@ class Context:
         if w.partial_step is not None:
             touched.add(w.partial_step)
         skip = w.wait + w.warmup
-        # Evaluation passes, and steps run with another thread count, are not the run's steps.
-        touched |= self.meta.altered_steps()
-        plain = [i for i in range(len(times)) if i >= skip and i not in touched]
-        if len(plain) < 5:
-            plain = [i for i in range(len(times)) if i >= 1 and i not in touched]
-        return plain if len(plain) >= 5 else []
+        meta = self.meta
+        # Evaluation passes, steps run with another thread count and steps a worker's timed
+        # fetches disturbed are not the run's plain steps. A run that ended while the worker
+        # timed its fetches keeps those (slower, but the run's own) rather than have none.
+        for aside in (touched | meta.altered_steps(), touched | set(meta.eval_steps)
+                      | meta.fewer_thread_steps()):
+            plain = [i for i in range(len(times)) if i >= skip and i not in aside]
+            if len(plain) < 5:
+                plain = [i for i in range(len(times)) if i >= 1 and i not in aside]
+            if len(plain) >= 5:
+                return plain
+        return []
 
     @cached_property
     def unprofiled_step_us(self) -> float | None:

@@ -171,13 +171,13 @@ def eval_notes(ctx: Context) -> list[str]:
         notes.append(f"{len(meta.eval_steps)} of {len(meta.step_times_s)} steps of the run {verb} "
                      f"an evaluation pass ({kinds}): left out of the step time without the "
                      "profiler.")
-    fewer, waited = meta.probe_steps() if meta is not None else (set(), set())
+    fewer, timing = meta.probe_steps() if meta is not None else (set(), set())
     if meta is not None and fewer:
         notes.append(f"{len(fewer)} of {len(meta.step_times_s)} steps of the run ran with fewer "
                      "intra-op threads (timing the model as a DataLoader fix would leave it): left "
                      "out of the step time without the profiler.")
-    if meta is not None and waited:
-        notes.append(f"{len(waited)} of {len(meta.step_times_s)} steps of the run ran while a "
+    if meta is not None and timing:
+        notes.append(f"{len(timing)} of {len(meta.step_times_s)} steps of the run ran while a "
                      "DataLoader worker timed its fetches of the script's batches between them "
                      "(what a worker spends per batch), or just after: left out of the step time "
                      "without the profiler.")

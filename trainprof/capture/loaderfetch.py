@@ -52,6 +52,7 @@ Off with `worker_fetch = false` under [run] in the config.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import multiprocessing
 import os
 import statistics
@@ -113,15 +114,26 @@ def source_of(it: Any) -> Source | None:
     return Source(dataset, collate, size)
 
 
+def this_cpu() -> int:
+    """The CPU the calling thread runs on (-1: not known)."""
+    try:
+        return int(ctypes.CDLL(None).sched_getcpu())
+    except (OSError, AttributeError):
+        return -1
+
+
 class _TimedBatches(torch.utils.data.Dataset):
     """Item i: the wall time (s) to fetch batch i of the source and collate it, as a fetcher
     does (`__getitems__` where the dataset has it), each fetch after the main process releases
-    `gate` (it waits meanwhile)."""
+    `gate` (it waits meanwhile), on the CPU `cpu` names (the one the loop's step just ran on: a
+    VM's vCPUs can differ in speed for seconds at a time, try_jpeg's worker measuring 1.7-1.9x
+    and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
-    def __init__(self, src: Source, batches: int, gate: Any) -> None:
+    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any) -> None:
         self.src = src
         self.batches = batches
         self.gate = gate
+        self.cpu = cpu
 
     def __len__(self) -> int:
         return self.batches
@@ -129,6 +141,9 @@ class _TimedBatches(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> float:
         if not self.gate.acquire(timeout=TIMEOUT_S):
             raise TimeoutError("the run never let the worker fetch")
+        if self.cpu.value >= 0:
+            with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
+                os.sched_setaffinity(0, {self.cpu.value})
         src = self.src
         t0 = time.perf_counter()
         if src.batch_size is None:
@@ -186,6 +201,7 @@ class WorkerPairs:
         self.state = "waiting"  # waiting -> running -> done
         self._it: Any = None
         self._gate: Any = None
+        self._cpu: Any = None  # where the worker fetches next (a shared int)
         self._src: Source | None = None
         self._wanted = 0
         self._skip = 0  # pairs still to leave out (SKIP)
@@ -215,6 +231,7 @@ class WorkerPairs:
         ):
             return  # no fetch of that dataset in the loop in this step (evaluation): no pair
         try:
+            self._cpu.value = this_cpu()
             self._gate.release()  # the worker's turn; the loop waits for its batch
             with _unseen():
                 worker = float(next(self._it))
@@ -277,11 +294,13 @@ class WorkerPairs:
             )  # fmt: skip
             return
         self._gate = multiprocessing.get_context("fork").Semaphore(0)
+        self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
         self.first = self.steps_done()
         try:
             with _unseen():
                 loader = torch.utils.data.DataLoader(
-                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate), batch_size=None,
+                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu),
+                    batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=max(TIMEOUT_S, 20 * fetch),
                 )  # fmt: skip

@@ -34,12 +34,12 @@ def step_summary(meta: RunMeta) -> str:
     if evals:
         kinds = ", ".join(meta.eval_kinds) or "evaluation"
         parts.append(f"{len(evals)} holding an evaluation pass ({kinds}) left out of the times")
-    fewer, waited = meta.probe_steps()
+    fewer, timing = meta.probe_steps()
     if fewer:
         parts.append(f"{len(fewer)} run with fewer threads (timing the DataLoader fix) "
                      "left out of the times")
-    if waited:
-        parts.append(f"{len(waited)} while a DataLoader worker timed its fetches (timing the "
+    if timing:
+        parts.append(f"{len(timing)} while a DataLoader worker timed its fetches (timing the "
                      "DataLoader fix) left out of the times")
     if times:
         parts.append(f"median {statistics.median(times) * 1e3:.2f} ms")

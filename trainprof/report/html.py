@@ -154,10 +154,10 @@ def step_time_chart(meta: RunMeta) -> str:
     if not times:
         return ""
     n = len(times)
-    colors = [EVAL_COLOR if i in m.evals or i in m.threads or i in m.waited
+    colors = [EVAL_COLOR if i in m.evals or i in m.threads or i in m.worker_timing
               else OUTLIER_COLOR if i in m.outliers else None for i in range(n)]
     marks = ["eval" if i in m.evals else f"{m.threads[i]}t" if i in m.threads
-             else "w" if i in m.waited
+             else "w" if i in m.worker_timing
              else f"{m.outliers[i]:.0f}×" if i in m.outliers else "" for i in range(n)]
     plain = [t for i, t in enumerate(times) if colors[i] is None]
     # An outlier 20x the median would flatten every other bar: the axis ends above the others.
@@ -191,8 +191,8 @@ def step_time_chart(meta: RunMeta) -> str:
                      f"{meta.torch_threads}, every other step after the profiled window, to time "
                      "the model as a DataLoader fix with workers would leave it: left out of the "
                      "step statistics.")
-    if m.waited:
-        steps = sorted(m.waited)
+    if m.worker_timing:
+        steps = sorted(m.worker_timing)
         legend.append(f'<span><i style="background:{EVAL_COLOR}"></i>worker timing (w): '
                       f"{_e(_step_list(steps))}</span>")
         notes.append(f"Step{'s' if len(steps) > 1 else ''} {_step_list(steps)} ran while a "

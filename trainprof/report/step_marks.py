@@ -20,7 +20,7 @@ class StepMarks:
     traced: set[int] = field(default_factory=set)
     evals: set[int] = field(default_factory=set)
     threads: dict[int, int] = field(default_factory=dict)  # step -> its other thread count
-    waited: set[int] = field(default_factory=set)  # while a worker timed its fetches
+    worker_timing: set[int] = field(default_factory=set)  # while a worker timed its fetches
     outliers: dict[int, float] = field(default_factory=dict)  # step -> times the median
     median_ms: float = 0.0
 
@@ -31,10 +31,10 @@ def step_marks(meta: RunMeta) -> StepMarks:
     times = [1000.0 * t for t in meta.step_times_s]
     evals = {i for i in meta.eval_steps if 0 <= i < len(times)}
     aside = {i for i in meta.altered_steps() if 0 <= i < len(times)}
-    fewer, waited = meta.probe_steps()
+    fewer, timing = meta.probe_steps()
     threads = {s: t for s, t in meta.thread_steps if s in fewer and s < len(times)}
     marks = StepMarks(times, traced=set(meta.window.recorded_steps), evals=evals, threads=threads,
-                      waited={i for i in waited if 0 <= i < len(times)})
+                      worker_timing={i for i in timing if 0 <= i < len(times)})
     train = [t for i, t in enumerate(times) if i not in aside]
     if not train:
         return marks
