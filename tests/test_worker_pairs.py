@@ -204,6 +204,36 @@ def test_the_worker_fetches_on_the_loops_cpu(tmp_path: Path, monkeypatch: pytest
     assert set(where.read_text().split()) == {str(cpu)}
 
 
+class FailsInAWorker(Dataset):
+    def __len__(self) -> int:
+        return 8 * 20
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if get_worker_info() is not None:
+            raise ValueError("no files here")
+        return torch.zeros(4), 0
+
+
+def test_a_dataset_that_fails_in_a_worker(monkeypatch: pytest.MonkeyPatch):
+    """No pairs, the dataset's error as the reason, and only the fork's wait and SETTLE steps
+    left out of the run's statistics, not the rest of the run."""
+    it = iter(DataLoader(FailsInAWorker(), batch_size=8))
+    done = [10]
+    pairs = loaderfetch.WorkerPairs(
+        lambda: True, lambda: True, lambda: (it, 0.001), steps_done=lambda: done[0]
+    )
+    monkeypatch.setattr(S, "enabled", True)
+    try:
+        pairs.after_step()
+        done[0] = 40
+        pairs.after_step()
+    finally:
+        pairs.close()
+    assert pairs.pairs == [] and pairs.state == "done"
+    assert "no files here" in pairs.skipped
+    assert pairs.steps(40) == list(range(10, 10 + loaderfetch.SETTLE))
+
+
 def test_this_cpu_is_one_this_process_may_run_on():
     assert loaderfetch.this_cpu() in os.sched_getaffinity(0)
 

@@ -319,7 +319,7 @@ class WorkerPairs:
 
     def close(self) -> None:
         """Stop the worker (the pairs are done, or the script ended during them)."""
-        if self._it is not None and self.stopped is None:
+        if self.first is not None and self.stopped is None:  # (a fork that failed: stopped too)
             self.stopped = self.steps_done()
         it, self._it = self._it, None
         shutdown = getattr(it, "_shutdown_workers", None)
