@@ -271,6 +271,11 @@ def test_steps_while_a_worker_timed_its_fetches_are_left_out() -> None:
     assert marks.worker_timing == {10, 12, 14, 16, 17, 18} and not marks.outliers
     chart = step_time_chart(meta)
     assert "Steps #10, #12, #14, #16, #17, #18 ran while a DataLoader worker" in chart
+    # A stall during the worker's timing (a checkpoint) is still marked as the outlier it is.
+    stalled = RunMeta(step_times_s=[*times[:16], 0.2, *times[17:]], torch_threads=2,
+                      thread_steps=block, worker_fetch_steps=timing)
+    marks = step_marks(stalled)
+    assert set(marks.outliers) == {16} and marks.worker_timing == {10, 12, 14, 17, 18}
     # A run that ended while the worker timed its fetches: those steps (slower, but the run's
     # own) rather than no step without the profiler at all; the thread steps stay out.
     window = Window(wait=1, warmup=1, active=2, recorded_steps=[2, 3])

@@ -40,8 +40,12 @@ def step_marks(meta: RunMeta) -> StepMarks:
         return marks
     marks.median_ms = statistics.median(train)
     if marks.median_ms > 0:
+        # A step a worker's timing slowed (by 10-100 %) that is OUTLIER_X times the median
+        # stalled for another reason: marked as the outlier it is.
+        other = aside - marks.worker_timing
         marks.outliers = {
             i: t / marks.median_ms for i, t in enumerate(times)
-            if i not in aside and t >= OUTLIER_X * marks.median_ms
+            if i not in other and t >= OUTLIER_X * marks.median_ms
         }
+        marks.worker_timing -= set(marks.outliers)
     return marks
