@@ -64,6 +64,17 @@ def test_lbfgs_closure_is_one_step(tmp_path: Path) -> None:
     assert names["trainprof/backward"] > 2 and profiler_steps(names) == [2, 3]
 
 
+def test_a_closures_time_is_left_out_of_the_optimizers(tmp_path: Path) -> None:
+    """step(closure) (Lightning, LBFGS): the closure's 30 ms sleep is in the step's time, not in
+    the update's, inside the profiler windows and outside them."""
+    meta, names = capture(tmp_path, "steps_closure.py")
+    steps, update = meta["step_times_s"], meta["optimizer_times_s"]["SGD"]
+    assert len(steps) == len(update) == 6
+    assert all(s > 0.03 for s in steps), steps
+    assert all(0 < u < 0.015 for u in update), update
+    assert names["trainprof/closure"] == 2  # the recorded steps' closures are marked
+
+
 @pytest.mark.slow
 def test_gradient_accumulation_steps_on_the_optimizer(tmp_path: Path) -> None:
     meta, names = capture(tmp_path, "steps_accum.py")

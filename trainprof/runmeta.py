@@ -98,6 +98,11 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     model_reps: int = 0  # interleaved timed runs of each (the least taken)
     model_channels_last: bool = False  # the fix made it channels-last too (a CNN)
     model_skipped: str = ""
+    # The same pair at the script's intra-op thread count, wall time, when it was over one (None
+    # otherwise and in older metadata): what the rule uses when present.
+    model_threads: int = 1
+    model_fp32_threads_ms: float | None = None
+    model_bf16_threads_ms: float | None = None
 
 
 class LoaderIpc(msgspec.Struct, kw_only=True):

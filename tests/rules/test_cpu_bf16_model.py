@@ -120,6 +120,24 @@ def test_large_or_slow_models_are_skipped(monkeypatch: pytest.MonkeyPatch):
     assert warm.reps == 0 and warm.fp32_ms is not None and warm.bf16_ms is not None
 
 
+def test_the_probe_times_the_pair_again_at_the_scripts_threads():
+    """With the script's two intra-op threads, the pair is timed at two as well (wall time);
+    with one, only on one thread. Times recorded, never compared with a figure."""
+    x = torch.randn(4, 3, 8, 8)
+    saved = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        two = time_model(tiny_cnn(), (x,), {})
+        assert torch.get_num_threads() == 2  # given back
+        torch.set_num_threads(1)
+        one = time_model(tiny_cnn(), (x,), {})
+    finally:
+        torch.set_num_threads(saved)
+    assert two.threads == 2 and two.fp32_threads_ms and two.bf16_threads_ms, two
+    assert two.fp32_ms and two.bf16_ms  # the one-thread pair too
+    assert one.threads == 1 and one.fp32_threads_ms is None and one.bf16_threads_ms is None
+
+
 def test_a_failing_model_probe_falls_back_to_the_curves(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(cpumath, "bf16_isa", lambda: "AVX512-BF16")
     conv_curve = [[1e6, 2.0, 10.0]]
@@ -246,6 +264,21 @@ def test_a_loop_slower_than_the_probe_saves_down_to_the_fixed_models_time(
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0)
     (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
     assert f.est_saving_pct == pytest.approx(100 * (7 - 2) / 10, abs=0.02)  # ratio: 42 %
+
+
+def test_the_pair_at_the_scripts_threads_is_what_counts(cnn: Path, tmp_path: Path):
+    """A probe timed at the script's thread count too: those times make the estimate (bf16's
+    gain shrinks with threads: Lightning's MLP 2.1x on one, 1.6x on two), the one-thread pair
+    only stands in without them."""
+    probe = CpuBf16(
+        isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0,
+        model_threads=2, model_fp32_threads_ms=60.0, model_bf16_threads_ms=45.0,
+    )  # fmt: skip
+    (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
+    # The loop's forward + backward, 7 ms, is faster than the probe's 60: it keeps 45/60 of it.
+    assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 45 / 60) / 10, abs=0.02)
+    assert f.metrics["model_threads"] == 2 and f.metrics["model_fp32_ms"] == 60.0
+    assert "2 intra-op threads as the script ran" in " ".join(f.evidence.split())
 
 
 MIXED = CNN.replace(

@@ -1,7 +1,8 @@
 """CPU time of this thread for two alternatives run alternately: what the after-run probes
 (cpumath, modelprobe, optprobe) compare. CPU time, not wall time: a shared machine deschedules a
 long run more often than a short one, which inflates wall-clock ratios; the least of several
-runs drops what cache thrashing remains."""
+runs drops what cache thrashing remains. Wall time (`wall_time`) only where the work runs on
+several intra-op threads, which this thread's clock does not see."""
 
 from __future__ import annotations
 
@@ -14,6 +15,14 @@ def cpu_time(fn: Callable[[], object]) -> float:
     t = time.thread_time()
     fn()
     return time.thread_time() - t
+
+
+def wall_time(fn: Callable[[], object]) -> float:
+    """Seconds of wall time one call of `fn` takes: for work spread over several intra-op
+    threads, whose CPU time this thread's clock does not hold."""
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
 
 
 def best_interleaved(

@@ -14,9 +14,12 @@ The user's objects are never changed: two deep copies of the module are timed (B
 statistics and .grad of the script's model stay as they are), on the last batch's tensors
 (cloned for the probe: a forward that writes into its input writes into the clone). One intra-op
 thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not counted),
-the least of a few interleaved runs after a warm-up of each. Skipped, with the reason, when the
-model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or one fp32
-forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S.
+the least of a few interleaved runs after a warm-up of each; and when the script ran several
+intra-op threads, the pair again with that many, in wall time (bf16's gain is smaller there:
+the casts and small kernels do not split over threads as the matmuls do). Skipped, with the
+reason, when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called,
+or one fp32 forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after
+BUDGET_S.
 
 CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
 fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
@@ -30,6 +33,7 @@ such a loop.
 from __future__ import annotations
 
 import copy
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.bf16fix import install_autocast
-from trainprof.capture.cputime import best_interleaved, cpu_time
+from trainprof.capture.cputime import best_interleaved, cpu_time, wall_time
 from trainprof.errors import one_line
 from trainprof.runmeta import RunMeta
 
@@ -46,6 +50,9 @@ MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
 BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
 MAX_REPS = 20  # 5 left the ratio of a small CNN spread over 0.35-0.48 between probes; 20: 0.44-0.48
+THREADS_BUDGET_S = 1.5  # wall time for the timed runs at several threads, after one warm-up each
+THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): with
+# 7, a 1-2 ms model's least moved 0.9-1.8 ms at 2 threads between identical runs
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,12 @@ class ModelTimes:
     model: str = ""  # the root module's class name
     channels_last: bool = False  # the fix made the copy channels-last (a CNN)
     skipped: str = ""  # why there are no times (empty when there are)
+    # The same pair at the script's intra-op thread count when over one, WALL time (the threads'
+    # work together): bf16's gain shrinks with threads (Lightning's MLP: 0.52x at one, 0.66x at
+    # two), and the loop ran with the script's. None when the script ran one thread.
+    threads: int = 1
+    fp32_threads_ms: float | None = None
+    bf16_threads_ms: float | None = None
 
 
 def _float_sum(out: Any) -> torch.Tensor | None:
@@ -146,19 +159,41 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
             # include building oneDNN's kernels, a small part of a call this long).
             best32, best16, reps = best_interleaved(fp32, bf16, MAX_REPS, BUDGET_S, started)
             best32, best16 = min(best32, first), min(best16, first16)
+            many = _at_threads(fp32, bf16, threads) if threads > 1 else None
     except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
         return ModelTimes(model=name, skipped=f"the copy or its call failed: {one_line(err)}")
     finally:
         torch.set_num_threads(threads)
     return ModelTimes(
         fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name,
-        channels_last=cl,
+        channels_last=cl, threads=threads,
+        fp32_threads_ms=round(many[0] * 1e3, 3) if many else None,
+        bf16_threads_ms=round(many[1] * 1e3, 3) if many else None,
     )  # fmt: skip
 
 
-THREADS_BUDGET_S = 1.5  # wall time for `thread_times`'s timed runs, after one warm-up each
-THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): with
-# 7, a 1-2 ms model's least moved 0.9-1.8 ms at 2 threads between identical runs
+def _at_threads(
+    fp32: Callable[[], None], bf16: Callable[[], None], threads: int
+) -> tuple[float, float] | None:
+    """(fp32 s, bf16 s) of wall time with `threads` intra-op threads after a warm-up of each (a
+    pool of that size started, kernels for it built), run alternately: fp32 the least of its
+    runs, bf16 that times the median of bf16 / fp32 over adjacent runs. A VM's vCPUs change
+    speed for seconds at a time and a wall clock sees it (CPU time cannot be had for the other
+    threads): one fp32 run in a fast second made metrics_sync's ResNet 0.84x where its probes
+    measure 0.68-0.74x; adjacent runs share their second. None when the warm-ups alone used the
+    budget up."""
+    torch.set_num_threads(threads)
+    started = time.perf_counter()
+    pairs = [(wall_time(fp32), wall_time(bf16))]
+    if time.perf_counter() - started > THREADS_BUDGET_S:
+        return None
+    started = time.perf_counter()
+    while len(pairs) <= THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
+        pairs.append((wall_time(fp32), wall_time(bf16)))
+    timed = pairs[1:] or pairs
+    best = min(a for a, _ in timed)
+    return best, best * statistics.median(b / a for a, b in timed)
+
 
 
 def thread_times(

@@ -13,34 +13,36 @@ bf16/fp16 left out) make up the time that bf16 would shorten. A trace without ru
 no finding: the trace does not say which CPU recorded it.
 
 Saving estimate: measured on the user's own model. `trainprof run` keeps the root module's last
-training call (the module and its batch, detached; only the last one is held) and, after the
-script ends, times forward + backward (the float outputs summed, `.backward()`) of two deep
-copies of the module on that batch: one in fp32 as the script ran it, one under exactly what
-`trainprof try --fix cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast
-around the forward, channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One
-intra-op thread, CPU time of the thread, the least of up to 20 interleaved runs after a warm-up
-of each (`capture/modelprobe.py`). The script's model is not touched: its weights, BatchNorm
-statistics, gradients and mode stay as they were. That one measurement holds everything the fix
-changes (faster convs and matmuls, slower small ones, the layout's effect on BatchNorm/ReLU/
-MaxPool, autocast's casts), and none of the profiler's distortion: under the profiler an fp32
-CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said 28-36 % where
-the fix measured 51-59 %. The model's forward + backward in the loop, M, is measured without
-the profiler: per unprofiled step (run metadata), the step minus its DataLoader fetches and
-optimizer `step()`s, a median over those steps, times the part of that time the recorded steps
-spend inside trainprof's `trainprof/forward` and `trainprof/backward` ranges (the loss, metrics,
-logging and the loop's Python are not the model's: the fix leaves them as they are). With the
-fix, forward + backward would take the probe's bf16 time B, scaled by M / fp32 time A when the
-loop ran faster than the probe (several intra-op threads): the saving is M - B x min(1, M / A),
-over the median step. Why not simply M x (1 - B / A): in the loop the fp32 model ran 1-19 %
-slower than its copy in the probe
-(most where the DataLoader fetches in the main process between steps; the cause was not
-isolated), while the fixed model ran as fast as in the probe (within 5 % on six CPU workloads,
-one thread, `benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops
-(quickstart 8.0 % where the fix measured 13.9 %; with this model 10.8 %). A model that runs
-slower in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP
-0.5x) gets no finding. All figures come from the
-unprofiled steps and the probe, not the trace, so a stalled recorded step cannot move the
-severity.
+training call (the module and its batch, detached; only the last one is held) and, after the script
+ends, times forward + backward (the float outputs summed, `.backward()`) of two deep copies of the
+module on that batch: one in fp32 as the script ran it, one under exactly what `trainprof try --fix
+cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast around the forward,
+channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One intra-op thread, CPU time
+of the thread, the least of up to 20 interleaved runs after a warm-up of each
+(`capture/modelprobe.py`); and when the script ran several intra-op threads, the pair again with
+that many, in wall time, which the estimate then uses: bf16's gain shrinks with threads
+(Lightning's example MLP: 2.1x on one thread, 1.6x on two; taken at one thread its estimate was
+11.6-13.3 % against 5-8.6 % measured, at two 9.6 %). The script's model is not touched: its
+weights, BatchNorm statistics, gradients and mode stay as they were. That one measurement holds
+everything the fix changes (faster convs and matmuls, slower small ones, the layout's effect on
+BatchNorm/ReLU/MaxPool, autocast's casts), and none of the profiler's distortion: under the
+profiler an fp32 CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said
+28-36 % where the fix measured 51-59 %. The model's forward + backward in the loop, M, is measured
+without the profiler: per unprofiled step (run metadata), the step minus its DataLoader fetches and
+optimizer `step()`s (a closure given to step() not counted: Lightning runs forward and backward
+there), a median over those steps, times the part of that time the recorded steps spend inside
+trainprof's `trainprof/forward` and `trainprof/backward` ranges (the loss, metrics, logging and the
+loop's Python are not the model's: the fix leaves them as they are). With the fix, forward +
+backward would take the probe's bf16 time B, scaled by M / fp32 time A when the loop ran faster
+than the probe: the saving is M - B x min(1, M / A), over the median step. Why not simply M x (1 -
+B / A): in the loop the fp32 model ran 1-19 % slower than its copy in the probe (most where the
+DataLoader fetches in the main process between steps; the cause was not isolated), while the fixed
+model ran as fast as in the probe (within 5 % on six CPU workloads, one thread,
+`benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops (quickstart 8.0 %
+where the fix measured 13.9 %; with this model 10.8 %). A model that runs slower in bf16 (small
+matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no finding. All
+figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
+cannot move the severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
@@ -254,13 +256,21 @@ def model_fraction(ctx: Context) -> float:
     return float(np.clip(np.median(inside[ok] / rest[ok]), 0.0, 1.0)) if ok.any() else 1.0
 
 
+def model_pair(probe: CpuBf16) -> tuple[float | None, float | None, int]:
+    """(fp32 ms, bf16 ms, intra-op threads) of the model probe: at the script's thread count when
+    it was timed there (bf16's gain shrinks with threads), else on one thread."""
+    if probe.model_fp32_threads_ms and probe.model_bf16_threads_ms is not None:
+        return probe.model_fp32_threads_ms, probe.model_bf16_threads_ms, probe.model_threads
+    return probe.model_fp32_ms, probe.model_bf16_ms, 1
+
+
 def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int, float] | None:
     """(the share of the step the fix frees, forward + backward's share of the step, steps,
     the fixed forward + backward in ms) from the model probe; None when the model was not timed
     or the step's parts are unknown (then the curves stand in). The fixed loop's forward +
     backward takes what the probe timed for the fixed model, scaled down by the loop's own speed
     when the loop ran faster than the probe's fp32 copy (several threads: the probe's ratio)."""
-    a, b = probe.model_fp32_ms, probe.model_bf16_ms
+    a, b, _ = model_pair(probe)
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
     share = model_share(ctx)
@@ -311,10 +321,12 @@ def check(ctx: Context) -> list[Finding]:
         f"(traced; medians over the recorded steps), no autocast, on a CPU with {probe.isa}."
     )
     if measured is not None:
-        f32, b16 = probe.model_fp32_ms or 0.0, probe.model_bf16_ms or 0.0
+        f32, b16, threads = model_pair(probe)
+        f32, b16 = f32 or 0.0, b16 or 0.0
+        on = "one thread" if threads == 1 else f"{threads} intra-op threads as the script ran"
         evidence = (
             f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
-            f"batch, one thread: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
+            f"batch, {on}: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
             "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
             + (", channels-last" if probe.model_channels_last else "")
             + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
@@ -327,6 +339,7 @@ def check(ctx: Context) -> list[Finding]:
             "basis": "model",
             "model_fp32_ms": f32,
             "model_bf16_ms": b16,
+            "model_threads": threads,
             "forward_backward_share_pct": round(100 * fb_share, 2),
         }
     else:

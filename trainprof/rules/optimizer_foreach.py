@@ -20,32 +20,33 @@ never reported. The run metadata, when present, says whether `foreach=False` was
 the optimizer was built.
 
 Saving estimate. GPU: the idle time between the first and the last GPU op the optimizer launched,
-per step (the launch gaps, which multi-tensor kernels remove); only idle not already attributed
-to the DataLoader or to host waits is counted. The kernels' own time is reported but not claimed:
+per step (the launch gaps, which multi-tensor kernels remove); only idle not already attributed to
+the DataLoader or to host waits is counted. The kernels' own time is reported but not claimed:
 foreach kernels move the same bytes (fused ones move fewer). CPU: only classes with a fused CPU
-kernel are reported (foreach kernels there took 0.86x to 1.34x the loop's time, no reliable
-gain), and the fix saves 1 - its step() time over the loop's of the update's time. That ratio is
-measured on the run's own optimizer after the script (capture/optprobe, `optimizer_probe` in the
-run metadata): two optimizers of its class with each param group's hyper-parameters, on copies
-of its parameters and gradients (the script's tensors and state are not touched), one with the
-loop (foreach=False, fused=False) and one with what `trainprof try --fix optimizer-foreach`
-applies (fused=True where supported, else foreach=True), a warm-up step each, then step()
-interleaved, the least of up to 20 runs within 0.5 s, CPU time of this thread, with the torch
-intra-op thread count the script left (the update ran with those threads; a fused kernel's
-share on other threads is counted only as this thread's wait for it). The gain depends on the
-tensors' number and size (a per-tensor loop of Python and dispatcher calls against one kernel):
-fixed ratios per class, taken at the least gain measured on models of 4 to 6 tensors, 2.3 K to
-1.3 M parameters (fused.step() / single-tensor step(), one thread, torch 2.14, a 2-core EPYC:
-Adam 0.11-0.24x, 0.25 taken; AdamW 0.11-0.37x, 0.4; Adagrad 0.31-0.56x, 0.55; SGD with momentum
-0.49-0.68x, 0.7; plain SGD, one `add_` per tensor and no `mul_` of a momentum buffer in its
-steps, 0.93-1.11x: no saving) missed the measured saving on 4 of 8 workloads; they stand in
-only where the probe did not run (older metadata, parameters over 256 MiB, a class that cannot
-be rebuilt from its param groups: the evidence says why). A fix slower than the loop saves
-nothing. The update's time is the median of the time trainprof measures in the class's step()
+kernel are reported (foreach kernels there took 0.86x to 1.34x the loop's time, no reliable gain),
+and the fix saves 1 - its step() time over the loop's of the update's time. That ratio is measured
+on the run's own optimizer after the script (capture/optprobe, `optimizer_probe` in the run
+metadata): two optimizers of its class with each param group's hyper-parameters, on copies of its
+parameters and gradients (the script's tensors and state are not touched), one with the loop
+(foreach=False, fused=False) and one with what `trainprof try --fix optimizer-foreach` applies
+(fused=True where supported, else foreach=True), a warm-up step each, then step() interleaved, the
+least of up to 20 runs within 0.5 s, CPU time of this thread, with the torch intra-op thread count
+the script left (the update ran with those threads; a fused kernel's share on other threads is
+counted only as this thread's wait for it). The gain depends on the tensors' number and size (a
+per-tensor loop of Python and dispatcher calls against one kernel): fixed ratios per class, taken
+at the least gain measured on models of 4 to 6 tensors, 2.3 K to 1.3 M parameters (fused.step() /
+single-tensor step(), one thread, torch 2.14, a 2-core EPYC: Adam 0.11-0.24x, 0.25 taken; AdamW
+0.11-0.37x, 0.4; Adagrad 0.31-0.56x, 0.55; SGD with momentum 0.49-0.68x, 0.7; plain SGD, one `add_`
+per tensor and no `mul_` of a momentum buffer in its steps, 0.93-1.11x: no saving) missed the
+measured saving on 4 of 8 workloads; they stand in only where the probe did not run (older
+metadata, parameters over 256 MiB, a class that cannot be rebuilt from its param groups: the
+evidence says why). A fix slower than the loop saves nothing. The update's time is the median of
+the time trainprof measures in the class's step() (a closure given to it timed and left out:
+Lightning runs forward and backward there; such a class used to fall back on the trace, which put
+the update of Lightning's example at 26 % of the step where it took 0.6-0.8 ms of 5.8, 11-13 %)
 over the run's unprofiled steps, as a share of their median step (older metadata: the recorded
-steps' update with the profiler's per-event cost taken out, analysis/unprofiled): a
-single-tensor loop is Python-heavy, and Adam's 0.13 ms for a 4-tensor MLP takes 0.84 ms with the
-profiler on.
+steps' update with the profiler's per-event cost taken out, analysis/unprofiled): a single-tensor
+loop is Python-heavy, and Adam's 0.13 ms for a 4-tensor MLP takes 0.84 ms with the profiler on.
 Both estimates are bounded by the optimizer's own time, the update without the closure (on CPU
 also by the time in the `_single_tensor_<name>` loop, when the trace has Python stacks: what
 fused=True replaces).
