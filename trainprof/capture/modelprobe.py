@@ -51,8 +51,8 @@ MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer 
 BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
 MAX_REPS = 20  # 5 left the ratio of a small CNN spread over 0.35-0.48 between probes; 20: 0.44-0.48
 THREADS_BUDGET_S = 1.5  # wall time for the timed runs at several threads, after one warm-up each
-THREADS_REPS = 50  # timed runs of each thread count at most (interleaved, the least taken): with
-# 7, a 1-2 ms model's least moved 0.9-1.8 ms at 2 threads between identical runs
+THREADS_REPS = 50  # timed runs of each thread count at most (interleaved): with 7, a 1-2 ms
+# model's least moved 0.9-1.8 ms at 2 threads between identical runs
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ class ModelTimes:
     channels_last: bool = False  # the fix made the copy channels-last (a CNN)
     skipped: str = ""  # why there are no times (empty when there are)
     # The same pair at the script's intra-op thread count when over one, WALL time (the threads'
-    # work together): bf16's gain shrinks with threads (Lightning's MLP: 0.52x at one, 0.66x at
+    # work together): bf16's gain shrinks with threads (Lightning's MLP: 0.48x on one, 0.60x on
     # two), and the loop ran with the script's. None when the script ran one thread.
     threads: int = 1
     fp32_threads_ms: float | None = None
@@ -193,7 +193,6 @@ def _at_threads(
     timed = pairs[1:] or pairs
     best = min(a for a, _ in timed)
     return best, best * statistics.median(b / a for a, b in timed)
-
 
 
 def thread_times(

@@ -22,27 +22,27 @@ of the thread, the least of up to 20 interleaved runs after a warm-up of each
 (`capture/modelprobe.py`); and when the script ran several intra-op threads, the pair again with
 that many, in wall time, which the estimate then uses: bf16's gain shrinks with threads
 (Lightning's example MLP: 2.1x on one thread, 1.6x on two; taken at one thread its estimate was
-11.6-13.3 % against 5-8.6 % measured, at two 9.6 %). The script's model is not touched: its
-weights, BatchNorm statistics, gradients and mode stay as they were. That one measurement holds
-everything the fix changes (faster convs and matmuls, slower small ones, the layout's effect on
-BatchNorm/ReLU/MaxPool, autocast's casts), and none of the profiler's distortion: under the
-profiler an fp32 CNN step took ~27,000 page faults, and per-operator estimates of amp_compile said
-28-36 % where the fix measured 51-59 %. The model's forward + backward in the loop, M, is measured
-without the profiler: per unprofiled step (run metadata), the step minus its DataLoader fetches and
-optimizer `step()`s (a closure given to step() not counted: Lightning runs forward and backward
-there), a median over those steps, times the part of that time the recorded steps spend inside
-trainprof's `trainprof/forward` and `trainprof/backward` ranges (the loss, metrics, logging and the
-loop's Python are not the model's: the fix leaves them as they are). With the fix, forward +
-backward would take the probe's bf16 time B, scaled by M / fp32 time A when the loop ran faster
-than the probe: the saving is M - B x min(1, M / A), over the median step. Why not simply M x (1 -
-B / A): in the loop the fp32 model ran 1-19 % slower than its copy in the probe (most where the
-DataLoader fetches in the main process between steps; the cause was not isolated), while the fixed
-model ran as fast as in the probe (within 5 % on six CPU workloads, one thread,
-`benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops (quickstart 8.0 %
-where the fix measured 13.9 %; with this model 10.8 %). A model that runs slower in bf16 (small
-matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no finding. All
-figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
-cannot move the severity.
+11.6-13.3 % against +5 to +8.6 % measured, at two 7.7 % against +9.0 %). The script's model is not
+touched: its weights, BatchNorm statistics, gradients and mode stay as they were. That one
+measurement holds everything the fix changes (faster convs and matmuls, slower small ones, the
+layout's effect on BatchNorm/ReLU/MaxPool, autocast's casts), and none of the profiler's
+distortion: under the profiler an fp32 CNN step took ~27,000 page faults, and per-operator
+estimates of amp_compile said 28-36 % where the fix measured 51-59 %. The model's forward +
+backward in the loop, M, is measured without the profiler: per unprofiled step (run metadata), the
+step minus its DataLoader fetches and optimizer `step()`s (a closure given to step() not counted:
+Lightning runs forward and backward there), a median over those steps, times the part of that time
+the recorded steps spend inside trainprof's `trainprof/forward` and `trainprof/backward` ranges
+(the loss, metrics, logging and the loop's Python are not the model's: the fix leaves them as they
+are). With the fix, forward + backward would take the probe's bf16 time B, scaled by M / fp32 time
+A when the loop ran faster than the probe: the saving is M - B x min(1, M / A), over the median
+step. Why not simply M x (1 - B / A): in the loop the fp32 model ran 1-19 % slower than its copy in
+the probe (most where the DataLoader fetches in the main process between steps; the cause was not
+isolated), while the fixed model ran as fast as in the probe (within 5 % on six CPU workloads, one
+thread, `benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops
+(quickstart 8.0 % where the fix measured 13.9 %; with this model 10.8 %). A model that runs slower
+in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no
+finding. All figures come from the unprofiled steps and the probe, not the trace, so a stalled
+recorded step cannot move the severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
