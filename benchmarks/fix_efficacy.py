@@ -24,7 +24,10 @@ default try's own: about 3 s of steps, which a fast step needs: 25 kept steps of
 measured fused Adam at +4 % [-22, +24], 295 at +13.7 % [+11.8, +15.6]);
 `--threads N` sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The
 load average is printed at the start of the run, of the try and at its end: on a machine shared
-with other jobs the figures move with it.
+with other jobs the figures move with it. `run/try` is the step the run's savings are shares of
+(its unprofiled steps) over try's baseline step: far from 1 (Lightning's example once 1.50, its
+last 5 steps in a slow phase of this VM), the run and the rounds saw the machine at different
+speeds, and the estimate and the measurement do not compare.
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -191,14 +194,25 @@ def try_rows(name: str, script: str, args: list[str], max_steps: int, folder: Pa
     trainprof("try", str(out), "--rounds", str(rounds), *(["--steps", str(steps)] if steps else []))
     load = f"{load0}/{load1}/{loadavg()}"  # load average: run start / try start / end
     doc = json.loads((out / "try.json").read_text())
+    base = doc["baseline"]["median_ms"]
+    basis = run_step_ms(out)
+    # The step the estimates are shares of against try's baseline: far from 1, the run and the
+    # rounds saw the machine at different speeds (this VM's vCPUs change speed for seconds).
+    phase = basis / base if basis and base else None
     rows = []
     for f in doc["fixes"]:
-        rows.append({"workload": name, **f, "baseline_ms": doc["baseline"]["median_ms"],
-                     "load": load})
+        rows.append({"workload": name, **f, "baseline_ms": base, "load": load, "phase": phase})
     if doc.get("combined") and doc["combined"].get("rules"):
         rows.append({"workload": name, "rule": "(together)", **doc["combined"],
-                     "baseline_ms": doc["baseline"]["median_ms"], "load": load})
+                     "baseline_ms": base, "load": load, "phase": phase})
     return rows
+
+
+def run_step_ms(folder: Path) -> float | None:
+    """The step the run's savings are shares of (`saving_basis`), when it is the unprofiled
+    one."""
+    basis = json.loads(trainprof("diagnose", "--json", str(folder))).get("saving_basis") or {}
+    return basis.get("step_ms") if basis.get("kind") == "unprofiled" else None
 
 
 def target_mark(r: dict) -> str:
@@ -223,7 +237,7 @@ def try_main(args: argparse.Namespace) -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy_try-"))
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{'workload':14s} {'rule':22s} {'estimated':>9s} {'measured [95 % CI]':>26s} "
-          f"{'verdict':>10s} {'base ms':>8s} target? load(run/try/end)  change")
+          f"{'verdict':>10s} {'base ms':>8s} {'run/try':>7s} target? load(run/try/end)  change")
     for name, script, wargs, max_steps in TRY_WORKLOADS:
         if args.only and name not in args.only:
             continue
@@ -235,8 +249,10 @@ def try_main(args: argparse.Namespace) -> None:
                 lo, hi = r["ci_pct"]
                 meas = f"{r['measured_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]"
             target = target_mark(r)
+            phase = f"{r['phase']:.2f}" if r.get("phase") else "—"
             print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "
-                  f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {target:7s} "
+                  f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {phase:>7s} "
+                  f"{target:7s} "
                   f"{r['load']:17s} {r.get('change', ', '.join(r.get('rules', [])))}", flush=True)
             if r.get("workers_pct") is not None:
                 # The worker variant also set the intra-op threads: its two parts (try.json).
