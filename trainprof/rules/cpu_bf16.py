@@ -67,6 +67,7 @@ for every size.
 from __future__ import annotations
 
 import re
+from typing import NamedTuple
 
 import numpy as np
 
@@ -264,24 +265,36 @@ def model_pair(probe: CpuBf16) -> tuple[float | None, float | None, int]:
     return probe.model_fp32_ms, probe.model_bf16_ms, 1
 
 
-def _measured(ctx: Context, probe: CpuBf16) -> tuple[float, float, int, float] | None:
-    """(the share of the step the fix frees, forward + backward's share of the step, steps,
-    the fixed forward + backward in ms) from the model probe; None when the model was not timed
-    or the step's parts are unknown (then the curves stand in). The fixed loop's forward +
-    backward takes what the probe timed for the fixed model, scaled down by the loop's own speed
-    when the loop ran faster than the probe's fp32 copy (several threads: the probe's ratio)."""
+class ModelSaving(NamedTuple):
+    """cpu-bf16's estimate from the model probe, each part as the evidence states it."""
+
+    saving_share: float  # of the step, the fix frees (0 to 1)
+    rest_share: float  # of the step, the step minus its fetches and optimizer step()s (0 to 1)
+    steps: int  # unprofiled steps the medians are over
+    fraction: float  # of that rest, the model's forward + backward (recorded steps' ranges)
+    model_ms: float  # the model's forward + backward in the loop, M
+    fixed_ms: float  # M under the fix
+
+
+def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
+    """The estimate from the model probe; None when the model was not timed or the step's parts
+    are unknown (then the curves stand in). The fixed loop's forward + backward takes what the
+    probe timed for the fixed model, scaled down by the loop's own speed when the loop ran
+    faster than the probe's fp32 copy (the probe's ratio)."""
     a, b, _ = model_pair(probe)
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
     share = model_share(ctx)
     if share is None:
         return None
-    if b >= a:  # slower in bf16 (autocast's casts cost more than small matmuls gain)
-        return 0.0, share[0], share[1], b
     step_ms = ctx.unprofiled_step_us / 1000
-    model_ms = model_fraction(ctx) * share[0] * step_ms
+    fraction = model_fraction(ctx)
+    model_ms = fraction * share[0] * step_ms
+    if b >= a:  # slower in bf16 (autocast's casts cost more than small matmuls gain)
+        return ModelSaving(0.0, share[0], share[1], fraction, model_ms, b)
     fixed_ms = b * min(1.0, model_ms / a)
-    return max(model_ms - fixed_ms, 0.0) / step_ms, share[0], share[1], fixed_ms
+    saving = max(model_ms - fixed_ms, 0.0) / step_ms
+    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms)
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -297,7 +310,7 @@ def check(ctx: Context) -> list[Finding]:
     if conv_us + mm_us <= 0:
         return []
     if measured is not None:
-        saving_share, fb_share, n_steps, fixed_ms = measured
+        saving_share = measured.saving_share
         if saving_share <= 0:  # the model runs slower in bf16: autocast's casts cost more
             return []
     else:
@@ -321,6 +334,7 @@ def check(ctx: Context) -> list[Finding]:
         f"(traced; medians over the recorded steps), no autocast, on a CPU with {probe.isa}."
     )
     if measured is not None:
+        m = measured
         f32, b16, threads = model_pair(probe)
         f32, b16 = f32 or 0.0, b16 or 0.0
         on = "one thread" if threads == 1 else f"{threads} intra-op threads as the script ran"
@@ -329,18 +343,23 @@ def check(ctx: Context) -> list[Finding]:
             f"batch, {on}: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
             "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
             + (", channels-last" if probe.model_channels_last else "")
-            + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Forward + backward take "
-            f"~{100 * fb_share:.0f} % of the step without the profiler "
-            f"({fb_share * ctx.unprofiled_step_us / 1000:.1f} ms: the step minus its DataLoader "
-            f"fetches and optimizer step, medians over {n_steps} unprofiled steps); with the fix "
-            f"about {fixed_ms:.1f} ms: the fix would free ~{100 * saving_share:.1f} % of the step."
+            + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Without the profiler the step minus its "
+            f"DataLoader fetches and optimizer step takes ~{100 * m.rest_share:.0f} % of the step "
+            f"({m.rest_share * ctx.unprofiled_step_us / 1000:.1f} ms, medians over {m.steps} "
+            f"unprofiled steps), the model's forward + backward {100 * m.fraction:.0f} % of that "
+            f"(trainprof's forward/backward ranges in the recorded steps): {m.model_ms:.1f} ms, "
+            f"with the fix about {m.fixed_ms:.1f} ms: the fix would free "
+            f"~{100 * saving_share:.1f} % of the step."
         )
         metrics_basis: dict = {
             "basis": "model",
             "model_fp32_ms": f32,
             "model_bf16_ms": b16,
             "model_threads": threads,
-            "forward_backward_share_pct": round(100 * fb_share, 2),
+            "forward_backward_share_pct": round(100 * m.rest_share, 2),
+            "model_fraction_pct": round(100 * m.fraction, 1),
+            "model_ms_per_step": round(m.model_ms, 3),
+            "fixed_model_ms_per_step": round(m.fixed_ms, 3),
         }
     else:
         sizes = (
