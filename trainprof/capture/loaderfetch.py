@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import multiprocessing
 import os
 import statistics
@@ -114,12 +115,19 @@ def source_of(it: Any) -> Source | None:
     return Source(dataset, collate, size)
 
 
+@functools.cache
+def _sched_getcpu() -> Any:
+    """libc's sched_getcpu, looked up once (this_cpu runs in the loop's steps); None without."""
+    try:
+        return ctypes.CDLL(None).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+
+
 def this_cpu() -> int:
     """The CPU the calling thread runs on (-1: not known)."""
-    try:
-        return int(ctypes.CDLL(None).sched_getcpu())
-    except (OSError, AttributeError):
-        return -1
+    getcpu = _sched_getcpu()
+    return int(getcpu()) if getcpu is not None else -1
 
 
 class _TimedBatches(torch.utils.data.Dataset):

@@ -184,15 +184,15 @@ def _at_threads(
     budget up."""
     torch.set_num_threads(threads)
     started = time.perf_counter()
-    pairs = [(wall_time(fp32), wall_time(bf16))]
+    fp32(), bf16()  # the warm-ups
     if time.perf_counter() - started > THREADS_BUDGET_S:
         return None
     started = time.perf_counter()
-    while len(pairs) <= THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
+    pairs: list[tuple[float, float]] = []
+    while len(pairs) < THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
         pairs.append((wall_time(fp32), wall_time(bf16)))
-    timed = pairs[1:] or pairs
-    best = min(a for a, _ in timed)
-    return best, best * statistics.median(b / a for a, b in timed)
+    best = min(a for a, _ in pairs)
+    return best, best * statistics.median(b / a for a, b in pairs)
 
 
 def thread_times(

@@ -89,10 +89,6 @@ class StepSummary:
     gpu_step_times: list[float | None] = field(default_factory=list)  # capture/gpusteps.py
 
 
-def _has_closure(args: tuple, kwargs: dict) -> bool:
-    return bool(args and callable(args[0])) or callable(kwargs.get("closure"))
-
-
 def _probe_closure(args: tuple, kwargs: dict, spent: list[float]) -> tuple[tuple, dict]:
     """`closure` (step(closure) / step(closure=...)) timed into `spent[0]` (every call: LBFGS
     calls it several times per step), inside a `trainprof/closure` range while recording: the
@@ -228,7 +224,7 @@ class Stepper:
                 return inner(opt, *args, **kwargs)
             outer = not S.opt_depth
             spent = [0.0]  # in the closure: forward/backward, not the update
-            if outer and _has_closure(args, kwargs):
+            if outer:
                 args, kwargs = _probe_closure(args, kwargs, spent)
             S.opt_depth += 1
             t0 = time.perf_counter()

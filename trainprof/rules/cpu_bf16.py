@@ -274,6 +274,7 @@ class ModelSaving(NamedTuple):
     fraction: float  # of that rest, the model's forward + backward (recorded steps' ranges)
     model_ms: float  # the model's forward + backward in the loop, M
     fixed_ms: float  # M under the fix
+    probe: tuple[float, float, int]  # the probe's (fp32 ms, bf16 ms, threads): model_pair
 
 
 def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
@@ -281,7 +282,7 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     are unknown (then the curves stand in). The fixed loop's forward + backward takes what the
     probe timed for the fixed model, scaled down by the loop's own speed when the loop ran
     faster than the probe's fp32 copy (the probe's ratio)."""
-    a, b, _ = model_pair(probe)
+    a, b, threads = model_pair(probe)
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
     share = model_share(ctx)
@@ -291,10 +292,10 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     fraction = model_fraction(ctx)
     model_ms = fraction * share[0] * step_ms
     if b >= a:  # slower in bf16 (autocast's casts cost more than small matmuls gain)
-        return ModelSaving(0.0, share[0], share[1], fraction, model_ms, b)
+        return ModelSaving(0.0, share[0], share[1], fraction, model_ms, b, (a, b, threads))
     fixed_ms = b * min(1.0, model_ms / a)
     saving = max(model_ms - fixed_ms, 0.0) / step_ms
-    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms)
+    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, (a, b, threads))
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -335,8 +336,7 @@ def check(ctx: Context) -> list[Finding]:
     )
     if measured is not None:
         m = measured
-        f32, b16, threads = model_pair(probe)
-        f32, b16 = f32 or 0.0, b16 or 0.0
+        f32, b16, threads = m.probe
         on = "one thread" if threads == 1 else f"{threads} intra-op threads as the script ran"
         evidence = (
             f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
