@@ -454,3 +454,30 @@ def test_compare_of_zero_step_times_is_one_line(tmp_path: Path) -> None:
     write_meta(RunMeta(step_times_s=[0.0] * 6), folder)
     line = one_line_error(invoke("compare", folder, folder))
     assert "has no step times" in line
+
+
+USAGE_ERRORS = {
+    "missing argument": (["try"], "trainprof try: error: Missing argument 'RUN'"),
+    "not an integer": (["try", "x", "--rounds", "two"], "Invalid value for '--rounds'"),
+    "no such command": (["bogus"], "trainprof: error: No such command 'bogus'"),
+    "no such option": (["diagnose", "--nope", "x"], "No such option: --nope"),
+    "run's own options": (["run", "--max-steps", "x", "s.py"], "trainprof run: error: Invalid"),
+}
+
+
+@pytest.mark.parametrize("kind", list(USAGE_ERRORS))
+def test_usage_errors_are_one_line_exit_2(kind: str) -> None:
+    """Through the installed entry point (click's errors are printed by it, not by a command):
+    one line on stderr naming the help to read, nothing on stdout, exit 2."""
+    args, says = USAGE_ERRORS[kind]
+    done = trainprof(*args)
+    out, err = text(done)
+    assert done.returncode == 2, err
+    assert out == "" and err.count("\n") == 1, err
+    assert says in err and err.rstrip().endswith("--help')"), err
+
+
+def test_help_and_bare_command_still_print_the_usage() -> None:
+    bare, helped = trainprof(), trainprof("--help")
+    assert bare.returncode == 2 and "Usage: trainprof" in text(bare)[0]
+    assert helped.returncode == 0 and "Usage: trainprof" in text(helped)[0]

@@ -223,10 +223,45 @@ def rules(
     print_rules()
 
 
+# click's exception classes, which typer does not export: its own copy of click from 0.2x on,
+# click itself before. BadParameter is a UsageError, a ClickException, in both.
+USAGE_ERROR = typer.BadParameter.__base__
+CLICK_ERROR = USAGE_ERROR.__base__
+
+
+def usage_error(err: Exception) -> str:
+    """A usage error on one line, with where to read the usage, instead of click's box of usage,
+    hint and error: `trainprof try: error: Missing argument 'RUN' (see 'trainprof try --help')`."""
+    ctx = getattr(err, "ctx", None)
+    path = ctx.command_path if ctx is not None else "trainprof"
+    message = " ".join(err.format_message().split()).rstrip(".")
+    return f"{path}: error: {message} (see '{path} --help')"
+
+
+def _app() -> int | None:
+    """The command line, in click's non-standalone mode so that its errors come back here to be
+    printed on one line; the exit code a command ended with (None: it returned)."""
+    if not sys.argv[1:]:
+        app(prog_name="trainprof")  # bare `trainprof`: the help, exit 2, as click does it
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(prog_name="trainprof", standalone_mode=False)
+    except USAGE_ERROR as err:
+        typer.echo(usage_error(err), err=True)
+        return err.exit_code
+    except CLICK_ERROR as err:
+        typer.echo(f"trainprof: error: {' '.join(err.format_message().split())}", err=True)
+        return err.exit_code
+    except typer.Abort:  # end of input at a prompt
+        typer.echo("trainprof: aborted", err=True)
+        return 1
+    return code if isinstance(code, int) else None
+
+
 def main() -> None:
     handoff.allow()  # `run` hands its script back, to run it from this frame
     try:
-        app()
+        code = _app()
     except SystemExit as exc:
         handed = handoff.take()
         if handed is None:
@@ -236,8 +271,8 @@ def main() -> None:
         sys.exit(130)
     else:
         handed = handoff.take()
-    if handed is None:
-        return
+        if handed is None:
+            sys.exit(code or 0)
     # Outside the except clause, so that the script's exceptions have no SystemExit context.
     try:
         code = handed.finish()
