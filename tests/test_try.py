@@ -22,7 +22,7 @@ from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
 from trainprof.tryfix import catalog
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, load_run
-from trainprof.tryfix.measure import saving, timed_steps, verdict, within_target
+from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
 
 MLP = str(SCRIPTS / "try_mlp.py")
 SHARING = str(SCRIPTS / "try_sharing.py")
@@ -182,6 +182,27 @@ def test_three_rounds_that_disagree_confirm_nothing() -> None:
     assert within_target(None, 3.0) is None
 
 
+def test_steps_that_alternate_count_at_their_pace() -> None:
+    """Three workers that fall behind hand batches over in bursts of three: one long step, two
+    short ones, 10 ms a step on average, as the baseline. The median step (3 ms) would call that
+    70 % faster; the blocks' means see no saving."""
+    base = [[10.0 + 0.1 * (i % 3) for i in range(48)] for _ in range(3)]
+    bursts = [[24.0 if i % 3 == 0 else 3.0 for i in range(48)] for _ in range(3)]
+    m, lo, hi = saving(base, bursts)
+    assert abs(m) < 2 and lo <= m <= hi and verdict(30.0, m, lo, hi) in ("none", "smaller")
+    assert abs(pace(bursts) - 10.0) < 0.5 and abs(pace(base) - 10.1) < 0.1
+
+
+def test_a_stall_is_outvoted_by_the_other_blocks() -> None:
+    """One 45 ms stall among 0.4 ms steps would add 38 % to a round's mean: the median over
+    blocks leaves its block out."""
+    steps = [0.4] * 60
+    stalled = [*steps[:20], 45.0, *steps[21:]]
+    assert pace([stalled]) == pytest.approx(0.4)
+    m, _, _ = saving([steps, steps, steps], [stalled, steps, steps])
+    assert m == pytest.approx(0.0, abs=1e-9)
+
+
 def test_compile_steps_are_left_out_without_losing_the_steady_state() -> None:
     # step 0 imports Dynamo, step 1 compiles, step 17 recompiles (a new shape): 2 s steps
     times = [1.2, 2.4] + [0.01] * 15 + [2.0] + [0.01] * 2
@@ -316,9 +337,14 @@ def test_receiving_round_sets_file_system_for_that_round_only(tmp_path: Path) ->
 def test_default_steps_from_the_runs_own_steps():
     """The round length comes from the run's plain steps: evaluation passes and steps run with
     fewer threads (slower by design) left out, as in every other step statistic."""
-    from trainprof.tryfix.command import MAX_KEPT_STEPS, WARMUP_STEPS, default_steps
+    from trainprof.tryfix.command import (
+        MAX_KEPT_STEPS,
+        MIN_KEPT_STEPS,
+        WARMUP_STEPS,
+        default_steps,
+    )
 
-    times = [0.1] * 30  # 3 s of steps at 0.1 s: 30 kept steps
+    times = [0.05] * 30  # 3 s of steps at 0.05 s: 60 kept steps
     # 4 cores: rounds of 4, 3, 2 and 1 threads, three of every four steps slower.
     block = [[s, 4 - k % 4] for k, s in enumerate(range(2, 30))]
     for s, t in block:
@@ -327,9 +353,10 @@ def test_default_steps_from_the_runs_own_steps():
     for s in (3, 5):
         times[s] = 2.0  # evaluation passes
     meta = RunMeta(step_times_s=times, thread_steps=block, eval_steps=[3, 5])
-    assert default_steps(meta) == WARMUP_STEPS + 30
-    # All steps counted, the median would be 0.5 s and the rounds 20 steps (the floor).
-    assert default_steps(RunMeta(step_times_s=times)) == WARMUP_STEPS + 20
+    assert default_steps(meta) == WARMUP_STEPS + 60
+    # All steps counted, the median would be 0.5 s and the rounds 36 steps (the floor: three
+    # blocks of the pace's median of means).
+    assert default_steps(RunMeta(step_times_s=times)) == WARMUP_STEPS + MIN_KEPT_STEPS
     # A fast step: about 3 s of it, at most MAX_KEPT_STEPS (a round of 25 kept 0.4 ms steps
     # measured a 14 % saving at +4 % [-22, +24]).
     assert default_steps(RunMeta(step_times_s=[0.01] * 30)) == WARMUP_STEPS + 300

@@ -147,7 +147,7 @@ def try_(
     ),
     rounds: int = typer.Option(3, "--rounds", help="Rounds: baseline and each fix, interleaved."),
     steps: int = typer.Option(
-        None, "--steps", help="Steps per round (default: 5 warm-up + about 3 s, 20 to 1000)."
+        None, "--steps", help="Steps per round (default: 5 warm-up + about 3 s, 36 to 1000)."
     ),
 ) -> None:
     """Re-run RUN's command, profiler off, without and with each fix; measure what each saves."""

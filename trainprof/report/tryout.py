@@ -13,6 +13,19 @@ TRY_NAME = "try.json"
 TRY_SCHEMA = 1
 
 
+def pace_text(doc: dict) -> str:
+    """How the saving was measured, said under every table of results (tryfix/measure); try.json
+    from before the blocks compared median steps."""
+    n = doc.get("block_steps")
+    if not n:
+        return "saving = 1 - median step with the fix / median step without"
+    return (
+        "saving = 1 - step with the fix / step without, a step being the median over blocks of "
+        f"{n} consecutive steps of their mean (steps that alternate long and short, as with "
+        "workers that fall behind, count at their average)"
+    )
+
+
 def read_try(run: Path) -> dict | None:
     """RUN/try.json (written by `trainprof try`), or None."""
     path = Path(run) / TRY_NAME
@@ -43,7 +56,7 @@ def _header(doc: dict) -> str:
     base = doc.get("baseline") or {}
     med = base.get("median_ms")
     return (
-        f"baseline {med:.2f} ms/step (median, profiler off), " if med is not None else ""
+        f"baseline {med:.2f} ms/step (profiler off), " if med is not None else ""
     ) + (
         f"{base.get('rounds', 0)} rounds of {doc.get('steps_per_round')} steps, the first "
         f"{doc.get('warmup_steps_discarded')} of each not timed"
@@ -101,8 +114,7 @@ def render_try_text(doc: dict[str, Any]) -> str:
         else:
             lines.append(f"  all together: {c.get('note', '')}")
     lines.append("")
-    lines.append("  saving = 1 - median step with the fix / median step without, 95 % interval "
-                 "over rounds and steps; positive is faster")
+    lines.append(f"  {pace_text(doc)}; 95 % interval over rounds and blocks; positive is faster")
     return "\n".join(lines) + "\n"
 
 
@@ -143,7 +155,6 @@ def try_html(doc: dict[str, Any]) -> str:
     note = " (interrupted: the rounds done so far)" if doc.get("interrupted") else ""
     return (
         '<section id="try"><h2>Fixes measured (trainprof try)</h2>'
-        f'<p class="sub">{e(_header(doc))}{e(note)}; saving = 1 − median step with the fix / '
-        "median step without, positive is faster.</p>"
+        f'<p class="sub">{e(_header(doc))}{e(note)}; {e(pace_text(doc))}; positive is faster.</p>'
         f"<table>{head}{''.join(rows)}</table></section>"
     )

@@ -31,7 +31,7 @@ from trainprof.fileio import write_atomic
 from trainprof.report.tryout import TRY_NAME
 from trainprof.runmeta import RunMeta, read_meta
 from trainprof.tryfix import catalog
-from trainprof.tryfix.measure import saving, timed_steps, verdict, within_target
+from trainprof.tryfix.measure import BLOCK_STEPS, pace, saving, timed_steps, verdict, within_target
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -40,6 +40,7 @@ WARMUP_STEPS = 5  # allocator warm-up, the first batches, DataLoader worker star
 # steps of it are noise: try_mlp (0.4 ms steps), rounds of 25 kept steps measured fused Adam at
 # +4.1 % [-22.2, +23.9], of 295 at +13.7 % [+11.8, +15.6].
 MAX_KEPT_STEPS = 1000
+MIN_KEPT_STEPS = 36  # three blocks (tryfix/measure): one a stall fell into is outvoted
 DEFAULT_ROUNDS = 3
 COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
 _TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
@@ -139,13 +140,13 @@ def estimates(run: Path) -> RunEstimates:
 
 
 def default_steps(meta: RunMeta) -> int:
-    """Enough steps for a stable median: at least 20 kept steps, and about 3 s of them (at
-    most MAX_KEPT_STEPS)."""
+    """Enough steps for a stable pace: at least MIN_KEPT_STEPS kept steps, and about 3 s of them
+    (at most MAX_KEPT_STEPS)."""
     aside = meta.altered_steps()  # evaluation passes, steps run with fewer threads
     plain = [t for i, t in enumerate(meta.step_times_s) if i >= 1 and i not in aside]
     times = sorted(plain or meta.step_times_s)
     med = times[len(times) // 2] if times else 0.1
-    kept = min(MAX_KEPT_STEPS, max(20, math.ceil(3.0 / max(med, 1e-4))))
+    kept = min(MAX_KEPT_STEPS, max(MIN_KEPT_STEPS, math.ceil(3.0 / max(med, 1e-4))))
     return WARMUP_STEPS + kept
 
 
@@ -374,7 +375,7 @@ class Trial:
             return None
         m, lo, hi = saving(base[:n], v.rounds[:n])
         return {"measured_pct": round(m, 1), "ci_pct": [round(lo, 1), round(hi, 1)],
-                "rounds": n, "median_ms": round(1000 * _median(v.rounds[:n]), 3)}
+                "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n]), 3)}
 
     def best(self, rule: str) -> tuple[Variant, dict] | None:
         scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])
@@ -400,7 +401,7 @@ class Trial:
         if mc is None or mv is None or not n:
             return None
         base = self.base.rounds[:n]
-        c_med, b_med = _median(ctl.rounds[:n]), _median(base)
+        c_med, b_med = pace(ctl.rounds[:n]), pace(base)
         if not b_med:
             return None
         scale = c_med / b_med  # points of the control step -> points of the baseline step
@@ -481,6 +482,7 @@ class Trial:
             "cwd": self.meta.cwd or None,
             "steps_per_round": self.steps,
             "warmup_steps_discarded": WARMUP_STEPS,
+            "block_steps": BLOCK_STEPS,
             "profiled": False,
             "step_clock": "/".join(sorted(self.clocks)) or None,
             "interrupted": self.interrupted,
@@ -488,7 +490,7 @@ class Trial:
             "estimates_note": self.est_note,
             "baseline": {
                 "rounds": len(base_rounds),
-                "median_ms": round(1000 * _median(base_rounds), 3) if base_rounds else None,
+                "median_ms": round(1000 * pace(base_rounds), 3) if base_rounds else None,
                 "step_times_ms": [[round(1000 * t, 3) for t in r] for r in base_rounds],
                 "error": self.base.error,
             },
@@ -516,11 +518,6 @@ def _name(rule: str, options: dict) -> str:
     if not options:
         return rule
     return f"{rule}[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]"
-
-
-def _median(rounds: list[list[float]]) -> float:
-    flat = sorted(t for r in rounds for t in r)
-    return flat[len(flat) // 2] if flat else 0.0
 
 
 def _say(text: str) -> None:
