@@ -198,10 +198,14 @@ def test_old_metadata_without_load_is_unknown(tmp_path: Path) -> None:
 
 # ---- --fail-if-slower ------------------------------------------------------------------------
 def _synthetic(
-    tmp: Path, name: str, median_ms: float, seed: int, n: int = 200, recorded_load: bool = True
+    tmp: Path, name: str, median_ms: float, seed: int, n: int = 200, recorded_load: bool = True,
+    times_ms: list[float] | None = None,
 ) -> Path:
-    """A run folder holding only metadata: `n` step times around `median_ms` (5 % sd)."""
+    """A run folder holding only metadata: `n` step times around `median_ms` (5 % sd), or
+    `times_ms`."""
     x = np.random.default_rng(seed).normal(median_ms, 0.05 * median_ms, n)
+    if times_ms is not None:
+        x = np.asarray(times_ms)
     folder = tmp / name
     folder.mkdir()
     write_meta(
@@ -255,6 +259,26 @@ def test_fail_if_slower_untested_with_too_few_steps(tmp_path: Path) -> None:
     gate = json.loads(r.stdout)["gate"]
     assert gate["tested"] is False and gate["failed"] is False
     assert gate["reason"].startswith("not tested: no confidence interval (too few steps")
+
+
+def test_steps_that_alternate_are_not_compared_by_their_median(tmp_path: Path) -> None:
+    """B's three workers fall behind and hand batches over in threes: 30 ms, then 3 ms twice,
+    12 ms a step, as A. The median of B's steps (3 ms) says it is 75 % faster; the warning says
+    the median is not its pace. A run with a few stalls (skewed, but not alternating) gets no
+    such warning."""
+    rng = np.random.default_rng(7)
+    pairs = [v for _ in range(70) for v in (rng.normal(30, 1), *rng.normal(3, 0.3, 2))]
+    a = _synthetic(tmp_path, "a", 12.0, 1)
+    b = _synthetic(tmp_path, "b", 0.0, 0, times_ms=pairs)
+    c = json.loads(invoke("compare", str(a), str(b), "--json").stdout)
+    said = [w for w in c["warnings"] if "alternate long and short" in w]
+    assert len(said) == 1 and said[0].startswith("B's steps"), c["warnings"]
+    mean = float(said[0].split("its mean, ")[1].split(" ms")[0])
+    assert abs(mean - 12.0) < 0.5 and c["b"]["steps"]["median_ms"] < 4.0
+    stalls = [60.0 if i % 40 == 0 else 12.0 + 0.1 * (i % 7) for i in range(200)]
+    s = _synthetic(tmp_path, "stalls", 0.0, 0, times_ms=stalls)
+    c = json.loads(invoke("compare", str(a), str(s), "--json").stdout)
+    assert not any("alternate" in w for w in c["warnings"])
 
 
 @pytest.mark.parametrize("value", ["-5", "abc", "nan", "inf", ""])

@@ -43,6 +43,9 @@ Noise between runs
     max(0.5, 10 % of the CPUs) (the load average, which counts the run's own threads, only when
     that is not known: by more than max(1, 25 % of the CPUs)), or the machine. The interval
     then cannot be trusted: `change.ci_trusted` is false (null when a side has no load record).
+    A side whose steps alternate long and short (consecutive steps anti-correlated, the median
+    more than 10 % off the mean: DataLoader workers that fall behind hand batches over in
+    bursts) gets a warning too: its median step is not its pace, its mean is.
 
 Gate
     `--fail-if-slower PCT` exits 3 (like `diagnose --fail-on`) when B's median step is slower
@@ -66,7 +69,8 @@ JSON schema 1 (`--json`):
      "findings": [{"status": "resolved" | "new" | "still present", "rule", "title", "location",
                    "severity_a", "severity_b", "saving_a_ms", "saving_b_ms"}],  # null = absent
      "notes": [str],
-     "warnings": [str],        # different load or machines: the interval cannot be trusted
+     "warnings": [str],        # different load or machines: the interval cannot be trusted;
+                               # a side whose steps alternate: its median is not its pace
      "gate": null | {"fail_if_slower_pct", "tested": bool, "failed": bool, "reason": str}}
     Side = {"path", "traces": [str], "device": str, "status": str | null (run metadata's),
             "steps": {"source": "gpu" | "metadata" | "trace", "count", "dropped", "median_ms",
@@ -547,6 +551,18 @@ def noise_check(sa: Side, sb: Side) -> tuple[list[str], list[str], bool | None]:
     return warnings, notes, (False if warnings else None if unknown else True)
 
 
+def alternation_warning(name: str, x: np.ndarray) -> str:  # x: step times in ms
+    """A side whose steps alternate long and short (stats.alternating): its median step is not
+    the loop's pace, so a change of medians misstates the speed-up."""
+    return (
+        f"{name}'s steps alternate long and short (as when DataLoader workers fall behind and "
+        f"hand batches over in bursts): its median step, {float(np.median(x)):.2f} ms, "
+        f"is not its pace; its mean, {float(np.mean(x)):.2f} ms, is. The change of "
+        "medians misstates the speed-up (`trainprof try` measures a fix by the means of blocks "
+        "of steps)."
+    )
+
+
 def parse_pct(value: str, option: str = "--fail-if-slower") -> float:
     """A percentage given on the command line: a finite number >= 0."""
     try:
@@ -671,6 +687,8 @@ def compare(
     notes = _notes(a, b, sa, sb)
     warnings, noise_notes, change.ci_trusted = noise_check(sa, sb)
     notes += noise_notes
+    warnings += [alternation_warning(n, x) for n, x in (("A", xa), ("B", xb))
+                 if stats.alternating(x)]
     if not a.diagnoses or not b.diagnoses:
         # Without a trace on one side, every finding would look resolved or new.
         missing = " and ".join(n for n, r in (("A", a), ("B", b)) if not r.diagnoses)

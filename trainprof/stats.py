@@ -20,6 +20,37 @@ SEED = 0
 _BLOCK_VALUES = 2_000_000
 
 
+# Consecutive steps per block of `block_means`: a whole number of bursts of 1, 2, 3, 4 or 6
+# DataLoader workers (with more, a block holds one burst more or less than the next: off by a
+# share of one burst's spread).
+BLOCK_STEPS = 12
+# `alternating`: a lag-1 autocorrelation below this, and a median this far from the mean.
+ALTERNATING_AUTOCORR = -0.3
+ALTERNATING_GAP = 0.10
+
+
+def block_means(times, block: int = BLOCK_STEPS) -> np.ndarray:
+    """The mean step of each run of `block` consecutive steps (the last takes the remainder:
+    nothing is left out); one block when there are fewer steps."""
+    x = np.asarray(times, dtype=float)
+    if not len(x):
+        return x
+    return np.array([b.mean() for b in np.array_split(x, max(len(x) // block, 1))])
+
+
+def alternating(times) -> bool:
+    """Steps that alternate long and short (a loop fed in bursts by DataLoader workers that
+    fall behind), so that the median step is far from the loop's pace: consecutive steps
+    anti-correlated and the median more than ALTERNATING_GAP off the mean. A few stalls skew the
+    mean too, but they do not make neighbours anti-correlated."""
+    x = np.asarray(times, dtype=float)
+    if len(x) < 8 or float(np.std(x)) == 0.0:
+        return False
+    lag1 = float(np.corrcoef(x[:-1], x[1:])[0, 1])
+    mean = float(np.mean(x))
+    return lag1 < ALTERNATING_AUTOCORR and abs(float(np.median(x)) - mean) > ALTERNATING_GAP * mean
+
+
 @dataclass(frozen=True)
 class Estimate:
     """A point estimate with its bootstrap confidence interval."""

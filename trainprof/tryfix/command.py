@@ -30,8 +30,9 @@ from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.report.tryout import TRY_NAME
 from trainprof.runmeta import RunMeta, read_meta
+from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog
-from trainprof.tryfix.measure import BLOCK_STEPS, pace, saving, timed_steps, verdict, within_target
+from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
 
 LOG_NAME = "try.log"
 SCHEMA = 1

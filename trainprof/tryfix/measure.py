@@ -1,6 +1,6 @@
 """The saving a fix measured: baseline vs variant step times over interleaved rounds.
 
-A side's step is its PACE: the median, over blocks of BLOCK_STEPS consecutive steps, of each
+A side's step is its PACE: the median, over blocks of stats.BLOCK_STEPS consecutive steps, of each
 block's mean step (a median of means). Not the median step: a loop fed by n DataLoader workers
 that cannot keep up gets its batches in bursts of n, and its steps alternate long and short
 (try_threaded_fetch with 2 workers: 16-39 ms, then 1-9 ms; median 8.7 ms, mean 13.4 ms, the
@@ -28,35 +28,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from trainprof.stats import block_means
+
 RESAMPLES = 2000
 SEED = 0
 REL_TOLERANCE = 0.30
 ABS_TOLERANCE_PTS = 2.0
 
 
-# Consecutive steps per block: a whole number of bursts of 1, 2, 3, 4 or 6 workers (with more,
-# a block holds one burst more or less than the next: off by a share of one burst's spread).
-BLOCK_STEPS = 12
-
-
-def blocks(times: list[float]) -> np.ndarray:
-    """The mean step of each block of BLOCK_STEPS consecutive steps (the last block takes the
-    remainder: nothing is left out); one block when there are fewer steps."""
-    x = np.asarray(times, dtype=float)
-    if not len(x):
-        return x
-    return np.array([b.mean() for b in np.array_split(x, max(len(x) // BLOCK_STEPS, 1))])
-
-
 def pace(rounds: list[list[float]]) -> float:
     """The step of the rounds together (the median of their blocks' means; 0 without steps)."""
-    means = [blocks(r) for r in rounds if len(r)]
+    means = [block_means(r) for r in rounds if len(r)]
     return float(np.median(np.concatenate(means))) if means else 0.0
 
 
 def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, float, float]:
     """(measured %, lo %, hi %) from per-round step times (warm-up already dropped)."""
-    pairs = [(blocks(a), blocks(b)) for a, b in zip(base, variant, strict=False)
+    pairs = [(block_means(a), block_means(b)) for a, b in zip(base, variant, strict=False)
              if len(a) and len(b)]
     if not pairs:
         raise ValueError("no round with steps on both sides")
