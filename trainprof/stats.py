@@ -1,4 +1,5 @@
-"""Bootstrap confidence intervals for step-time medians and their ratio.
+"""Bootstrap confidence intervals for step-time medians and their ratio; the means of blocks of
+consecutive steps, and whether steps alternate long and short (a median that misstates a pace).
 
 Percentile bootstrap: resample each sample with replacement (independently: two runs are two
 independent samples), take the median of every resample, and read the interval off the
