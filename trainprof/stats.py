@@ -10,6 +10,7 @@ autocorrelation, so on strongly drifting runs the interval is somewhat too narro
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,7 +31,7 @@ ALTERNATING_AUTOCORR = -0.3
 ALTERNATING_GAP = 0.10
 
 
-def block_means(times, block: int = BLOCK_STEPS) -> np.ndarray:
+def block_means(times: Sequence[float] | np.ndarray, block: int = BLOCK_STEPS) -> np.ndarray:
     """The mean step of each run of `block` consecutive steps (the last takes the remainder:
     nothing is left out); one block when there are fewer steps."""
     x = np.asarray(times, dtype=float)
@@ -39,7 +40,7 @@ def block_means(times, block: int = BLOCK_STEPS) -> np.ndarray:
     return np.array([b.mean() for b in np.array_split(x, max(len(x) // block, 1))])
 
 
-def alternating(times) -> bool:
+def alternating(times: Sequence[float] | np.ndarray) -> bool:
     """Steps that alternate long and short (a loop fed in bursts by DataLoader workers that
     fall behind), so that the median step is far from the loop's pace: consecutive steps
     anti-correlated and the median more than ALTERNATING_GAP off the mean. A few stalls skew the
