@@ -174,6 +174,7 @@ TRY_WORKLOADS = [
     ("amp_compile", "examples/amp_compile.py", [], RUN_STEPS),
     ("metrics_sync", "examples/metrics_sync.py", [], RUN_STEPS),
     ("lightning_train", "examples/frameworks/lightning_train.py", [], RUN_STEPS),
+    ("hf_trainer", "examples/frameworks/hf_trainer.py", ["--steps", "1000"], RUN_STEPS),
 ]
 
 
