@@ -551,13 +551,14 @@ def noise_check(sa: Side, sb: Side) -> tuple[list[str], list[str], bool | None]:
     return warnings, notes, (False if warnings else None if unknown else True)
 
 
-def alternation_warning(name: str, x: np.ndarray) -> str:  # x: step times in ms
+def alternation_warning(name: str, side: Side) -> str:
     """A side whose steps alternate long and short (stats.alternating): its median step is not
     the loop's pace, so a change of medians misstates the speed-up."""
+    s = side.steps
     return (
         f"{name}'s steps alternate long and short (as when DataLoader workers fall behind and "
-        f"hand batches over in bursts): its median step, {float(np.median(x)):.2f} ms, "
-        f"is not its pace; its mean, {float(np.mean(x)):.2f} ms, is. The change of "
+        f"hand batches over in bursts): its median step, {s.median_ms:.2f} ms, "
+        f"is not its pace; its mean, {s.mean_ms:.2f} ms, is. The change of "
         "medians misstates the speed-up (`trainprof try` measures a fix by the means of blocks "
         "of steps)."
     )
@@ -687,7 +688,7 @@ def compare(
     notes = _notes(a, b, sa, sb)
     warnings, noise_notes, change.ci_trusted = noise_check(sa, sb)
     notes += noise_notes
-    warnings += [alternation_warning(n, x) for n, x in (("A", xa), ("B", xb))
+    warnings += [alternation_warning(n, side) for n, x, side in (("A", xa, sa), ("B", xb, sb))
                  if stats.alternating(x)]
     if not a.diagnoses or not b.diagnoses:
         # Without a trace on one side, every finding would look resolved or new.

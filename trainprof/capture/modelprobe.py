@@ -218,9 +218,7 @@ def thread_times(
             warm = time.perf_counter()
             for n in threads:  # warm-ups: kernels built, the pool of each size started
                 torch.set_num_threads(n)
-                t0 = time.perf_counter()
-                run()
-                best[n] = time.perf_counter() - t0
+                best[n] = wall_time(run)
                 if best[n] > MAX_CALL_S:
                     return [], f"one forward + backward took over {MAX_CALL_S} s"
             # A model slow enough that the warm-ups used the budget up: their times stand (they
@@ -232,9 +230,7 @@ def thread_times(
                     break
                 for n in threads:
                     torch.set_num_threads(n)
-                    t0 = time.perf_counter()
-                    run()
-                    best[n] = min(best[n], time.perf_counter() - t0)
+                    best[n] = min(best[n], wall_time(run))
     except Exception as err:  # noqa: BLE001 - no scaling figures: the model's threads as run
         return [], f"the copy or its call failed: {one_line(err)}"
     finally:
