@@ -198,6 +198,7 @@ class Session:
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
         from trainprof.capture.patching import Patches
+        from trainprof.capture.phaseref import PhaseRef
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
@@ -258,6 +259,7 @@ class Session:
                 # (the count set for a step --max-steps ended before it ran is not listed)
                 thread_steps=[list(x) for x in threads.steps if x[0] < len(steps.step_times)],
                 worker_fetch_steps=pairs.steps(len(steps.step_times)),
+                phase_ref_s=[x for x in phase.times if x[0] < len(steps.step_times)],
                 window=w,
                 dataloaders=collector.dataloaders,
                 optimizers=collector.optimizers,
@@ -320,7 +322,14 @@ class Session:
             stepper.fetched, cfg.worker_fetch, lambda: len(stepper.step_times), stepper.max_steps,
         )  # fmt: skip
 
+        phase = PhaseRef(
+            window_done,
+            lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
+            lambda: len(stepper.step_times),
+        )
+
         def on_step() -> None:
+            phase.after_step()  # before the worker's fetch and the thread change
             pairs.after_step()  # first: the thread count is still the ended step's
             threads.after_step()
             checkpoint()

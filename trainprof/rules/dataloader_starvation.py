@@ -45,9 +45,19 @@ On a CPU trace the workers take the fetch off the loop, but:
   run's unprofiled steps of the step time S and of the time spent in fetches F (trainprof times
   both at every step; older metadata: the fetch's share of the traced step with the profiler's
   per-event cost taken out, analysis/unprofiled). The model's compute is M = S - F.
-- each batch crosses a process boundary: measured after the run on this machine for batches of
-  the script's shapes (capture/loaderipc), the main process pays R per batch to receive it and
-  a worker W to hand it over. For tiny samples this costs more than the fetch it saves.
+- each batch crosses a process boundary: measured after the run on this machine for batches of the
+  script's shapes (capture/loaderipc), the main process pays R per batch to receive it and a
+  worker W to hand it over. For tiny samples this costs more than the fetch it saves. A shared
+  VM's speed moves by up to 1.7x in stretches of 10 ms to seconds, and the saving is about F - R,
+  two figures timed apart: the Hugging Face Trainer's example estimated 14 % (F 4.0 ms in five
+  steps of a slow stretch, 2.1-2.9 ms in the twenty before; R 2.8 ms) where `trainprof try`
+  measured -0.5 %, and 0 % in an identical run. So a fixed piece of work (Python between small
+  tensor ops, about 0.1 ms) is timed at the step boundaries after the profiling window and before
+  each of the probe's timings (capture/phaseref). Each of the steps S and F come from is divided
+  by the reference beside it (the mean of its two boundaries) over the probe's median: S' and F'
+  are their medians at the probe's speed. The model's figures are stated at the steps' speed, pace
+  = S / S': F' pace, R pace, W pace (the evidence gives the pace where it is 5 % off 1).
+  Fewer than 5 such steps (older metadata): pace 1, F as timed.
 - fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'.
   Timed on the run's own steps: after the profiling window the run alternates T with one and
   C - 1, C - 2 threads for 8 rounds (capture/threadsteps; those steps are left out of S and F),
@@ -137,6 +147,7 @@ MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 # without the profiler is an estimate (its profiled time, the profiler's per-event cost out).
 RECEIVE_SHARE = 2 * MIN_SHARE
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
+PHASE_SAYS = 0.05  # the probe's figures scaled by this much or more: the evidence says so
 WORKER_FETCH_SAYS = 1.05  # a worker's fetch this much slower than the loop's: the evidence says so
 
 
@@ -164,6 +175,11 @@ def _cpu_evidence(
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
         text += "."
+        if abs(model.phase - 1) >= PHASE_SAYS:
+            text += (
+                f" Both are stated at the speed of the steps above: a fixed piece of work took "
+                f"{model.phase:.2f}x as long beside them as beside these timings."
+            )
     elif has_workers:  # the probe runs only for loaders without workers
         text += " The cost of handing batches between processes is in those times already."
     else:
@@ -386,6 +402,8 @@ def check(ctx: Context) -> list[Finding]:
             fixed_step_ms=round(model.fixed / 1000, 3),
             receive_ms_per_batch=round(model.receive / 1000, 3),
             worker_ms_per_batch=round(model.worker / 1000, 3),
+            # R and W as timed after the run times this: the steps' speed against the probe's
+            phase=round(model.phase, 4),
             suggested_threads=model.threads,
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
             worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # a worker's fetch, one thread

@@ -1,0 +1,136 @@
+"""capture/phaseref: a fixed piece of work timed at the step boundaries of a CPU run fetching
+without workers, and beside the after-run probe of a worker's costs; dataloader-starvation's
+model states that probe's figures at the speed of the steps it takes. The same run with its
+steps slowed down as a VM's slow stretch slows them (the reference beside them too) keeps its
+estimate; without the reference slowed with them, as before, it did not."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, Dataset
+
+import trainprof
+from trainprof.analysis.context import Context
+from trainprof.capture import phaseref
+from trainprof.capture.loaderipc import busy
+from trainprof.pipeline import diagnose_path, meta_for
+from trainprof.trace.load import load_trace
+
+pytestmark = [
+    pytest.mark.slow,  # a run of 60 steps with the probes: ~10 s
+    pytest.mark.skipif(
+        sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods(),
+        reason="the probe forks its workers",
+    ),
+]
+
+
+class Spin(Dataset):
+    """0.5 ms of CPU per sample: a 4 ms fetch per batch of 8, a few times the model's step."""
+
+    def __len__(self) -> int:
+        return 8 * 60
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        busy(0.0005)
+        return torch.zeros(4), i % 2
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("phase") / "run"
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        with trainprof.profile(out, show=False, wait=1, warmup=1, active=2):
+            for x, y in DataLoader(Spin(), batch_size=8):
+                opt.zero_grad()
+                nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def _meta(folder: Path) -> dict:
+    return json.loads((folder / "trainprof.json").read_text())
+
+
+def test_the_reference_is_timed_after_the_window_and_beside_the_probe(run_dir: Path):
+    meta = _meta(run_dir)
+    refs = meta["phase_ref_s"]
+    last_recorded = max(meta["window"]["recorded_steps"])
+    steps = [int(s) for s, _ in refs]
+    # Every boundary from the window's end (none while the profiler records), each once.
+    assert steps and min(steps) >= last_recorded
+    assert steps == list(range(steps[0], steps[0] + len(steps)))
+    assert steps[-1] <= len(meta["step_times_s"]) - 1
+    assert all(t > 0 for _, t in refs)
+    assert meta["loader_ipc"]["phase_ref_ms"] > 0
+
+
+def test_the_boundaries_thin_out_in_a_long_run():
+    calls = []
+    ref = phaseref.PhaseRef(lambda: True, lambda: True, lambda: len(calls))
+    for _ in range(phaseref.DENSE + 5 * phaseref.STRIDE):
+        calls.append(1)
+        ref.after_step()
+    assert len(ref.times) == phaseref.DENSE + 5
+    off = phaseref.PhaseRef(lambda: True, lambda: False, lambda: 1)
+    off.after_step()
+    assert off.times == [] and off.state == "done"
+
+
+def _basis(folder: Path) -> list[int]:
+    (trace,) = (folder / name for name in _meta(folder)["traces"])
+    return Context(load_trace(trace), meta_for(trace)).unprofiled_step_index
+
+
+def _slowed(src: Path, dst: Path, k: float, refs_too: bool) -> Path:
+    """A copy of the run whose steps the model takes ran k times slower, the reference timed at
+    their boundaries too where `refs_too`."""
+    shutil.copytree(src, dst)
+    meta = _meta(dst)
+    basis = _basis(src)
+    for i in basis:
+        meta["step_times_s"][i] *= k
+        meta["fetch_times_s"][i] *= k
+    if refs_too:
+        near = {j for i in basis for j in (i - 1, i)}
+        meta["phase_ref_s"] = [[s, t * k if int(s) in near else t] for s, t in meta["phase_ref_s"]]
+    (dst / "trainprof.json").write_text(json.dumps(meta))
+    return dst
+
+
+def _dataloader(folder: Path) -> dict:
+    (d,) = diagnose_path(folder)
+    (f,) = [f for f in d.findings if f.rule == "dataloader-starvation"]
+    return {"pct": f.est_saving_pct, **f.metrics}
+
+
+def test_a_slow_stretch_in_the_steps_keeps_the_estimate(run_dir: Path, tmp_path: Path):
+    base = _dataloader(run_dir)
+    slow = _dataloader(_slowed(run_dir, tmp_path / "slow", 1.5, refs_too=True))
+    # R and W are stated at the slower steps' speed: every figure of the model 1.5x (the fixed
+    # step too: it is a maximum of sums of them), the share the same.
+    assert slow["phase"] == pytest.approx(1.5 * base["phase"], rel=1e-3)
+    for name in ("unprofiled_step_ms", "unprofiled_fetch_ms", "receive_ms_per_batch",
+                 "worker_ms_per_batch", "fixed_step_ms"):  # fmt: skip
+        assert slow[name] == pytest.approx(1.5 * base[name], rel=2e-3, abs=2e-3), name
+    assert slow["pct"] == pytest.approx(base["pct"], abs=0.05)
+    # Without the reference slowed beside them (the model before it), R and W stay as timed: the
+    # fixed step does not slow with the steps, and the estimate moves with the machine's stretch.
+    blind = _dataloader(_slowed(run_dir, tmp_path / "blind", 1.5, refs_too=False))
+    assert blind["phase"] == pytest.approx(base["phase"], rel=1e-3)
+    assert blind["receive_ms_per_batch"] == pytest.approx(base["receive_ms_per_batch"], rel=1e-3)
+    assert blind["fixed_step_ms"] < 1.5 * base["fixed_step_ms"] - 0.1
