@@ -258,6 +258,9 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     (fix,) = doc["fixes"]
     assert fix["rule"] == "optimizer-foreach" and "fused=True" in fix["permanent_fix"]
     assert fix["measured_pct"] is not None and fix["ci_pct"][0] <= fix["ci_pct"][1]
+    # The variant's own steps are kept as the baseline's: what its figure can be scored again from.
+    assert [len(r) for r in fix["step_times_ms"]] == [10] and fix["rounds"] == 1
+    assert fix["median_ms"] == pytest.approx(statistics.mean(fix["step_times_ms"][0]), rel=1e-3)
     assert fix["verdict"] in ("confirmed", "smaller", "none", "slower")
     if foreach:
         assert fix["estimated_pct"] == round(foreach[0]["est_saving_pct"], 1)

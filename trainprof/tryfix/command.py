@@ -376,7 +376,8 @@ class Trial:
             return None
         m, lo, hi = saving(base[:n], v.rounds[:n])
         return {"measured_pct": round(m, 1), "ci_pct": [round(lo, 1), round(hi, 1)],
-                "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n]), 3)}
+                "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n]), 3),
+                "step_times_ms": [[round(1000 * t, 3) for t in r] for r in v.rounds[:n]]}
 
     def best(self, rule: str) -> tuple[Variant, dict] | None:
         scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])
@@ -431,6 +432,7 @@ class Trial:
             if m is not None:
                 entry.update(measured_pct=m["measured_pct"], ci_pct=m["ci_pct"],
                              rounds=m["rounds"], median_ms=m["median_ms"],
+                             step_times_ms=m["step_times_ms"],
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
                 split = self.split_threads(rule, v)
