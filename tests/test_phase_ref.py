@@ -123,7 +123,7 @@ def test_a_slow_stretch_in_the_steps_keeps_the_estimate(run_dir: Path, tmp_path:
     slow = _dataloader(_slowed(run_dir, tmp_path / "slow", 1.5, refs_too=True))
     # R and W are stated at the slower steps' speed: every figure of the model 1.5x (the fixed
     # step too: it is a maximum of sums of them), the share the same.
-    assert slow["phase"] == pytest.approx(1.5 * base["phase"], rel=1e-3)
+    assert slow["pace"] == pytest.approx(1.5 * base["pace"], rel=1e-3)
     for name in ("unprofiled_step_ms", "unprofiled_fetch_ms", "receive_ms_per_batch",
                  "worker_ms_per_batch", "fixed_step_ms"):  # fmt: skip
         assert slow[name] == pytest.approx(1.5 * base[name], rel=2e-3, abs=2e-3), name
@@ -131,6 +131,6 @@ def test_a_slow_stretch_in_the_steps_keeps_the_estimate(run_dir: Path, tmp_path:
     # Without the reference slowed beside them (the model before it), R and W stay as timed: the
     # fixed step does not slow with the steps, and the estimate moves with the machine's stretch.
     blind = _dataloader(_slowed(run_dir, tmp_path / "blind", 1.5, refs_too=False))
-    assert blind["phase"] == pytest.approx(base["phase"], rel=1e-3)
+    assert blind["pace"] == pytest.approx(base["pace"], rel=1e-3)
     assert blind["receive_ms_per_batch"] == pytest.approx(base["receive_ms_per_batch"], rel=1e-3)
     assert blind["fixed_step_ms"] < 1.5 * base["fixed_step_ms"] - 0.1

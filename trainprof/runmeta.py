@@ -103,6 +103,9 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     model_threads: int = 1
     model_fp32_threads_ms: float | None = None
     model_bf16_threads_ms: float | None = None
+    # The least of a fixed piece of work timed between the pairs above (ms; capture/phaseref,
+    # None: not timed): their speed, against RunMeta.phase_ref_s at the run's steps.
+    model_phase_ref_ms: float | None = None
 
 
 class LoaderIpc(msgspec.Struct, kw_only=True):

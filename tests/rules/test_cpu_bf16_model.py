@@ -173,6 +173,11 @@ def test_a_run_keeps_the_last_training_call(tmp_path: Path, monkeypatch: pytest.
     assert probe is not None and probe.model == "Sequential", probe
     assert probe.model_fp32_ms is not None and probe.model_bf16_ms is not None
     assert _same(after, _snapshot(model))
+    # The speed beside the probe, and at the steps after the window (a CPU run without a
+    # DataLoader too): what the rule takes the probe's times at the steps' speed with.
+    assert probe.model_phase_ref_ms is not None and probe.model_phase_ref_ms > 0
+    last = max(run.meta.window.recorded_steps)
+    assert [s for s, _ in run.meta.phase_ref_s] == list(range(last, 6))
 
 
 # ----- the rule's arithmetic -------------------------------------------------------------------
@@ -320,3 +325,27 @@ def test_work_outside_the_models_forward_and_backward_is_not_credited(tmp_path: 
     assert f.est_saving_pct == pytest.approx(42.0 * g, abs=0.5)
     assert f.metrics["model_fraction_pct"] == pytest.approx(100 * g, abs=0.1)
     assert f.metrics["model_ms_per_step"] == pytest.approx(7.0 * g, abs=0.01)
+
+
+def test_the_probe_is_taken_at_the_steps_speed(cnn: Path, tmp_path: Path):
+    """The loop's model (7 ms) ran slower than the probe's fp32 copy (5 ms). Where a fixed piece
+    of work took 1.4x as long at the steps' boundaries as beside the probe (capture/phaseref),
+    a slow stretch slowed the steps: the fixed model takes the probe's bf16 time at their speed,
+    2 x 1.4 ms, and the saving is the ratio's. Where it took as long, the loop's own extra stays
+    with fp32 (the bf16 time as timed), as without the timings."""
+    probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0,
+                    model_phase_ref_ms=0.1)  # fmt: skip
+    slow = _meta(probe)
+    slow.phase_ref_s = [[i, 0.00014] for i in range(4, 12)]
+    (f,) = _bf16(with_meta(cnn, tmp_path / "slow", slow))
+    assert f.metrics["pace"] == pytest.approx(1.4)
+    assert f.metrics["fixed_model_ms_per_step"] == pytest.approx(2.8)
+    assert f.est_saving_pct == pytest.approx(100 * (7.0 - 2.8) / 10, abs=0.02)
+    assert "1.40x as long beside them" in " ".join(f.evidence.split())
+    same = _meta(probe)
+    same.phase_ref_s = [[i, 0.0001] for i in range(4, 12)]
+    for meta, name in ((same, "same"), (_meta(probe), "untimed")):
+        (f,) = _bf16(with_meta(cnn, tmp_path / name, meta))
+        assert f.metrics["pace"] == pytest.approx(1.0)
+        assert f.est_saving_pct == pytest.approx(100 * (7.0 - 2.0) / 10, abs=0.02)
+        assert "as long beside them" not in f.evidence

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis import unprofiled
+from trainprof.analysis import phase, unprofiled
 from trainprof.analysis.context import Context
 from trainprof.runmeta import LoaderIpc
 from trainprof.trace import intervals as iv
@@ -130,7 +130,7 @@ class CpuModel:
     worker_fetch_source: str = ""
     # The probe's R and W scaled by this: how much slower the machine ran the steps S and F come
     # from than when it timed them, by a fixed piece of work timed at both (1: not timed).
-    phase: float = 1.0
+    pace: float = 1.0
 
     @property
     def saving(self) -> float:
@@ -224,37 +224,6 @@ def receive_ms(ipc: LoaderIpc) -> float:
     return ipc.receive_busy_ms if ipc.receive_busy_ms is not None else ipc.receive_ms
 
 
-MIN_PHASED = 5  # steps with a reference beside them from which the phase is taken
-
-
-def at_probe_speed(ctx: Context) -> tuple[float, float] | None:
-    """The median step and fetch (µs) of the steps S and F are taken from, each step divided by
-    how much longer a fixed piece of work took at its boundaries than beside the probe's timings
-    after the run (capture/phaseref): the run's step and fetch at the speed R and W were timed
-    at. A shared VM's speed moves by up to 1.7x in stretches of 10 ms to seconds, and
-    the saving, about F - R, is the difference of two figures timed apart. None with fewer than
-    MIN_PHASED such steps, or without the timings."""
-    meta = ctx.meta
-    ipc = meta.loader_ipc if meta is not None else None
-    if ipc is None or not ipc.phase_ref_ms or not meta.phase_ref_s:
-        return None
-    times, fetches = meta.step_times_s, meta.fetch_times_s
-    if len(fetches) < len(times):
-        return None
-    refs = {int(step): t for step, t in meta.phase_ref_s}
-    probe = ipc.phase_ref_ms / 1000
-    steps, fetch = [], []
-    for i in ctx.unprofiled_step_index:
-        near = [refs[j] for j in (i - 1, i) if j in refs]  # the boundaries before and after it
-        if near:
-            k = float(np.mean(near)) / probe
-            steps.append(times[i] / k)
-            fetch.append(fetches[i] / k)
-    if len(steps) < MIN_PHASED:
-        return None
-    return float(np.median(steps)) * 1e6, float(np.median(fetch)) * 1e6
-
-
 def unprofiled_fetch(ctx: Context) -> float | None:
     """The median fetch time per unprofiled step (µs), from the run metadata (None: not timed)."""
     if ctx.meta is None or ctx.unprofiled_step_us is None:
@@ -278,7 +247,8 @@ def cpu_model(
     # their fetch is then F' pace, F' at the probe's speed (about F, unless the speed moved
     # within the steps).
     pace = 1.0
-    slowed = at_probe_speed(ctx) if measured else None
+    ipc = ctx.meta.loader_ipc
+    slowed = phase.at_speed(ctx, ipc.phase_ref_ms if ipc else None) if measured else None
     if slowed is not None:
         pace = step / slowed[0]
         f = slowed[1] * pace
@@ -287,7 +257,6 @@ def cpu_model(
     f = min(f, step)
     fw = f * wait_share  # with workers already, the receiving stays the loop's own work
     m = max(step - fw, 1.0)
-    ipc = ctx.meta.loader_ipc
     r = 1000 * pace * receive_ms(ipc) if ipc else 0.0
     ri = 1000 * pace * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
     w = 1000 * pace * ipc.worker_ms if ipc else 0.0
@@ -324,7 +293,7 @@ def cpu_model(
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
-        worker_fetch_source=fetch_source, phase=pace,
+        worker_fetch_source=fetch_source, pace=pace,
     )  # fmt: skip
 
 

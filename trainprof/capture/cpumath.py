@@ -262,6 +262,7 @@ def probe(
         model_threads=times.threads,
         model_fp32_threads_ms=times.fp32_threads_ms,
         model_bf16_threads_ms=times.bf16_threads_ms,
+        model_phase_ref_ms=times.ref_ms,
         model_reps=times.reps,
         model_channels_last=times.channels_last,
         model_skipped=times.skipped,

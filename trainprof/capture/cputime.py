@@ -31,10 +31,11 @@ def best_interleaved(
     reps: int,
     budget_s: float = float("inf"),
     started: float | None = None,
+    between: Callable[[], object] | None = None,
 ) -> tuple[float, float, int]:
     """(least CPU time of `a`, of `b`, runs of each): a and b alternately, up to `reps` times,
     no new run once `budget_s` of wall time has passed since `started` (perf_counter; now if
-    None). inf for a side that never ran."""
+    None). inf for a side that never ran. `between`: called after each pair, untimed."""
     started = time.perf_counter() if started is None else started
     best_a = best_b = float("inf")
     runs = 0
@@ -42,4 +43,6 @@ def best_interleaved(
         best_a = min(best_a, cpu_time(a))
         best_b = min(best_b, cpu_time(b))
         runs += 1
+        if between is not None:
+            between()
     return best_a, best_b, runs

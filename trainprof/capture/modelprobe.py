@@ -19,7 +19,8 @@ intra-op threads, the pair again with that many, in wall time (bf16's gain is sm
 the casts and small kernels do not split over threads as the matmuls do). Skipped, with the
 reason, when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called,
 or one fp32 forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after
-BUDGET_S.
+BUDGET_S. A fixed piece of work is timed after each pair, its least kept (`ref_ms`): the speed
+the pairs ran at, against the speed of the run's steps (capture/phaseref).
 
 CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
 fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
@@ -43,6 +44,7 @@ import torch
 
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cputime import best_interleaved, cpu_time, wall_time
+from trainprof.capture.phaseref import least_ms, reference
 from trainprof.errors import one_line
 from trainprof.runmeta import RunMeta
 
@@ -71,6 +73,9 @@ class ModelTimes:
     threads: int = 1
     fp32_threads_ms: float | None = None
     bf16_threads_ms: float | None = None
+    # The least of a fixed piece of work timed after each pair (capture/phaseref): the speed the
+    # machine ran the pairs at, against its speed at the run's steps. None: not timed.
+    ref_ms: float | None = None
 
 
 def _float_sum(out: Any) -> torch.Tensor | None:
@@ -157,9 +162,12 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
             first16 = cpu_time(bf16)
             # A model slow enough that the warm-ups used the budget up: their times stand (they
             # include building oneDNN's kernels, a small part of a call this long).
-            best32, best16, reps = best_interleaved(fp32, bf16, MAX_REPS, BUDGET_S, started)
+            refs: list[float] = []
+            best32, best16, reps = best_interleaved(
+                fp32, bf16, MAX_REPS, BUDGET_S, started, lambda: refs.append(reference())
+            )
             best32, best16 = min(best32, first), min(best16, first16)
-            many = _at_threads(fp32, bf16, threads) if threads > 1 else None
+            many = _at_threads(fp32, bf16, threads, refs) if threads > 1 else None
     except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
         return ModelTimes(model=name, skipped=f"the copy or its call failed: {one_line(err)}")
     finally:
@@ -169,11 +177,12 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
         channels_last=cl, threads=threads,
         fp32_threads_ms=round(many[0] * 1e3, 3) if many else None,
         bf16_threads_ms=round(many[1] * 1e3, 3) if many else None,
+        ref_ms=least_ms(refs),
     )  # fmt: skip
 
 
 def _at_threads(
-    fp32: Callable[[], None], bf16: Callable[[], None], threads: int
+    fp32: Callable[[], None], bf16: Callable[[], None], threads: int, refs: list[float]
 ) -> tuple[float, float] | None:
     """(fp32 s, bf16 s) of wall time with `threads` intra-op threads after a warm-up of each (a
     pool of that size started, kernels for it built), run alternately: fp32 the least of its
@@ -181,7 +190,7 @@ def _at_threads(
     speed for seconds at a time and a wall clock sees it (CPU time cannot be had for the other
     threads): one fp32 run in a fast second made metrics_sync's ResNet 0.84x where its probes
     measure 0.68-0.74x; adjacent runs share their second. None when the warm-ups alone used the
-    budget up."""
+    budget up. The reference (capture/phaseref) is timed after each pair, into `refs`."""
     torch.set_num_threads(threads)
     started = time.perf_counter()
     fp32(), bf16()  # the warm-ups
@@ -191,6 +200,7 @@ def _at_threads(
     pairs: list[tuple[float, float]] = []
     while len(pairs) < THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
         pairs.append((wall_time(fp32), wall_time(bf16)))
+        refs.append(reference())
     best = min(a for a, _ in pairs)
     return best, best * statistics.median(b / a for a, b in pairs)
 

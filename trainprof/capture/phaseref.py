@@ -1,8 +1,10 @@
-"""How fast this machine ran the run's steps, against how fast it ran when the after-run probe
-timed what a DataLoader worker costs (capture/loaderipc).
+"""How fast this machine ran the run's steps, against how fast it ran when the after-run probes
+timed what a DataLoader worker costs (capture/loaderipc) and a copy of the model in fp32 and bf16
+(capture/modelprobe).
 
 `dataloader-starvation`'s CPU model mixes two kinds of figure: the step and the fetch of the
-run's own steps, and the worker's hand-over and the loop's receiving, timed after the script. A
+run's own steps, and the worker's hand-over and the loop's receiving, timed after the script
+(`cpu-bf16` likewise: the model's part of the steps, and a copy of the model timed after). A
 shared VM's speed moves by up to 1.7x (a host's other guest on the same core). The Hugging Face
 Trainer's example took 11.5 ms a step with 2.1-2.9 ms fetching for twenty steps, then 15.3-16.6
 ms with 4.0 ms for the last five, the steps the model is taken from; the receiving timed after
@@ -14,13 +16,14 @@ a quiet process on this 2-core VM, took 0.09 ms in stretches and 0.15-0.19 ms in
 10-100 ms long (on one vCPU or the other); in a fetch-heavy test run the steps' boundaries saw
 mostly the fast one and the probe's timings mostly the slow one.
 
-So on a CPU run whose loop fetches without workers (the runs the probe serves), a fixed unit of
-work (`reference`: Python between small tensor ops, as the receiving is) is timed at the step
+So on a CPU run (the runs whose estimates use after-run probes), a fixed unit of work
+(`reference`: Python between small tensor ops, as the receiving is) is timed at the step
 boundaries from the end of the profiling window (outside the step times, about 0.1 ms; every
-boundary for the first DENSE, then every STRIDE-th), and before each of the probe's timings.
-The model divides each of its steps' time and fetch by the reference beside them over the
-probe's, and so states the probe's figures at the speed of its steps
-(analysis/loader_workers.at_probe_speed).
+boundary for the first DENSE, then every STRIDE-th), and beside the probes' timings: before each
+of the DataLoader probe's (capture/loaderipc, their median), after each fp32/bf16 pair of the
+model probe (capture/modelprobe, their least, as the pairs' figures are least times). The rules
+divide each of their steps' time and fetch by the reference beside them over the probe's, and so
+state the probe's figures at the speed of their steps (analysis/phase).
 """
 
 from __future__ import annotations
@@ -53,6 +56,19 @@ def reference() -> float:
 def _unit(t: torch.Tensor) -> None:
     sum(i * i for i in range(200))
     t.add_(1.0)
+
+
+def cpu_run() -> bool:
+    """Whether the script has used no GPU so far (is_available() could initialise CUDA before
+    the script forks its workers, so only what the script initialised counts)."""
+    mps = getattr(torch.backends, "mps", None)
+    return not (torch.cuda.is_initialized() or (mps is not None and mps.is_available()))
+
+
+def least_ms(times: list[float]) -> float | None:
+    """The least of reference times in ms, rounded (None without any): beside figures that are
+    the least of their runs (capture/modelprobe)."""
+    return round(1000 * min(times), 4) if times else None
 
 
 def median_ms(times: list[float]) -> float | None:

@@ -198,7 +198,7 @@ class Session:
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
         from trainprof.capture.patching import Patches
-        from trainprof.capture.phaseref import PhaseRef
+        from trainprof.capture.phaseref import PhaseRef, cpu_run
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
@@ -322,11 +322,7 @@ class Session:
             stepper.fetched, cfg.worker_fetch, lambda: len(stepper.step_times), stepper.max_steps,
         )  # fmt: skip
 
-        phase = PhaseRef(
-            window_done,
-            lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
-            lambda: len(stepper.step_times),
-        )
+        phase = PhaseRef(window_done, cpu_run, lambda: len(stepper.step_times))
 
         def on_step() -> None:
             phase.after_step()  # before the worker's fetch and the thread change

@@ -32,6 +32,7 @@ import torch
 from trainprof.capture.config import TIMED_AFTER
 from trainprof.capture.loaderipc import fetches_matter
 from trainprof.capture.modelprobe import thread_counts
+from trainprof.capture.phaseref import cpu_run
 from trainprof.capture.state import S
 
 CYCLES = 8  # rounds of the counts; 2 cores: 16 steps, 8 of them with one thread
@@ -125,10 +126,7 @@ def cpu_loop_fetches(step_times: list[float], fetch_times: list[float], workers:
     """Whether the run so far is one the DataLoader fix's CPU model needs timings of: no GPU, a
     loader without workers, fetches that matter (loaderipc.fetches_matter, the first step left
     out)."""
-    # A GPU run (is_available() could initialise CUDA before the script forks its workers, so
-    # only what the script initialised counts).
-    mps = getattr(torch.backends, "mps", None)
-    if torch.cuda.is_initialized() or (mps is not None and mps.is_available()):
+    if not cpu_run():
         return False
     if not any(w == 0 for w in workers):
         return False

@@ -33,16 +33,24 @@ step minus its DataLoader fetches and optimizer `step()`s (a closure given to st
 Lightning runs forward and backward there), a median over those steps, times the part of that time
 the recorded steps spend inside trainprof's `trainprof/forward` and `trainprof/backward` ranges
 (the loss, metrics, logging and the loop's Python are not the model's: the fix leaves them as they
-are). With the fix, forward + backward would take the probe's bf16 time B, scaled by M / fp32 time
-A when the loop ran faster than the probe: the saving is M - B x min(1, M / A), over the median
-step. Why not simply M x (1 - B / A): in the loop the fp32 model ran 1-19 % slower than its copy in
-the probe (most where the DataLoader fetches in the main process between steps; the cause was not
-isolated), while the fixed model ran as fast as in the probe (within 5 % on six CPU workloads, one
-thread, `benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops
-(quickstart 8.0 % where the fix measured 13.9 %; with this model 10.8 %). A model that runs slower
-in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no
-finding. All figures come from the unprofiled steps and the probe, not the trace, so a stalled
-recorded step cannot move the severity.
+are). With the fix, forward + backward would take the probe's bf16 time B at the steps' speed,
+scaled by M / fp32 time A when the loop ran faster than the probe: the saving is M - min(B x pace, B
+x M / A), over the median step. The pace is how much slower the machine ran the unprofiled steps
+than the probe: a fixed piece of work (about 0.1 ms of Python between small tensor ops) is timed at
+the step boundaries after the profiling window and after each of the probe's pairs (the least, as A
+and B are least times; capture/phaseref), and each step is divided by the reference at its
+boundaries over the probe's (analysis/phase; 1 with fewer than 5 such steps or in older metadata). A
+shared VM's speed moves by up to 1.7x in stretches of 10 ms to seconds: Lightning's example once ran
+its 5 unprofiled steps at 9.3-9.7 ms against 5.7-6.6 ms in an identical run, the model's part at 3.3
+ms against 1.8-2.2, and with B as timed the estimate came out at 11.1 % against +2.2 % measured. Why
+not simply M x (1 - B / A): in the loop the fp32 model ran 1-19 % slower than its copy in the probe
+(most where the DataLoader fetches in the main process between steps; the cause was not isolated),
+while the fixed model ran as fast as in the probe (within 5 % on six CPU workloads, one thread,
+`benchmarks/fix_efficacy.py --try`): the ratio under-estimated fetch-heavy loops (quickstart 8.0 %
+where the fix measured 13.9 %; with this model 10.8 %). A model that runs slower in bf16 (small
+matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no finding. All
+figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
+cannot move the severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
@@ -71,7 +79,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from trainprof.analysis import unprofiled
+from trainprof.analysis import phase, unprofiled
 from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
@@ -90,6 +98,7 @@ from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind, Trace
 
 MIN_PCT = 2.0  # % of the step below which the finding is not worth reporting
+PACE_SAYS = 0.05  # the probe's times scaled by this much or more: the evidence says so
 CONV_OPS = r"^aten::(conv[123]d|convolution|_convolution|mkldnn_convolution|convolution_backward)$"
 MM_OPS = r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"
 
@@ -275,13 +284,14 @@ class ModelSaving(NamedTuple):
     model_ms: float  # the model's forward + backward in the loop, M
     fixed_ms: float  # M under the fix
     probe: tuple[float, float, int]  # the probe's (fp32 ms, bf16 ms, threads): model_pair
+    pace: float = 1.0  # how much slower the steps ran than the probe (analysis/phase)
 
 
 def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     """The estimate from the model probe; None when the model was not timed or the step's parts
     are unknown (then the curves stand in). The fixed loop's forward + backward takes what the
-    probe timed for the fixed model, scaled down by the loop's own speed when the loop ran
-    faster than the probe's fp32 copy (the probe's ratio)."""
+    probe timed for the fixed model at the steps' speed (the pace), scaled down by the loop's own
+    speed when the loop ran faster than the probe's fp32 copy (the probe's ratio)."""
     a, b, threads = model_pair(probe)
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
@@ -291,11 +301,16 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     step_ms = ctx.unprofiled_step_us / 1000
     fraction = model_fraction(ctx)
     model_ms = fraction * share[0] * step_ms
+    pace = phase.pace(ctx, probe.model_phase_ref_ms)
     if b >= a:  # slower in bf16 (autocast's casts cost more than small matmuls gain)
-        return ModelSaving(0.0, share[0], share[1], fraction, model_ms, b, (a, b, threads))
-    fixed_ms = b * min(1.0, model_ms / a)
+        return ModelSaving(0.0, share[0], share[1], fraction, model_ms, b * pace, (a, b, threads),
+                           pace)  # fmt: skip
+    # B at the steps' speed (b x pace x min(1, M / pace / a)): a stretch that slowed the steps
+    # slowed M, and would have slowed B with it.
+    fixed_ms = min(b * pace, b * model_ms / a)
     saving = max(model_ms - fixed_ms, 0.0) / step_ms
-    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, (a, b, threads))
+    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, (a, b, threads),
+                       pace)  # fmt: skip
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -351,6 +366,11 @@ def check(ctx: Context) -> list[Finding]:
             f"with the fix about {m.fixed_ms:.1f} ms: the fix would free "
             f"~{100 * saving_share:.1f} % of the step."
         )
+        if abs(m.pace - 1) >= PACE_SAYS:
+            evidence += (
+                f" The probe's times are taken at the speed of those steps: a fixed piece of "
+                f"work took {m.pace:.2f}x as long beside them as beside the probe."
+            )
         metrics_basis: dict = {
             "basis": "model",
             "model_fp32_ms": f32,
@@ -360,6 +380,7 @@ def check(ctx: Context) -> list[Finding]:
             "model_fraction_pct": round(100 * m.fraction, 1),
             "model_ms_per_step": round(m.model_ms, 3),
             "fixed_model_ms_per_step": round(m.fixed_ms, 3),
+            "pace": round(m.pace, 4),  # the steps' speed against the probe's (analysis/phase)
         }
     else:
         sizes = (

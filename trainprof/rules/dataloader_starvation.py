@@ -147,7 +147,7 @@ MIN_SHARE = 5.0  # % of the step below which fetching is not worth a finding
 # without the profiler is an estimate (its profiled time, the profiler's per-event cost out).
 RECEIVE_SHARE = 2 * MIN_SHARE
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
-PHASE_SAYS = 0.05  # the probe's figures scaled by this much or more: the evidence says so
+PACE_SAYS = 0.05  # the probe's figures scaled by this much or more: the evidence says so
 WORKER_FETCH_SAYS = 1.05  # a worker's fetch this much slower than the loop's: the evidence says so
 
 
@@ -175,10 +175,10 @@ def _cpu_evidence(
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
         text += "."
-        if abs(model.phase - 1) >= PHASE_SAYS:
+        if abs(model.pace - 1) >= PACE_SAYS:
             text += (
                 f" Both are stated at the speed of the steps above: a fixed piece of work took "
-                f"{model.phase:.2f}x as long beside them as beside these timings."
+                f"{model.pace:.2f}x as long beside them as beside these timings."
             )
     elif has_workers:  # the probe runs only for loaders without workers
         text += " The cost of handing batches between processes is in those times already."
@@ -403,7 +403,7 @@ def check(ctx: Context) -> list[Finding]:
             receive_ms_per_batch=round(model.receive / 1000, 3),
             worker_ms_per_batch=round(model.worker / 1000, 3),
             # R and W as timed after the run times this: the steps' speed against the probe's
-            phase=round(model.phase, 4),
+            pace=round(model.pace, 4),
             suggested_threads=model.threads,
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
             worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # a worker's fetch, one thread
