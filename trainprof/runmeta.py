@@ -120,9 +120,6 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     # busy worker answers the per-tensor hand-shake late. What the CPU estimate uses.
     receive_busy_ms: float | None = None
     busy_workers: int = 0
-    # The same piece of work as RunMeta.phase_ref_s, timed around these figures (ms, the median;
-    # None: not timed): the model scales them to the speed of the steps it takes.
-    phase_ref_ms: float | None = None
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
     # A DataLoader worker forked from the loop fetching the script's own batches between its
@@ -244,8 +241,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # older metadata.
     worker_fetch_steps: list[int] = []
     # [step, seconds] of a fixed piece of work timed at the boundary after that step, from the
-    # profiling window's end, on CPU runs fetching without workers (capture/phaseref): how fast
-    # the machine ran then, against LoaderIpc.phase_ref_ms. Empty otherwise and in older metadata.
+    # profiling window's end, on CPU runs (capture/phaseref): how fast the machine ran then, for
+    # the estimates that combine the run's steps with after-run probes (analysis/phase). Empty
+    # otherwise and in older metadata.
     phase_ref_s: list[list[float]] = []
     dataloaders: list[DataLoaderInfo] = []
     optimizers: list[OptimizerInfo] = []

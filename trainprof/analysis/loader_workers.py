@@ -242,13 +242,14 @@ def cpu_model(
         return None
     f = ctx.unprofiled_median_us(ctx.meta.fetch_times_s)
     measured = f is not None
-    # The probe's R and W, timed after the run, at the speed of the steps: `pace` is how much
-    # slower those ran (the model's figures are stated at the steps' speed, S their median);
-    # their fetch is then F' pace, F' at the probe's speed (about F, unless the speed moved
-    # within the steps).
+    # The steps at the run's typical speed (analysis/phase): `pace` is how much slower they ran.
+    # The probe's R and W, hand-overs between processes, move much less with this process's
+    # speed than the loop's own work does, so they are taken as the typical speed's; the
+    # model's figures are stated at the steps' speed (S their median), their fetch F' pace
+    # (about F, unless the speed moved within the steps) and R and W times the pace.
     pace = 1.0
     ipc = ctx.meta.loader_ipc
-    slowed = phase.at_speed(ctx, ipc.phase_ref_ms if ipc else None) if measured else None
+    slowed = phase.at_speed(ctx, phase.typical_ref_ms(ctx)) if measured else None
     if slowed is not None:
         pace = step / slowed[0]
         f = slowed[1] * pace

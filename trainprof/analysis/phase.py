@@ -1,12 +1,17 @@
-"""The run's unprofiled steps at the speed of a figure timed after the script.
+"""The run's unprofiled steps at a given speed of the machine.
 
 Some CPU estimates combine the run's own steps with figures a probe timed after the script
 (dataloader-starvation: a worker's hand-over and the loop's receiving; cpu-bf16: a copy of the
 model in fp32 and bf16). A shared VM's speed moves by up to 1.7x in stretches of 10 ms to
 seconds, and such an estimate is the difference of two figures timed apart. So a fixed piece of
-work is timed at the step boundaries and beside each probe (capture/phaseref); each of the steps
-the estimates take (Context.unprofiled_step_index) is divided by the reference at its two
-boundaries over the probe's. `pace` is how much slower the steps ran than the probe.
+work is timed at the step boundaries after the profiling window (capture/phaseref), and each of
+the steps the estimates take (Context.unprofiled_step_index) is divided by the reference at its
+two boundaries over a reference speed: the model probe's (its least, timed after each of its
+pairs: cpu-bf16), or the run's typical one (the median over all its boundaries:
+dataloader-starvation, whose probe figures are hand-overs between processes that move much less
+with this process's speed: in 24 paired samples the busy receiving took 1.22x as long in the
+slow stretches as in the fast ones, where the reference took 1.65x). `pace` is how much slower
+the steps ran than that.
 """
 
 from __future__ import annotations
@@ -20,9 +25,9 @@ MIN_STEPS = 5  # steps with a reference beside them from which the speed is take
 
 def at_speed(ctx: Context, probe_ref_ms: float | None) -> tuple[float, float] | None:
     """The median step and fetch (µs) of the unprofiled steps, each divided by the reference at
-    its boundaries over `probe_ref_ms` (the same work timed beside a probe): the steps at the
-    speed the probe ran at. None with fewer than MIN_STEPS such steps, or without the timings
-    (older metadata, a GPU run)."""
+    its boundaries over `probe_ref_ms` (the same work timed at another time): the steps at the
+    speed the machine had then. None with fewer than MIN_STEPS such steps, or without the
+    timings (older metadata, a GPU run)."""
     meta = ctx.meta
     if meta is None or not probe_ref_ms or not meta.phase_ref_s:
         return None
@@ -41,6 +46,15 @@ def at_speed(ctx: Context, probe_ref_ms: float | None) -> tuple[float, float] | 
     if len(steps) < MIN_STEPS:
         return None
     return float(np.median(steps)) * 1e6, float(np.median(fetch)) * 1e6
+
+
+def typical_ref_ms(ctx: Context) -> float | None:
+    """The median of the reference over all the run's timed boundaries (ms): the run's typical
+    speed. None without them."""
+    meta = ctx.meta
+    if meta is None or not meta.phase_ref_s:
+        return None
+    return 1000 * float(np.median([t for _, t in meta.phase_ref_s]))
 
 
 def pace(ctx: Context, probe_ref_ms: float | None) -> float:

@@ -29,9 +29,7 @@ decoding and transforms let go of the lock now and then), the main process spend
 the run's median step between receives, and next() is timed only on a batch that is there
 already (the wait for one is the workers' pace, not the receiving; batches taken as they arrive,
 `in_order=False`). Both figures are scaled down together to at most BUSY_CAP per batch, within
-the probe's budget. A fixed piece of work is timed before each of these timings
-(capture/phaseref, `phase_ref_ms` their median): the machine's speed then, against its speed in
-the run's steps. About 0.2-0.5 s in all; skipped where `fork` is not available (the spawn
+the probe's budget. About 0.2-0.5 s in all; skipped where `fork` is not available (the spawn
 start method would import torch again, seconds).
 """
 
@@ -47,7 +45,6 @@ from typing import Any
 
 import torch
 
-from trainprof.capture import phaseref
 from trainprof.runmeta import LoaderIpc, RunMeta
 
 MIN_FETCH_SHARE = 0.02  # fetch time / step time over the run below which workers cannot matter
@@ -125,14 +122,12 @@ def _loader(spec: list[tuple[list[int], str]], workers: int, busy_s: float = 0.0
 
 
 def receive_busy(
-    spec: list[tuple[list[int], str]], workers: int, fetch_s: float, compute_s: float,
-    refs: list[float] | None = None,
-) -> float | None:  # fmt: skip
+    spec: list[tuple[list[int], str]], workers: int, fetch_s: float, compute_s: float
+) -> float | None:
     """The loop's receiving of a batch that is there (s, the median), while `workers` workers
     keep fetching the next ones (`fetch_s` of CPU each) and the main process computes
     (`compute_s` of CPU per batch) between receives: the run's loop with the fix, its cores
-    shared as they will be. None where it cannot be measured. The reference (capture/phaseref)
-    is timed before each timed receive, into `refs`."""
+    shared as they will be. None where it cannot be measured."""
     scale = min(1.0, BUSY_CAP / max(fetch_s, compute_s, 1e-6))
     it: Any = None
     try:
@@ -146,8 +141,6 @@ def receive_busy(
             busy(compute_s * scale)
             if ready is not None:
                 ready(5.0)
-            if i >= BUSY_WARM and refs is not None:
-                refs.append(phaseref.reference())
             t0 = time.perf_counter()
             next(it)
             if i >= BUSY_WARM:
@@ -166,11 +159,8 @@ def _shutdown(it: Any) -> None:
         shutdown()
 
 
-def measure(
-    spec: list[tuple[list[int], str]], refs: list[float] | None = None
-) -> LoaderIpc | None:
-    """The worker's costs for batches of `spec`; None where it cannot be measured. The
-    reference (capture/phaseref) is timed before each of its timings, into `refs`."""
+def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
+    """The worker's costs for batches of `spec`; None where it cannot be measured."""
     if sys.platform != "linux" or "fork" not in multiprocessing.get_all_start_methods():
         return None
     loader = _loader(spec, 1)
@@ -180,8 +170,6 @@ def measure(
         it = iter(loader)
         next(it)
         startup = time.perf_counter() - t0
-        if refs is not None:
-            refs.append(phaseref.reference())
         t0 = time.perf_counter()
         for _ in range(BATCHES):
             next(it)
@@ -189,8 +177,6 @@ def measure(
         receive = float("inf")
         for _ in range(3):
             time.sleep(READY * worker + 0.005)  # the queue fills up again
-            if refs is not None:
-                refs.append(phaseref.reference())
             ready = []
             for _ in range(READY - 1):  # the last may still be on its way
                 t0 = time.perf_counter()
@@ -218,8 +204,7 @@ def measure(
 def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc | None:
     if not spec or not wanted(meta, spec):
         return None
-    refs: list[float] = []
-    ipc = measure(spec, refs)
+    ipc = measure(spec)
     if ipc is None:
         return None
     # The run's median fetch and the rest of its step, for the busy variant's workers and loop.
@@ -227,9 +212,8 @@ def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc 
     fetch = statistics.median(f for _, f in plain)
     compute = statistics.median(max(t - f, 0.0) for t, f in plain)
     workers = max(1, min(BUSY_WORKERS, meta.cpu_count or 1))
-    busy_s = receive_busy(spec, workers, fetch, compute, refs)
+    busy_s = receive_busy(spec, workers, fetch, compute)
     if busy_s is not None:
         ipc.receive_busy_ms = round(1000 * busy_s, 3)
         ipc.busy_workers = workers
-    ipc.phase_ref_ms = phaseref.median_ms(refs)
     return ipc

@@ -1,5 +1,5 @@
-"""How fast this machine ran the run's steps, against how fast it ran when the after-run probes
-timed what a DataLoader worker costs (capture/loaderipc) and a copy of the model in fp32 and bf16
+"""How fast this machine ran each of the run's steps, against its typical speed in the run and
+its speed when the after-run probe timed a copy of the model in fp32 and bf16
 (capture/modelprobe).
 
 `dataloader-starvation`'s CPU model mixes two kinds of figure: the step and the fetch of the
@@ -17,18 +17,16 @@ a quiet process on this 2-core VM, took 0.09 ms in stretches and 0.15-0.19 ms in
 mostly the fast one and the probe's timings mostly the slow one.
 
 So on a CPU run (the runs whose estimates use after-run probes), a fixed unit of work
-(`reference`: Python between small tensor ops, as the receiving is) is timed at the step
-boundaries from the end of the profiling window (outside the step times, about 0.1 ms; every
-boundary for the first DENSE, then every STRIDE-th), and beside the probes' timings: before each
-of the DataLoader probe's (capture/loaderipc, their median), after each fp32/bf16 pair of the
-model probe (capture/modelprobe, their least, as the pairs' figures are least times). The rules
-divide each of their steps' time and fetch by the reference beside them over the probe's, and so
-state the probe's figures at the speed of their steps (analysis/phase).
+(`reference`: Python between small tensor ops) is timed at the step boundaries from the end of
+the profiling window (outside the step times, about 0.1 ms; every boundary for the first DENSE,
+then every STRIDE-th), and after each fp32/bf16 pair of the model probe (capture/modelprobe,
+their least, as the pairs' figures are least times). The rules divide each of their steps' time
+and fetch by the reference beside it over a reference speed, the run's typical one or the
+probe's, and state their figures at the speed of those steps (analysis/phase).
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from collections.abc import Callable
 
@@ -69,11 +67,6 @@ def least_ms(times: list[float]) -> float | None:
     """The least of reference times in ms, rounded (None without any): beside figures that are
     the least of their runs (capture/modelprobe)."""
     return round(1000 * min(times), 4) if times else None
-
-
-def median_ms(times: list[float]) -> float | None:
-    """The median of reference times in ms, rounded (None without any)."""
-    return round(1000 * statistics.median(times), 4) if times else None
 
 
 class PhaseRef:

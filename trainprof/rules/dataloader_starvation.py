@@ -52,12 +52,17 @@ On a CPU trace the workers take the fetch off the loop, but:
   two figures timed apart: the Hugging Face Trainer's example estimated 14 % (F 4.0 ms in five
   steps of a slow stretch, 2.1-2.9 ms in the twenty before; R 2.8 ms) where `trainprof try`
   measured -0.5 %, and 0 % in an identical run. So a fixed piece of work (Python between small
-  tensor ops, about 0.1 ms) is timed at the step boundaries after the profiling window and before
-  each of the probe's timings (capture/phaseref). Each of the steps S and F come from is divided
-  by the reference beside it (the mean of its two boundaries) over the probe's median: S' and F'
-  are their medians at the probe's speed. The model's figures are stated at the steps' speed, pace
-  = S / S': F' pace, R pace, W pace (the evidence gives the pace where it is 5 % off 1).
-  Fewer than 5 such steps (older metadata): pace 1, F as timed.
+  tensor ops, about 0.1 ms) is timed at the step boundaries after the profiling window
+  (capture/phaseref), and each of the steps S and F come from is divided by the reference beside
+  it (the mean of its two boundaries) over the run's typical reference (the median over all its
+  boundaries): S' and F' are their medians at the run's typical speed (analysis/phase). R and W
+  are taken as the typical speed's: hand-overs between processes move much less with this
+  process's speed (in 24 paired samples the busy receiving took 1.22x as long in the slow
+  stretches as in the fast ones, the reference 1.65x), and scaling them by the reference beside
+  the probe moved the Hugging Face Trainer's R from 2.0 to 3.2 ms in a run whose probe fell in a
+  fast stretch. The model's figures are stated at the steps' speed, pace = S / S': F' pace, R
+  pace, W pace (the evidence gives the pace where it is 5 % off 1). Fewer than 5 such steps (older
+  metadata): pace 1, F as timed.
 - fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'.
   Timed on the run's own steps: after the profiling window the run alternates T with one and
   C - 1, C - 2 threads for 8 rounds (capture/threadsteps; those steps are left out of S and F),
@@ -178,7 +183,7 @@ def _cpu_evidence(
         if abs(model.pace - 1) >= PACE_SAYS:
             text += (
                 f" Both are stated at the speed of the steps above: a fixed piece of work took "
-                f"{model.pace:.2f}x as long beside them as beside these timings."
+                f"{model.pace:.2f}x as long beside them as it typically did in this run."
             )
     elif has_workers:  # the probe runs only for loaders without workers
         text += " The cost of handing batches between processes is in those times already."
