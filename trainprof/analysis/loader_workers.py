@@ -128,8 +128,8 @@ class CpuModel:
     # between its steps), "threads" (the run's steps with one thread), "" (neither).
     worker_fetch: float = 0.0
     worker_fetch_source: str = ""
-    # The probe's R and W scaled by this: how much slower the machine ran the steps S and F come
-    # from than when it timed them, by a fixed piece of work timed at both (1: not timed).
+    # How much slower the steps S and F come from ran than the run's typical speed, by a fixed
+    # piece of work timed at the step boundaries (1: not timed); R and W are scaled by it.
     pace: float = 1.0
 
     @property

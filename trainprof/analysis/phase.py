@@ -23,24 +23,24 @@ from trainprof.analysis.context import Context
 MIN_STEPS = 5  # steps with a reference beside them from which the speed is taken
 
 
-def at_speed(ctx: Context, probe_ref_ms: float | None) -> tuple[float, float] | None:
+def at_speed(ctx: Context, ref_ms: float | None) -> tuple[float, float] | None:
     """The median step and fetch (µs) of the unprofiled steps, each divided by the reference at
-    its boundaries over `probe_ref_ms` (the same work timed at another time): the steps at the
-    speed the machine had then. None with fewer than MIN_STEPS such steps, or without the
+    its boundaries over `ref_ms` (the same work timed beside a probe, or the run's typical
+    time): the steps at that speed. None with fewer than MIN_STEPS such steps, or without the
     timings (older metadata, a GPU run)."""
     meta = ctx.meta
-    if meta is None or not probe_ref_ms or not meta.phase_ref_s:
+    if meta is None or not ref_ms or not meta.phase_ref_s:
         return None
     times, fetches = meta.step_times_s, meta.fetch_times_s
     if len(fetches) < len(times):
         return None
     refs = {int(step): t for step, t in meta.phase_ref_s}
-    probe = probe_ref_ms / 1000
+    speed = ref_ms / 1000
     steps, fetch = [], []
     for i in ctx.unprofiled_step_index:
         near = [refs[j] for j in (i - 1, i) if j in refs]  # the boundaries before and after it
         if near:
-            k = float(np.mean(near)) / probe
+            k = float(np.mean(near)) / speed
             steps.append(times[i] / k)
             fetch.append(fetches[i] / k)
     if len(steps) < MIN_STEPS:
@@ -57,10 +57,10 @@ def typical_ref_ms(ctx: Context) -> float | None:
     return 1000 * float(np.median([t for _, t in meta.phase_ref_s]))
 
 
-def pace(ctx: Context, probe_ref_ms: float | None) -> float:
-    """The unprofiled median step over the same at the probe's speed (`at_speed`): above 1, the
-    steps ran slower than the probe. 1 where it cannot be told."""
-    slowed = at_speed(ctx, probe_ref_ms)
+def pace(ctx: Context, ref_ms: float | None) -> float:
+    """The unprofiled median step over the same at the speed of `ref_ms` (`at_speed`): above 1,
+    the steps ran slower than that. 1 where it cannot be told."""
+    slowed = at_speed(ctx, ref_ms)
     step = ctx.unprofiled_step_us
     if slowed is None or not step or slowed[0] <= 0:
         return 1.0
