@@ -14,7 +14,8 @@ came out at 14 % where `trainprof try` measured -0.5 %. An identical run estimat
 The speed moves at the scale of the steps themselves: the reference below, timed every 5 ms in
 a quiet process on this 2-core VM, took 0.09 ms in stretches and 0.15-0.19 ms in others, each
 10-100 ms long (on one vCPU or the other); in a fetch-heavy test run the steps' boundaries saw
-mostly the fast one and the probe's timings mostly the slow one.
+mostly the fast one and the same work timed beside the after-run DataLoader probe mostly the slow
+one.
 
 So on a CPU run (the runs whose estimates use after-run probes), a fixed unit of work
 (`reference`: Python between small tensor ops) is timed at the step boundaries from the end of
@@ -71,8 +72,8 @@ def least_ms(times: list[float]) -> float | None:
 
 class PhaseRef:
     """Times the reference at step boundaries (see the module doc). `ready()` says when the
-    profiling window is saved; `wanted()`, asked once then, whether the run is one the probe
-    serves; `steps_done()` the steps ended so far."""
+    profiling window is saved; `wanted()`, asked once then, whether to time it (a CPU run);
+    `steps_done()` the steps ended so far."""
 
     def __init__(
         self,
