@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from tiny_train import train_linear
+from torch.utils.data import Dataset
 
-import trainprof
 from trainprof.analysis.context import Context
 from trainprof.capture import phaseref
 from trainprof.capture.loaderipc import busy
@@ -47,18 +46,7 @@ class Spin(Dataset):
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("phase") / "run"
-    model = nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        with trainprof.profile(out, show=False, wait=1, warmup=1, active=2):
-            for x, y in DataLoader(Spin(), batch_size=8):
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(before)
+    train_linear(out, Spin())
     return out
 
 

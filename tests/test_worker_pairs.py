@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
+from tiny_train import train_linear
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-import trainprof
 from trainprof.analysis.loader_workers import StepThreads, worker_ratio
 from trainprof.capture import loaderfetch
 from trainprof.capture.loaderipc import busy
@@ -70,30 +69,6 @@ def test_the_models_ratio():
     assert worker_ratio(None, None) == (1.0, "")
 
 
-def _train(
-    out: Path, data: Dataset, config: Path | None = None, val: Dataset | None = None
-) -> trainprof.api.Run:
-    model = nn.Linear(4, 2)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)  # the thread steps run first, whatever this machine has
-    try:
-        with trainprof.profile(out, show=False, wait=1, warmup=1, active=2, config=config) as run:
-            if val is not None:  # an evaluation pass first: its loader is fetched first
-                model.eval()
-                with torch.no_grad():
-                    for x, _ in DataLoader(val, batch_size=8):
-                        model(x)
-                model.train()
-            for x, y in DataLoader(data, batch_size=8):
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(x), y).backward()
-                opt.step()
-    finally:
-        torch.set_num_threads(before)
-    return run
-
-
 @pytest.mark.slow
 def test_pairs_between_the_steps(tmp_path: Path):
     """A dataset that costs 4x as much in a worker: 12 pairs, the worker the slower, at least
@@ -101,7 +76,7 @@ def test_pairs_between_the_steps(tmp_path: Path):
     fetch time; the dataset is let go after the run."""
     data = TwoCosts(main_s=0.001, worker_s=0.004, n=8 * 45)
     gone = weakref.ref(data)
-    run = _train(tmp_path / "run", data)
+    run = train_linear(tmp_path / "run", data)
     ipc = run.meta.loader_ipc
     assert ipc is not None, run.meta.notes
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
@@ -128,7 +103,7 @@ def test_pairs_between_the_steps(tmp_path: Path):
 def test_switched_off(tmp_path: Path):
     off = tmp_path / "off.toml"
     off.write_text("[run]\nworker_fetch = false\n")
-    run = _train(tmp_path / "off", TwoCosts(0.001, 0.004, 8 * 45), config=off)
+    run = train_linear(tmp_path / "off", TwoCosts(0.001, 0.004, 8 * 45), config=off)
     ipc = run.meta.loader_ipc
     assert ipc is not None and ipc.worker_fetch_ratio is None
     assert ipc.worker_fetch_skipped == "worker_fetch = false in the config"
@@ -277,7 +252,7 @@ def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):
 def test_pairs_with_the_training_loader_after_an_evaluation_pass(tmp_path: Path):
     """The loader paired is the one the steps fetch from when the window ends, not the first
     one fetched (an evaluation pass before training)."""
-    run = _train(tmp_path / "run", TwoCosts(0.001, 0.004, 8 * 45), val=TwoCosts(0.0, 0.0, 16))
+    run = train_linear(tmp_path / "run", TwoCosts(0.001, 0.004, 8 * 45), val=TwoCosts(0.0, 0.0, 16))
     ipc = run.meta.loader_ipc
     assert ipc is not None, run.meta.notes
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
