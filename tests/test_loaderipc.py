@@ -4,6 +4,7 @@ without workers. Structure only (which variants ran, what was recorded), no timi
 from __future__ import annotations
 
 import multiprocessing
+import statistics
 import sys
 import time
 
@@ -37,6 +38,11 @@ def test_the_probe_times_the_receiving_with_busy_workers(cpus: int):
     assert ipc.receive_ms > 0 and ipc.worker_ms > 0 and ipc.tensors == 2
     assert ipc.receive_busy_ms is not None and ipc.receive_busy_ms > 0
     assert ipc.busy_workers == min(2, cpus)
+    # Each batch's receiving is kept (the estimate's spread resamples them), their median the
+    # figure.
+    assert len(ipc.receive_busy_all_ms) == loaderipc.BUSY_BATCHES
+    assert ipc.receive_busy_ms == pytest.approx(statistics.median(ipc.receive_busy_all_ms),
+                                                abs=0.002)
 
 
 def test_no_probe_for_a_tiny_fetch():

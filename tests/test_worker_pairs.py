@@ -62,7 +62,7 @@ def test_the_source_of_a_loop_without_workers():
 
 def test_the_models_ratio():
     """The pairs' ratio where they ran (at least 1), else the one-thread steps', else 1."""
-    steps = StepThreads(points=[], fetch_ms={2: 10.0, 1: 13.0}, steps=8, run=2)
+    steps = StepThreads(fetch_ms={2: 10.0, 1: 13.0}, steps=8, run=2)
     assert worker_ratio(LoaderIpc(worker_fetch_ratio=1.4), steps) == (1.4, "worker")
     assert worker_ratio(LoaderIpc(worker_fetch_ratio=0.9), steps) == (1.0, "worker")
     assert worker_ratio(LoaderIpc(), steps) == (1.3, "threads")

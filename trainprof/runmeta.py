@@ -119,6 +119,7 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     # like the run's fetch) and the loop computing between receives (None: not measured): a
     # busy worker answers the per-tensor hand-shake late. What the CPU estimate uses.
     receive_busy_ms: float | None = None
+    receive_busy_all_ms: list[float] = []  # each batch's, receive_busy_ms their median
     busy_workers: int = 0
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0

@@ -16,6 +16,8 @@ the steps ran than that.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from trainprof.analysis.context import Context
@@ -23,21 +25,24 @@ from trainprof.analysis.context import Context
 MIN_STEPS = 5  # steps with a reference beside them from which the speed is taken
 
 
-def at_speed(ctx: Context, ref_ms: float | None) -> tuple[float, float] | None:
+def at_speed(
+    ctx: Context, ref_ms: float | None, index: Sequence[int] | None = None
+) -> tuple[float, float] | None:
     """The median step and fetch (µs) of the unprofiled steps, each divided by the reference at
     its boundaries over `ref_ms` (the same work timed beside a probe, or the run's typical
-    time): the steps at that speed. None with fewer than MIN_STEPS such steps, or without the
-    timings (older metadata, a GPU run)."""
+    time): the steps at that speed. `index`: those steps' indices to take (default
+    Context.unprofiled_step_index; a resample of them may repeat some). None with fewer than
+    MIN_STEPS such steps, or without the timings (older metadata, a GPU run)."""
     meta = ctx.meta
     if meta is None or not ref_ms or not meta.phase_ref_s:
         return None
     times, fetches = meta.step_times_s, meta.fetch_times_s
     if len(fetches) < len(times):
         return None
-    refs = {int(step): t for step, t in meta.phase_ref_s}
+    refs = ctx.memo(_refs)
     speed = ref_ms / 1000
     steps, fetch = [], []
-    for i in ctx.unprofiled_step_index:
+    for i in ctx.unprofiled_step_index if index is None else index:
         near = [refs[j] for j in (i - 1, i) if j in refs]  # the boundaries before and after it
         if near:
             k = float(np.mean(near)) / speed
@@ -46,6 +51,10 @@ def at_speed(ctx: Context, ref_ms: float | None) -> tuple[float, float] | None:
     if len(steps) < MIN_STEPS:
         return None
     return float(np.median(steps)) * 1e6, float(np.median(fetch)) * 1e6
+
+
+def _refs(ctx: Context) -> dict[int, float]:
+    return {int(step): t for step, t in ctx.meta.phase_ref_s}
 
 
 def typical_ref_ms(ctx: Context) -> float | None:

@@ -66,8 +66,14 @@ On a CPU trace the workers take the fetch off the loop, but:
 - fewer intra-op threads slow the model: M ran with the run's T threads, the fix leaves T'.
   Timed on the run's own steps: after the profiling window the run alternates T with one and
   C - 1, C - 2 threads for 8 rounds (capture/threadsteps; those steps are left out of S and F),
-  and M(T') = M x m(T') / m(T), m the median step minus its fetch per count in that block,
-  linear in 1/T between the counts (Amdahl's law is linear there). The step itself, not a part
+  and M(T') = M x m(T') / m(T), linear in 1/T between the counts (Amdahl's law is linear
+  there): m(T') / m(T) is the median over the steps with T' threads of each one's step minus its
+  fetch over that of the steps with T on either side of it (a machine that slows down during the
+  block moves a step and its neighbours alike: the Hugging Face Trainer's example, the ratio's
+  5-95 % spread over resamples 0.91-1.49 as the ratio of each count's median, 1.08-1.20
+  paired). The block's first step is left out: the first after the profiling window, where the
+  profiler stops and the worker below is forked, 39-56 ms against 10-16 in the rest of that
+  example's block in six runs. The step itself, not a part
   of it: Lightning's example, M 2.7-3.5 ms with 2 threads and 3.5-4.2 with one in seven runs,
   where a copy of the model's forward and backward (below) scaled all of M by its own ratio
   (1.45-1.68) to 5.3-6.1 ms, leaving the estimate at 0-4 % against 22-28 % measured; the
@@ -117,6 +123,17 @@ On a CPU trace the workers take the fetch off the loop, but:
   when other processes kept half a CPU or more busy during the run), and on a machine whose
   cores other jobs share fewer threads can make the model faster, not slower (threads that
   wait for a descheduled peer): `trainprof try` measures the thread change alone beside it.
+The spread and the severity: the saving is about F - R - (M(T') - M), a difference of figures
+each timed on a few steps or batches, and identical 40-step runs of the Hugging Face Trainer's
+example gave 0 to 14.9 % (high in one, info in others). So the model is also computed on
+RESAMPLES (400) resamples of the run's own samples, seeded: its unprofiled steps (S and F, with
+their references), each thread count's paired ratios, and the probe's busy receives (each of its
+9 batches is kept). The 5th and 95th percentiles are the finding's `saving_lo_pct` and
+`saving_hi_pct`, given in the evidence, and the severity is that of the 5th (low where it is 0
+and the estimate is not). In those runs that turned high into medium; their spreads (4.8-19.3 %
+in the high one, 0-0.7 % in one at 0) do not overlap, as the machine moved between the runs
+(what a run cannot see): medium in one run and info in another remain possible. The estimate
+itself stays the model on all the samples.
 With workers already, only the waiting part of F is the workers' work in that model (the
 receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
@@ -141,7 +158,7 @@ from __future__ import annotations
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.loader_workers import CpuModel, Estimate, estimate, workers
-from trainprof.analysis.model import Finding
+from trainprof.analysis.model import Finding, severity_for
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
@@ -223,6 +240,13 @@ def _cpu_evidence(
     if threads_text and not model.run_threads:
         text += " (the thread change's own effect on the model was not measured)"
     text += "."
+    if model.spread is not None and model.saving > 0:
+        lo, hi = model.spread
+        text += (
+            f" Within this run's own noise (its steps, the thread steps and the probe's receives "
+            f"resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile); the "
+            "severity follows the low end."
+        )
     if others is not None and others >= BUSY_CPUS:
         text += (
             f" Other processes kept {others:.1f} of the {cores} CPUs busy during the run: the "
@@ -230,6 +254,18 @@ def _cpu_evidence(
             "moves with that load."
         )
     return text
+
+
+def _severity(model: CpuModel | None) -> str | None:
+    """A CPU estimate's severity: that of the low end of its spread within the run, "low" where
+    the spread reaches 0 (None: the saving's own, as for any finding). The saving is about F - R
+    - (M(T') - M), the difference of figures each timed on a few steps or batches: the Hugging
+    Face Trainer's example gave 0 to 14.9 % in identical runs, each run's spread 5-19 points
+    wide."""
+    if model is None or model.spread is None or model.saving <= 0:
+        return None
+    lo = model.spread[0]
+    return severity_for(lo) if lo > 0 else "low"
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:
@@ -416,6 +452,9 @@ def check(ctx: Context) -> list[Finding]:
             # `trainprof try` then checks it against the whole variant, not the workers' part.
             threads_modelled=int(bool(model.run_threads)),  # 1/0: metrics hold numbers
         )
+        if model.spread is not None:
+            metrics.update(saving_lo_pct=round(model.spread[0], 2),
+                           saving_hi_pct=round(model.spread[1], 2))
     return [
         finding(
             ctx,
@@ -424,6 +463,7 @@ def check(ctx: Context) -> list[Finding]:
             evidence=evidence,
             fix=fix,
             saving_us_per_step=saving,
+            severity=_severity(model),
             location=loc,
             metrics=metrics,
             at=ctx.dataloader_idx[ctx.in_windows(ctx.dataloader_idx)].tolist(),
