@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from trainprof.capture.patching import Patches
+from trainprof.report.tryout import render_try_text
 from trainprof.runmeta import RunMeta
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, Variant
@@ -24,7 +25,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
-    t.threads_modelled = set()
+    t.threads_modelled, t.spread = set(), {}
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.base = Variant("baseline", [])
@@ -63,6 +64,19 @@ def test_an_estimate_that_models_the_thread_change_is_checked_against_both():
     t.threads_modelled = set()
     (g,) = t.document()["fixes"]
     assert g["estimate_within_target"] is False and g["estimate_includes_threads"] is False
+
+
+def test_the_estimates_spread_is_shown_beside_it():
+    """Where the finding gives its estimate's spread within the run, try.json and the table
+    carry it beside the estimate."""
+    t = _trial(100.0, 40.0, 30.0, estimate=21.9)
+    (f,) = t.document()["fixes"]
+    assert "estimated_spread_pct" not in f
+    assert "within the run's own noise" not in render_try_text(t.document())
+    t.spread = {RULE: [3.13, 26.91]}
+    doc = t.document()
+    assert doc["fixes"][0]["estimated_spread_pct"] == [3.13, 26.91]
+    assert "estimated: +21.9 % (3.1-26.9 % within the run's own noise)" in render_try_text(doc)
 
 
 def test_no_split_without_a_matching_control():

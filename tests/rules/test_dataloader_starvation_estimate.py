@@ -299,6 +299,8 @@ def test_the_severity_follows_the_low_end_of_the_spread(loop: Path, tmp_path: Pa
     # Seeded: the same run reads the same.
     again = _starvation(with_meta(loop, tmp_path / "again", meta))
     assert (again.metrics["saving_lo_pct"], again.severity) == (lo, b.severity)
+    # `trainprof try` shows it beside the estimate.
+    assert estimates(tmp_path / "again").spread == {"dataloader-starvation": [lo, hi]}
     # The probe's receives are resampled too: one of nine batches slow widens nothing at the
     # median, five of nine would.
     meta.thread_steps = _block(ms_steps := list(steps), steady)

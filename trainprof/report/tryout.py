@@ -79,6 +79,9 @@ def render_try_text(doc: dict[str, Any]) -> str:
         est = _pct(f.get("estimated_pct"))
         if f.get("estimate_note"):  # a finding that claims no saving: not an estimate of 0
             est += f" ({f['estimate_note']})"
+        spread = f.get("estimated_spread_pct")
+        if spread:
+            est += f" ({spread[0]:.1f}-{spread[1]:.1f} % within the run's own noise)"
         lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")

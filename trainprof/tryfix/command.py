@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,6 +103,9 @@ class RunEstimates:
     # rules whose estimate includes the intra-op thread change the worker variants make
     # (dataloader-starvation's metrics["threads_modelled"]): checked against the whole variant
     threads_modelled: set[str] = field(default_factory=set)
+    # [lo, hi] %: the estimate's spread within the run, where the finding gives one (a rule with
+    # one finding: dataloader-starvation's CPU estimate, metrics saving_lo_pct / saving_hi_pct)
+    spread: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None  # why there is no diagnosis
 
 
@@ -135,6 +139,12 @@ def estimates(run: Path) -> RunEstimates:
             out.fix.setdefault(f.rule, f.fix)
             if f.metrics.get("threads_modelled") == 1:
                 out.threads_modelled.add(f.rule)
+            lo, hi = f.metrics.get("saving_lo_pct"), f.metrics.get("saving_hi_pct")
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+                out.spread[f.rule] = [lo, hi]
+    # A spread is one finding's: with several findings of a rule, their sum has none here.
+    counts = Counter(f.rule for d in diags[:1] for f in d.findings)
+    out.spread = {r: v for r, v in out.spread.items() if counts[r] == 1}
     # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
     out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
     return out
@@ -162,6 +172,7 @@ class Trial:
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
         self.threads_modelled = found.threads_modelled
+        self.spread = found.spread
         self.base = Variant("baseline", [])
         self.by_rule: dict[str, list[Variant]] = {}
         self.edit: list[dict] = []
@@ -424,6 +435,7 @@ class Trial:
                 "change": catalog.change_text(rule, options),
                 "estimated_pct": est,
                 **self._no_claim(rule),
+                **({"estimated_spread_pct": self.spread[rule]} if rule in self.spread else {}),
                 "measured_pct": None,
                 "ci_pct": None,
                 "verdict": None,
