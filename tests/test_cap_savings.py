@@ -23,13 +23,13 @@ def test_the_smaller_finding_gives_way():
 
 
 def test_capping_never_raises_a_rules_severity():
-    """dataloader-starvation rates a CPU estimate by its spread's low end: a 40 % estimate the
-    run cannot tell from 2 % is `low`, and stays so when the cap trims it to 30 %."""
+    """A rule may rate a finding below its saving (dataloader-starvation's receiving on a GPU, an
+    upper bound: at most medium); the cap trimming it to 30 % leaves that."""
     big = _finding("cpu-bf16", 70.0, 100.0, "high")
-    loader = _finding("dataloader-starvation", 40.0, 100.0, "low")
+    loader = _finding("dataloader-starvation", 40.0, 100.0, "medium")
     cap_savings([big, loader], 100.0)
     assert loader.est_saving_pct == 30.0
-    assert loader.severity == "low"
+    assert loader.severity == "medium"
     # Trimmed below its own band, a finding goes down with it.
     medium = _finding("c", 20.0, 100.0, "high")
     cap_savings([_finding("d", 95.0, 100.0, "high"), medium], 100.0)

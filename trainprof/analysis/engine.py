@@ -32,8 +32,8 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
             scale = max(budget, 0.0) / f.est_saving_ms_per_step if f.est_saving_ms_per_step else 0
             f.est_saving_ms_per_step = round(max(budget, 0.0), 3)
             f.est_saving_pct = round(f.est_saving_pct * scale, 2)
-            # A smaller saving never raises a severity a rule set below its own (the DataLoader
-            # estimate's, from its spread's low end), nor lowers a "would stall a GPU" low to info.
+            # A smaller saving never raises a severity a rule set below its saving's (a
+            # receiving finding's at most medium), nor lowers a "would stall a GPU" low to info.
             if f.severity != "low" or f.est_saving_pct > 0:
                 capped = severity_for(f.est_saving_pct)
                 f.severity = max(capped, f.severity, key=severity_rank)

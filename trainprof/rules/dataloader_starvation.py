@@ -123,17 +123,19 @@ On a CPU trace the workers take the fetch off the loop, but:
   when other processes kept half a CPU or more busy during the run), and on a machine whose
   cores other jobs share fewer threads can make the model faster, not slower (threads that
   wait for a descheduled peer): `trainprof try` measures the thread change alone beside it.
-The spread and the severity: the saving is about F - R - (M(T') - M), a difference of figures
-each timed on a few steps or batches, and identical 40-step runs of the Hugging Face Trainer's
-example gave 0 to 14.9 % (high in one, info in others). So the model is also computed on
-RESAMPLES (400) resamples of the run's own samples, seeded: its unprofiled steps (S and F, with
-their references), each thread count's paired ratios, and the probe's busy receives (each of its
-9 batches is kept). The 5th and 95th percentiles are the finding's `saving_lo_pct` and
-`saving_hi_pct`, given in the evidence, and the severity is that of the 5th (low where it is 0
-and the estimate is not). In those runs that turned high into medium; their spreads (4.8-19.3 %
-in the high one, 0-0.7 % in one at 0) do not overlap, as the machine moved between the runs
-(what a run cannot see): medium in one run and info in another remain possible. The estimate
-itself stays the model on all the samples.
+The spread: the saving is about F - R - (M(T') - M), a difference of figures each timed on a
+few steps or batches. So the model is also computed on RESAMPLES (400) resamples of the run's
+own samples, seeded: its unprofiled steps (S and F, with their references), each thread count's
+paired ratios, and the probe's busy receives (each of its 9 batches is kept). The 5th and 95th
+percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the evidence and
+beside the estimate in `trainprof try`. The severity stays the estimate's: taken from the low
+end, it flipped Lightning's example between low and high in four identical runs (the low end
+0-25.3 % where the estimates were 11.9-27.3 %, high in all four by the estimate, `trainprof try`
+measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples moves more than
+their median. It does not cover what moves between runs: the Hugging Face Trainer's example
+gave 0 to 14.9 % (high in one run, info in others) in identical runs one session, each spread
+5-19 points wide and not overlapping (the machine moved between them), and 0 % in all sixteen
+runs of the next.
 With workers already, only the waiting part of F is the workers' work in that model (the
 receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
@@ -158,7 +160,7 @@ from __future__ import annotations
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.loader_workers import CpuModel, Estimate, estimate, workers
-from trainprof.analysis.model import Finding, severity_for
+from trainprof.analysis.model import Finding
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
@@ -244,8 +246,7 @@ def _cpu_evidence(
         lo, hi = model.spread
         text += (
             f" Within this run's own noise (its steps, the thread steps and the probe's receives "
-            f"resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile); the "
-            "severity follows the low end."
+            f"resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile)."
         )
     if others is not None and others >= BUSY_CPUS:
         text += (
@@ -254,18 +255,6 @@ def _cpu_evidence(
             "moves with that load."
         )
     return text
-
-
-def _severity(model: CpuModel | None) -> str | None:
-    """A CPU estimate's severity: that of the low end of its spread within the run, "low" where
-    the spread reaches 0 (None: the saving's own, as for any finding). The saving is about F - R
-    - (M(T') - M), the difference of figures each timed on a few steps or batches: the Hugging
-    Face Trainer's example gave 0 to 14.9 % in identical runs, each run's spread 5-19 points
-    wide."""
-    if model is None or model.spread is None or model.saving <= 0:
-        return None
-    lo = model.spread[0]
-    return severity_for(lo) if lo > 0 else "low"
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:
@@ -463,7 +452,6 @@ def check(ctx: Context) -> list[Finding]:
             evidence=evidence,
             fix=fix,
             saving_us_per_step=saving,
-            severity=_severity(model),
             location=loc,
             metrics=metrics,
             at=ctx.dataloader_idx[ctx.in_windows(ctx.dataloader_idx)].tolist(),
