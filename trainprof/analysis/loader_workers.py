@@ -15,7 +15,7 @@ trace holds inside the fetches (with_stack); only the waiting part counts as sta
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -267,7 +267,7 @@ class _Draw:
     """The samples one figure of the model is computed from: the run's own (the estimate) or a
     resample of them (its spread)."""
 
-    index: Sequence[int]  # unprofiled steps (indices into the metadata's step times)
+    positions: np.ndarray | None  # which unprofiled steps (into phase.unprofiled); None: all
     threads: dict[int, list[float]] | None  # the thread steps' ratios per count (StepThreads)
     receive: float | None  # the probe's busy receiving, ms per batch (None: the median)
 
@@ -281,7 +281,7 @@ def cpu_model(
     if ctx.unprofiled_step_us is None:
         return None
     timed = step_threads(ctx)
-    draw = _Draw(ctx.unprofiled_step_index, timed.ratios if timed else None, None)
+    draw = _Draw(None, timed.ratios if timed else None, None)
     model = _model(ctx, draw, fetch, k, cores, wait_share, timed)
     model.spread = _spread(ctx, draw, fetch, k, cores, wait_share, timed)
     return model
@@ -293,20 +293,20 @@ def _spread(
 ) -> tuple[float, float] | None:  # fmt: skip
     """The SPREAD percentiles of the saving (% of the step) over RESAMPLES resamples of the
     run's samples; None where the fetch was not timed (older metadata: nothing to resample)."""
-    meta = ctx.meta
-    if ctx.unprofiled_median_us(meta.fetch_times_s) is None:
+    samples = phase.unprofiled(ctx)
+    if samples is None or samples.fetch is None or not len(samples.time):
         return None
-    ipc = meta.loader_ipc
+    ipc = ctx.meta.loader_ipc
     received = ipc.receive_busy_all_ms if ipc and ipc.receive_busy_ms is not None else []
     rng = np.random.default_rng(0)
-    index = np.asarray(draw.index)
+    n = len(samples.time)
     savings = []
     for _ in range(RESAMPLES):
         threads = None
         if draw.threads is not None:
             threads = {t: list(rng.choice(v, len(v))) for t, v in draw.threads.items()}
         receive = float(np.median(rng.choice(received, len(received)))) if received else None
-        one = _Draw(rng.choice(index, len(index)).tolist(), threads, receive)
+        one = _Draw(rng.integers(0, n, n), threads, receive)
         m = _model(ctx, one, fetch, k, cores, wait_share, timed)
         savings.append(100 * m.saving / m.step)
     lo, hi = np.percentile(savings, SPREAD)
@@ -319,11 +319,10 @@ def _model(
 ) -> CpuModel:  # fmt: skip
     """The model's figures from one draw of the run's samples (see `cpu_model`)."""
     meta = ctx.meta
-    times = meta.step_times_s
-    step = float(np.median([times[i] for i in draw.index])) * 1e6
-    f = None
-    if len(meta.fetch_times_s) >= len(times):
-        f = float(np.median([meta.fetch_times_s[i] for i in draw.index])) * 1e6
+    samples = phase.unprofiled(ctx)
+    pick = slice(None) if draw.positions is None else draw.positions
+    step = float(np.median(samples.time[pick])) * 1e6
+    f = None if samples.fetch is None else float(np.median(samples.fetch[pick])) * 1e6
     measured = f is not None
     # The steps at the run's typical speed (analysis/phase): `pace` is how much slower they ran.
     # The probe's R and W, hand-overs between processes, move much less with this process's
@@ -332,7 +331,7 @@ def _model(
     # (about F, unless the speed moved within the steps) and R and W times the pace.
     pace = 1.0
     ipc = meta.loader_ipc
-    slowed = phase.at_speed(ctx, phase.typical_ref_ms(ctx), draw.index) if measured else None
+    slowed = phase.at_speed(ctx, phase.typical_ref_ms(ctx), draw.positions) if measured else None
     if slowed is not None:
         pace = step / slowed[0]
         f = slowed[1] * pace

@@ -16,7 +16,7 @@ the steps ran than that.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,36 +25,62 @@ from trainprof.analysis.context import Context
 MIN_STEPS = 5  # steps with a reference beside them from which the speed is taken
 
 
+@dataclass(frozen=True)
+class UnprofiledSteps:
+    """The unprofiled steps (Context.unprofiled_step_index, in that order) as arrays: each one's
+    time and fetch (s), and the mean of the reference at its two boundaries (s; NaN where
+    neither was timed). Read once per Context (`unprofiled`): estimates resample them."""
+
+    time: np.ndarray
+    fetch: np.ndarray | None  # None: the run did not time its fetches
+    ref: np.ndarray
+
+
+def unprofiled(ctx: Context) -> UnprofiledSteps | None:
+    """The run's unprofiled steps as arrays (memoised); None without run metadata."""
+    return ctx.memo(_unprofiled) if ctx.meta is not None else None
+
+
+def _unprofiled(ctx: Context) -> UnprofiledSteps:
+    meta = ctx.meta
+    idx = np.asarray(ctx.unprofiled_step_index, dtype=np.int64)
+    times = np.asarray(meta.step_times_s, dtype=float)
+    fetch = None
+    if len(meta.fetch_times_s) >= len(times):
+        fetch = np.asarray(meta.fetch_times_s, dtype=float)[: len(times)][idx]
+    refs = np.full(len(times) + 1, np.nan)
+    for step, t in meta.phase_ref_s:
+        if 0 <= int(step) < len(refs):
+            refs[int(step)] = t
+    # The boundaries before and after step i: the references timed at i - 1 and at i.
+    near = np.vstack([np.where(idx > 0, refs[np.maximum(idx - 1, 0)], np.nan), refs[idx]])
+    counts = (~np.isnan(near)).sum(axis=0)
+    total = np.nansum(near, axis=0)
+    ref = np.divide(total, counts, out=np.full(len(idx), np.nan), where=counts > 0)
+    return UnprofiledSteps(times[idx], fetch, ref)
+
+
 def at_speed(
-    ctx: Context, ref_ms: float | None, index: Sequence[int] | None = None
+    ctx: Context, ref_ms: float | None, positions: np.ndarray | None = None
 ) -> tuple[float, float] | None:
     """The median step and fetch (µs) of the unprofiled steps, each divided by the reference at
     its boundaries over `ref_ms` (the same work timed beside a probe, or the run's typical
-    time): the steps at that speed. `index`: those steps' indices to take (default
-    Context.unprofiled_step_index; a resample of them may repeat some). None with fewer than
-    MIN_STEPS such steps, or without the timings (older metadata, a GPU run)."""
+    time): the steps at that speed. `positions`: which of those steps to take (into
+    `unprofiled`; a resample may repeat some), default all. None with fewer than MIN_STEPS such
+    steps, or without the timings (older metadata, a GPU run)."""
     meta = ctx.meta
     if meta is None or not ref_ms or not meta.phase_ref_s:
         return None
-    times, fetches = meta.step_times_s, meta.fetch_times_s
-    if len(fetches) < len(times):
+    s = unprofiled(ctx)
+    if s is None or s.fetch is None:
         return None
-    refs = ctx.memo(_refs)
-    speed = ref_ms / 1000
-    steps, fetch = [], []
-    for i in ctx.unprofiled_step_index if index is None else index:
-        near = [refs[j] for j in (i - 1, i) if j in refs]  # the boundaries before and after it
-        if near:
-            k = float(np.mean(near)) / speed
-            steps.append(times[i] / k)
-            fetch.append(fetches[i] / k)
-    if len(steps) < MIN_STEPS:
+    pick = slice(None) if positions is None else positions
+    k = s.ref[pick] / (ref_ms / 1000)
+    ok = ~np.isnan(k)
+    if int(ok.sum()) < MIN_STEPS:
         return None
-    return float(np.median(steps)) * 1e6, float(np.median(fetch)) * 1e6
-
-
-def _refs(ctx: Context) -> dict[int, float]:
-    return {int(step): t for step, t in ctx.meta.phase_ref_s}
+    time, fetch = s.time[pick][ok] / k[ok], s.fetch[pick][ok] / k[ok]
+    return float(np.median(time)) * 1e6, float(np.median(fetch)) * 1e6
 
 
 def typical_ref_ms(ctx: Context) -> float | None:
@@ -63,7 +89,11 @@ def typical_ref_ms(ctx: Context) -> float | None:
     meta = ctx.meta
     if meta is None or not meta.phase_ref_s:
         return None
-    return 1000 * float(np.median([t for _, t in meta.phase_ref_s]))
+    return ctx.memo(_typical)
+
+
+def _typical(ctx: Context) -> float:
+    return 1000 * float(np.median([t for _, t in ctx.meta.phase_ref_s]))
 
 
 def pace(ctx: Context, ref_ms: float | None) -> float:
