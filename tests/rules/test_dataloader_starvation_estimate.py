@@ -301,9 +301,10 @@ def test_the_estimates_spread_within_the_run(loop: Path, tmp_path: Path):
     assert (again.metrics["saving_lo_pct"], again.metrics["saving_hi_pct"]) == (lo, hi)
     # `trainprof try` shows it beside the estimate.
     assert estimates(tmp_path / "again").spread == {"dataloader-starvation": [lo, hi]}
-    # The probe's receives are resampled too: one of nine batches slow widens nothing at the
-    # median, five of nine would.
-    meta.thread_steps = _block(ms_steps := list(steps), steady)
+    # The probe's receives are resampled too: four of nine batches slow leave their median, the
+    # estimate's R, as it was; the resamples with five or more move it.
+    ms_steps = list(steps)
+    meta.thread_steps = _block(ms_steps, steady)
     meta.step_times_s = [t / 1000 for t in ms_steps]
     meta.loader_ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2, busy_workers=2,
                                 receive_busy_ms=0.5, receive_busy_all_ms=[0.5] * 5 + [6.0] * 4)
