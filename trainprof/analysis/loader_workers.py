@@ -281,20 +281,24 @@ def cpu_model(
     if ctx.unprofiled_step_us is None:
         return None
     timed = step_threads(ctx)
+
+    def solve(draw: _Draw) -> CpuModel:
+        return _model(ctx, draw, fetch, k, cores, wait_share, timed)
+
     draw = _Draw(None, timed.ratios if timed else None, None)
-    model = _model(ctx, draw, fetch, k, cores, wait_share, timed)
-    model.spread = _spread(ctx, draw, fetch, k, cores, wait_share, timed)
+    model = solve(draw)
+    model.spread = _spread(ctx, draw, solve)
     return model
 
 
 def _spread(
-    ctx: Context, draw: _Draw, fetch: float, k: float, cores: int, wait_share: float,
-    timed: StepThreads | None,
-) -> tuple[float, float] | None:  # fmt: skip
+    ctx: Context, draw: _Draw, solve: Callable[[_Draw], CpuModel]
+) -> tuple[float, float] | None:
     """The SPREAD percentiles of the saving (% of the step) over RESAMPLES resamples of the
-    run's samples; None where the fetch was not timed (older metadata: nothing to resample)."""
+    run's samples, each solved by `solve`; None where the fetch was not timed (older metadata:
+    nothing to resample)."""
     samples = phase.unprofiled(ctx)
-    if samples is None or samples.fetch is None or not len(samples.time):
+    if samples is None or samples.fetch is None:
         return None
     ipc = ctx.meta.loader_ipc
     received = ipc.receive_busy_all_ms if ipc and ipc.receive_busy_ms is not None else []
@@ -307,7 +311,7 @@ def _spread(
             threads = {t: list(rng.choice(v, len(v))) for t, v in draw.threads.items()}
         receive = float(np.median(rng.choice(received, len(received)))) if received else None
         one = _Draw(rng.integers(0, n, n), threads, receive)
-        m = _model(ctx, one, fetch, k, cores, wait_share, timed)
+        m = solve(one)
         savings.append(100 * m.saving / m.step)
     lo, hi = np.percentile(savings, SPREAD)
     return float(lo), float(hi)
