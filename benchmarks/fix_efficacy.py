@@ -27,7 +27,9 @@ load average is printed at the start of the run, of the try and at its end: on a
 with other jobs the figures move with it. `run/try` is the step the run's savings are shares of
 (its unprofiled steps) over try's baseline step: far from 1 (Lightning's example once 1.50, its
 last 5 steps in a slow phase of this VM), the run and the rounds saw the machine at different
-speeds, and the estimate and the measurement do not compare.
+speeds, and the estimate and the measurement do not compare. `ref` is try.json's `machine`: a
+fixed piece of work timed between steps, in the baseline's rounds over the run (CPU runs), with
+`*` where `try` said the rounds ran at a speed the run did not see most of the time.
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -200,12 +202,13 @@ def try_rows(name: str, script: str, args: list[str], max_steps: int, folder: Pa
     # The step the estimates are shares of against try's baseline: far from 1, the run and the
     # rounds saw the machine at different speeds (this VM's vCPUs change speed for seconds).
     phase = basis / base if basis and base else None
+    machine = doc.get("machine")  # the reference between steps, rounds over run (tryfix/machine)
+    common = {"baseline_ms": base, "load": load, "phase": phase, "machine": machine}
     rows = []
     for f in doc["fixes"]:
-        rows.append({"workload": name, **f, "baseline_ms": base, "load": load, "phase": phase})
+        rows.append({"workload": name, **f, **common})
     if doc.get("combined") and doc["combined"].get("rules"):
-        rows.append({"workload": name, "rule": "(together)", **doc["combined"],
-                     "baseline_ms": base, "load": load, "phase": phase})
+        rows.append({"workload": name, "rule": "(together)", **doc["combined"], **common})
     return rows
 
 
@@ -238,7 +241,8 @@ def try_main(args: argparse.Namespace) -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="fix_efficacy_try-"))
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{'workload':14s} {'rule':22s} {'estimated':>9s} {'measured [95 % CI]':>26s} "
-          f"{'verdict':>10s} {'base ms':>8s} {'run/try':>7s} target? load(run/try/end)  change")
+          f"{'verdict':>10s} {'base ms':>8s} {'run/try':>7s} {'ref':>6s} target? "
+          "load(run/try/end)  change")
     for name, script, wargs, max_steps in TRY_WORKLOADS:
         if args.only and name not in args.only:
             continue
@@ -251,8 +255,11 @@ def try_main(args: argparse.Namespace) -> None:
                 meas = f"{r['measured_pct']:+.1f} % [{lo:+.1f}, {hi:+.1f}]"
             target = target_mark(r)
             phase = f"{r['phase']:.2f}" if r.get("phase") else "—"
+            m = r.get("machine") or {}
+            ref = f"{m['ratio']:.2f}" + ("*" if m.get("moved") else "") if m.get("ratio") else "—"
             print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "
                   f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {phase:>7s} "
+                  f"{ref:>6s} "
                   f"{target:7s} "
                   f"{r['load']:17s} {r.get('change', ', '.join(r.get('rules', [])))}", flush=True)
             if r.get("workers_pct") is not None:

@@ -266,6 +266,14 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     if foreach:
         assert fix["estimated_pct"] == round(foreach[0]["est_saving_pct"], 1)
     assert "optimizer-foreach" in done.stdout and "in code:" in done.stdout
+    # The machine's speed in the baseline's round against the run's: the reference timed at the
+    # step boundaries of both (a CPU run), and the step the estimates are shares of.
+    machine = doc["machine"]
+    assert machine["run_ref_ms"] > 0 and machine["rounds_ref_ms"] > 0
+    assert machine["ratio"] == pytest.approx(machine["rounds_ref_ms"] / machine["run_ref_ms"],
+                                             rel=0.01)
+    assert doc["run_step_basis"] == "unprofiled" and doc["run_step_ms"] > 0
+    assert "machine: a fixed piece of work between steps took" in done.stdout
     assert 'id="try"' in (folder / "report.html").read_text()
     events = b"".join(p.read_bytes() for p in folder.glob("events.out.tfevents.*"))
     assert b"trainprof/try" in events

@@ -25,7 +25,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
-    t.threads_modelled, t.spread = set(), {}
+    t.threads_modelled, t.spread, t.basis = set(), {}, None
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.base = Variant("baseline", [])

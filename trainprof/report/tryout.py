@@ -63,6 +63,34 @@ def _header(doc: dict) -> str:
     )
 
 
+def machine_text(doc: dict[str, Any]) -> list[str]:
+    """The machine's speed in the baseline's rounds against the run's (tryfix/machine), and the
+    baseline's step against the run's; a second sentence where the rounds ran at a speed the
+    run did not see most of the time. Empty where neither was timed (a GPU run, older files)."""
+    out = []
+    m = doc.get("machine")
+    if m and m.get("ratio"):
+        out.append(
+            f"a fixed piece of work between steps took {m['rounds_ref_ms']:.3f} ms in the "
+            f"baseline's rounds, {m['run_ref_ms']:.3f} ms in the run ({m['ratio']:.2f}x)"
+        )
+    base = (doc.get("baseline") or {}).get("median_ms")
+    run = doc.get("run_step_ms")
+    if base and run and doc.get("run_step_basis") == "unprofiled":
+        out.append(f"the baseline's step {base:.2f} ms, the run's {run:.2f} ms without the "
+                   f"profiler, the estimates' basis ({base / run:.2f}x)")
+    lines = ["; ".join(out)] if out else []
+    if m and m.get("moved"):
+        lo, hi = m["run_ref_range_ms"]
+        lines.append(
+            f"the rounds saw the machine {'slower' if m['ratio'] > 1 else 'faster'} than the "
+            f"run did (outside the {lo:.3f}-{hi:.3f} ms the run saw 80 % of the time): the "
+            "estimates were made at the run's speed and may not hold at this one; run and try "
+            "again when the machine is as it was to compare them"
+        )
+    return lines
+
+
 def render_try_text(doc: dict[str, Any]) -> str:
     """The table `trainprof try` prints."""
     lines = ["", "trainprof try: measured, not estimated — " + _header(doc)]
@@ -72,6 +100,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"(stopped early: {doc['stopped_early']})")
     if doc.get("estimates_note"):
         lines.append(f"({doc['estimates_note']})")
+    for i, line in enumerate(machine_text(doc)):
+        lines.append(("machine: " if i == 0 else "note: ") + line)
     for f in doc.get("fixes", []):
         lines.append("")
         lines.append(f"  {f['rule']}: {f.get('verdict') or '—'}")
@@ -133,7 +163,8 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
     if c and c.get("rules"):
         rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))} "
                     f"| {_measured(c)} | |")
-    return f"**trainprof try** — {_header(doc)}\n\n" + "\n".join(rows) + "\n"
+    machine = "".join(f"\n\n{line}" for line in machine_text(doc))
+    return f"**trainprof try** — {_header(doc)}{machine}\n\n" + "\n".join(rows) + "\n"
 
 
 def try_html(doc: dict[str, Any]) -> str:
@@ -159,5 +190,6 @@ def try_html(doc: dict[str, Any]) -> str:
     return (
         '<section id="try"><h2>Fixes measured (trainprof try)</h2>'
         f'<p class="sub">{e(_header(doc))}{e(note)}; {e(pace_text(doc))}; positive is faster.</p>'
-        f"<table>{head}{''.join(rows)}</table></section>"
+        + "".join(f'<p class="sub">{e(line)}.</p>' for line in machine_text(doc))
+        + f"<table>{head}{''.join(rows)}</table></section>"
     )

@@ -32,7 +32,7 @@ from trainprof.fileio import write_atomic
 from trainprof.report.tryout import TRY_NAME
 from trainprof.runmeta import RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
-from trainprof.tryfix import catalog
+from trainprof.tryfix import catalog, machine
 from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
 
 LOG_NAME = "try.log"
@@ -55,6 +55,7 @@ class Variant:
     rounds: list[list[float]] = field(default_factory=list)  # kept step times (s) per round
     discarded: list[int] = field(default_factory=list)  # steps dropped at the start, per round
     recompiles: list[list[int]] = field(default_factory=list)  # later compile steps, per round
+    refs: list[float] = field(default_factory=list)  # the reference (s) at kept steps' ends
     error: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -107,6 +108,8 @@ class RunEstimates:
     # one finding: dataloader-starvation's CPU estimate, metrics saving_lo_pct / saving_hi_pct)
     spread: dict[str, list[float]] = field(default_factory=dict)
     note: str | None = None  # why there is no diagnosis
+    # the step the estimates are shares of: (ms, "unprofiled" | "profiled"), None: no diagnosis
+    basis: tuple[float, str] | None = None
 
 
 def estimates(run: Path) -> RunEstimates:
@@ -122,6 +125,8 @@ def estimates(run: Path) -> RunEstimates:
     except Exception as err:  # noqa: BLE001 - measuring does not need the estimates
         return RunEstimates(note=f"no diagnosis of {run}: {type(err).__name__}: {err}")
     out = RunEstimates()
+    if diags and diags[0].saving_basis.step_ms > 0:
+        out.basis = (diags[0].saving_basis.step_ms, diags[0].saving_basis.kind)
     kinds: dict[str, set[str]] = {}
     for d in diags[:1]:
         for f in d.findings:
@@ -173,6 +178,7 @@ class Trial:
         self.kind = found.kind
         self.threads_modelled = found.threads_modelled
         self.spread = found.spread
+        self.basis = found.basis
         self.base = Variant("baseline", [])
         self.by_rule: dict[str, list[Variant]] = {}
         self.edit: list[dict] = []
@@ -337,6 +343,7 @@ class Trial:
         v.rounds.append(timed.kept)
         v.discarded.append(timed.head)
         v.recompiles.append(timed.recompiles)
+        v.refs += [t for step, t in res.get("phase_ref_s") or [] if step >= timed.head]
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
 
     def python(self) -> str:
@@ -509,6 +516,9 @@ class Trial:
                 "step_times_ms": [[round(1000 * t, 3) for t in r] for r in base_rounds],
                 "error": self.base.error,
             },
+            "run_step_ms": round(self.basis[0], 3) if self.basis else None,
+            "run_step_basis": self.basis[1] if self.basis else None,
+            "machine": machine.compare([t for _, t in self.meta.phase_ref_s], self.base.refs),
             "fixes": fixes,
             "combined": combined,
         }

@@ -5,8 +5,10 @@
 
 The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
-steps) and the fix patches. The result file gets every step's wall time, how the script ended,
-and what the fixes did. The exit code is the script's.
+steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
+(capture/phaseref: how fast the machine ran, for tryfix/machine). The result file gets every
+step's wall time, those references, how the script ended, and what the fixes did. The exit
+code is the script's.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
     from trainprof.capture.launch import resolve_target, run_target, sigterm_guard
     from trainprof.capture.patching import Patches
+    from trainprof.capture.phaseref import PhaseRef, cpu_run
     from trainprof.capture.probes import install_probes
     from trainprof.capture.state import S
     from trainprof.capture.stepper import Stepper
@@ -53,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     stepper = Stepper(None)
     stepper.profiling = False  # the step timer only: no profiler in a round
     stepper.max_steps = opts.max_steps
+    # The machine's speed at the step boundaries, as the run timed it (tryfix/machine).
+    phase = PhaseRef(lambda: True, cpu_run, lambda: len(stepper.step_times))
+    stepper.on_step = phase.after_step
     applied = Applied()
     applied.step_of = lambda: len(stepper.step_times)
     error = None
@@ -84,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed": applied.failed,
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
+        "phase_ref_s": phase.times,
     }
     opts.result.write_text(json.dumps(result))
     return outcome.exit_code

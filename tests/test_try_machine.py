@@ -1,0 +1,69 @@
+"""`trainprof try` against the machine's speed during the run (tryfix/machine): the reference
+timed at the step boundaries of the run and of the baseline's rounds, and what `try` says."""
+
+from __future__ import annotations
+
+from trainprof.report.tryout import machine_text, render_try_markdown, render_try_text, try_html
+from trainprof.tryfix.machine import compare
+
+FAST, SLOW = 0.000100, 0.000160  # s: this VM's two speeds, the reference's medians
+
+
+def test_rounds_at_the_runs_speed_are_not_flagged() -> None:
+    run = [FAST * (1 + 0.01 * (i % 3)) for i in range(30)]
+    m = compare(run, [FAST * 1.03] * 10)
+    assert m is not None and not m["moved"]
+    assert m["run_ref_ms"] == 0.101 and m["rounds_ref_ms"] == 0.103
+    assert m["ratio"] == 1.02  # outside the run's narrow range, but within the tolerance
+
+
+def test_rounds_at_another_speed_are_flagged_either_way() -> None:
+    fast_run = [FAST * (1 + 0.01 * (i % 3)) for i in range(30)]
+    slow = compare(fast_run, [SLOW] * 10)
+    assert slow is not None and slow["moved"] and slow["ratio"] > 1.5
+    fast = compare([SLOW] * 30, [FAST] * 10)
+    assert fast is not None and fast["moved"] and fast["ratio"] < 0.7
+
+
+def test_a_run_that_saw_both_speeds_flags_neither() -> None:
+    mixed = [FAST] * 15 + [SLOW] * 15
+    for here in (FAST, SLOW):
+        m = compare(mixed, [here] * 10)
+        assert m is not None and not m["moved"]
+
+
+def test_nothing_timed_gives_nothing() -> None:
+    assert compare([], [FAST]) is None and compare([FAST], []) is None
+
+
+def _doc(moved: bool, basis: str = "unprofiled") -> dict:
+    machine = compare([FAST] * 30, [SLOW if moved else FAST] * 10)
+    return {"schema": 1, "baseline": {"rounds": 3, "median_ms": 12.0}, "steps_per_round": 40,
+            "warmup_steps_discarded": 5, "block_steps": 12, "fixes": [], "combined": None,
+            "machine": machine, "run_step_ms": 10.0, "run_step_basis": basis}
+
+
+def test_try_says_the_speeds_and_warns_where_the_machine_moved() -> None:
+    quiet = machine_text(_doc(moved=False))
+    assert quiet == ["a fixed piece of work between steps took 0.100 ms in the baseline's "
+                     "rounds, 0.100 ms in the run (1.00x); the baseline's step 12.00 ms, the "
+                     "run's 10.00 ms without the profiler, the estimates' basis (1.20x)"]
+    moved = machine_text(_doc(moved=True))
+    assert len(moved) == 2 and "(1.60x)" in moved[0]
+    assert moved[1].startswith("the rounds saw the machine slower than the run did")
+    doc = _doc(moved=True)
+    text = render_try_text(doc)
+    assert "machine: a fixed piece" in text and "note: the rounds saw the machine slower" in text
+    assert "the rounds saw the machine slower" in render_try_markdown(doc)
+    assert "the rounds saw the machine slower" in try_html(doc)
+
+
+def test_a_profiled_basis_is_not_set_against_the_rounds() -> None:
+    # A run without unprofiled steps: its estimates are shares of the profiled step, which the
+    # profiler slows; the rounds run without it.
+    lines = machine_text(_doc(moved=False, basis="profiled"))
+    assert len(lines) == 1 and "the run's 10.00 ms" not in lines[0]
+
+
+def test_older_try_files_show_no_machine_line() -> None:
+    assert machine_text({"baseline": {"median_ms": 12.0}}) == []

@@ -1,0 +1,49 @@
+"""Whether `trainprof try`'s rounds saw the machine at the speed the run did.
+
+An estimate is made from the run's steps and its after-run probes; `try` measures minutes or
+days later. On a shared VM the machine itself moves between them: this 2-core VM ran a fixed
+piece of work in 0.10 ms for whole sessions and in 0.16 ms for others, and the figures the
+estimates divide move with it unevenly (the Hugging Face Trainer example's DataLoader estimate
+was 0-12 % in one session, 0 % in all sixteen runs of the next). A measurement taken at another
+speed than its estimate then checks a different machine, and the rounds' interval, taken within
+`try`, cannot see it.
+
+So each CPU round times the run's reference at its step boundaries (capture/phaseref, as the
+run does after its profiling window), and the baseline's rounds (the script as the run ran it:
+the variants' workers would slow the reference beside them) are set against the run's: the
+ratio of their medians, and `moved` where the rounds' median lies outside the range the run saw
+most of the time (its 10th-90th percentile) by more than TOLERANCE. A run that saw both speeds
+has a range that holds both (most do here: 10th to 90th percentile 1.4-1.7x apart in 27 of 31
+runs of one session), and is not flagged for either. The tolerance, as a run's range can be
+narrow (0.098-0.101 ms): in that session 28 of the 31 runs' medians lay within 0.099-0.112 ms,
+in another 7 of 16 within 0.121-0.166.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+RANGE = (10.0, 90.0)  # percentiles of the run's references: the speeds it saw most of the time
+TOLERANCE = 1.2  # how far outside that range (as a ratio) the rounds' median counts as moved
+
+
+def compare(run_s: Sequence[float], rounds_s: Sequence[float]) -> dict | None:
+    """try.json's `machine`: the reference in the run and in the baseline's rounds (ms), their
+    ratio (rounds over run: above 1, the machine ran slower during the rounds) and `moved`
+    (the rounds' median outside the run's RANGE by more than TOLERANCE); None where either
+    timed none (a GPU run, older metadata)."""
+    if not len(run_s) or not len(rounds_s):
+        return None
+    run = np.asarray(run_s, dtype=float) * 1000
+    rounds = np.asarray(rounds_s, dtype=float) * 1000
+    lo, hi = np.percentile(run, RANGE)
+    mid, here = float(np.median(run)), float(np.median(rounds))
+    return {
+        "run_ref_ms": round(mid, 4),
+        "run_ref_range_ms": [round(float(lo), 4), round(float(hi), 4)],
+        "rounds_ref_ms": round(here, 4),
+        "ratio": round(here / mid, 3) if mid > 0 else None,
+        "moved": bool(here * TOLERANCE < lo or here > hi * TOLERANCE),
+    }
