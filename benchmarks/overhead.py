@@ -19,6 +19,13 @@ and the backward there; the batches are still fetched on the host and copied to 
 (pinned, non_blocking) every step, as a GPU training loop does. On a GPU the loop waits for the
 device before it starts and before it stops its clock, so queued kernels are counted.
 
+`--data fakedata` fetches torchvision's FakeData (1x28x28 images, ToTensor, 64 per batch) for a
+small CNN instead: a dataset that seeds torch for every sample, which on a CUDA build with CUDA
+not initialised formats the Python stack (torch.cuda._lazy_call). Its fetch pays for every
+frame below the script, so it measures what trainprof's own frames cost (capture/handoff.py).
+trainprof runs as the `trainprof` command installed beside this Python, as a user runs it
+(`python -m trainprof` where there is none: two frames of runpy's more).
+
 `--loop` runs the loop itself (that is what the two commands execute).
 """
 
@@ -52,8 +59,9 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize(device)
 
 
-def loop(steps: int, device: str) -> None:
-    """The measured training loop: a few ms per step on a 2-core CPU."""
+def loop(steps: int, device: str, data_kind: str = "tensors") -> None:
+    """The measured training loop: a few ms per step on a 2-core CPU (tensors), or FakeData
+    and a small CNN (fakedata, about 25 ms)."""
     import torch
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -61,12 +69,26 @@ def loop(steps: int, device: str) -> None:
     torch.manual_seed(0)
     torch.set_num_threads(1)  # steadier on a small shared machine than competing OpenMP threads
     cuda = device.startswith("cuda")
-    batch = 128
-    data = TensorDataset(torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,)))
+    if data_kind == "fakedata":
+        from torchvision import datasets, transforms
+
+        batch = 64
+        data = datasets.FakeData(
+            size=steps * batch, image_size=(1, 28, 28), transform=transforms.ToTensor()
+        )
+        model = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+            nn.Linear(16 * 14 * 14, 10),
+        ).to(device)  # fmt: skip
+    else:
+        batch = 128
+        data = TensorDataset(
+            torch.randn(steps * batch, 256), torch.randint(0, 10, (steps * batch,))
+        )
+        model = nn.Sequential(
+            nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
+        ).to(device)
     loader = DataLoader(data, batch_size=batch, shuffle=True, pin_memory=cuda)
-    model = nn.Sequential(
-        nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)
-    ).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     _sync(device)  # the model's copy to the device is set-up, not the loop
     t0 = time.perf_counter()
@@ -187,18 +209,22 @@ def main() -> None:
     parser.add_argument("--loop", action="store_true", help="run the loop itself")
     parser.add_argument("--probes-only", action="store_true", help="only the per-probe costs")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if present)")
+    parser.add_argument("--data", choices=("tensors", "fakedata"), default="tensors")
     args = parser.parse_args()
     device = args.device or default_device()
     if args.loop:
-        loop(args.steps, device)
+        loop(args.steps, device, args.data)
         return
     if args.probes_only:
         probe_costs(device)
         return
 
-    # `python -m trainprof`, the console script's code, also where no script was installed.
-    trainprof = [sys.executable, "-m", "trainprof"]
+    # The `trainprof` command beside this Python, as users run it; `python -m trainprof` (the
+    # same code, two more frames below the script) where it was not installed.
+    command = Path(sys.executable).with_name("trainprof")
+    trainprof = [str(command)] if command.is_file() else [sys.executable, "-m", "trainprof"]
     script_args = [str(HERE), "--loop", "--steps", str(args.steps), "--device", device]
+    script_args += ["--data", args.data]
     plain_cmd = [sys.executable, *script_args]
     with tempfile.TemporaryDirectory() as tmp:
         plain: list[tuple[float, float]] = []
@@ -220,8 +246,8 @@ def main() -> None:
 
     per_step = statistics.median(p[0] for p in plain) / args.steps * 1e3
     print(
-        f"steps: {args.steps} on {device}, plain step time {per_step:.2f} ms "
-        f"(median of {args.pairs} runs)"
+        f"steps: {args.steps} on {device} ({args.data}), plain step time {per_step:.2f} ms "
+        f"(median of {args.pairs} runs); trainprof as `{' '.join(trainprof)}`"
     )
     print("ratio trainprof / plain       median of pairs   best run of each")
     print(f"  loop time (the script's)    {paired(0):6.3f}            {best(0):6.3f}")

@@ -172,7 +172,34 @@ def test_script_runs_near_the_top_of_the_stack(introspect) -> None:
     below = view["stack"][: -2]  # the script's module frame and main()
     assert not [f for f in below if "typer" in f or "click" in f], below
     ours = [f for f in below if "/trainprof/" in f and not f.endswith(":<module>")]
-    assert len(ours) <= 3, below  # cli.main, the runner's finish, run_target (19 frames before)
+    assert len(ours) <= 2, below  # cli.main and the runner's finish (19 frames before, then 3)
+    # A script file is exec'd directly (runpy frames below trainprof's: `python -m` ran it).
+    entry = min(i for i, f in enumerate(below) if "/trainprof/" in f)
+    assert not [f for f in below[entry:] if "runpy" in f], below
+
+
+@pytest.mark.slow
+def test_a_fetch_runs_one_frame_deeper_than_under_python(tmp_path: Path) -> None:
+    # The dataset's code runs below the loop's fetch: the same frames as under python, plus one
+    # trainprof frame around torch's DataLoader.__next__ (two before).
+    script = SCRIPTS / "stack_at_fetch.py"
+    res = run(tmp_path / "run", *SMALL, str(script), str(tmp_path / "ours.json"))
+    assert res.code == 0, res.stderr
+    subprocess.run([sys.executable, str(script), str(tmp_path / "py.json")], check=True)
+    ours, py = (json.loads((tmp_path / n).read_text()) for n in ("ours.json", "py.json"))
+    assert py[0] == f"{script}:<module>"
+    above = ours[ours.index(py[0]) :]
+    assert [f for f in above if "/trainprof/" not in f] == py, (above, py)
+    assert len(above) == len(py) + 1, above
+
+
+@pytest.mark.slow
+def test_script_runs_as_python_would(introspect) -> None:
+    # exec'd from trainprof's frame, it must not inherit trainprof's own compiler flags
+    # (`from __future__ import annotations` there), and it is sys.modules["__main__"].
+    _, view = introspect
+    assert view["annotation"] == "<class 'int'>"
+    assert view["main_module"] is True
 
 
 @pytest.mark.slow

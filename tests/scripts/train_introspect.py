@@ -14,6 +14,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 
+def annotated(x: int) -> None:
+    """Its annotation stays the class unless the script itself postpones annotations."""
+
+
 def main() -> None:
     data = TensorDataset(torch.randn(96, 8), torch.randn(96, 1))
     loader = DataLoader(data, batch_size=16, num_workers=2, persistent_workers=True)  # LOADER
@@ -33,6 +37,8 @@ def main() -> None:
         "cwd": os.getcwd(),
         "file": __file__,
         "stack": [f"{f.filename}:{f.name}" for f in traceback.extract_stack()],
+        "annotation": repr(annotated.__annotations__["x"]),
+        "main_module": sys.modules["__main__"].__dict__ is globals(),
         "mean_loss": float(mean_loss.compute()),
     }
     with open(sys.argv[1], "w") as f:

@@ -12,6 +12,12 @@ run folder, the profiler) inside the CLI's frames and hands the rest back (`hand
 CLI unwinds typer and click, then its `finish()` runs the script and finishes the run from the
 CLI's entry frame. Without a hand-off allowed (typer's test runner, a caller of run_script) it
 all happens in place.
+
+`finish()` execs a script file's code itself (capture/launch.running), without runpy's three
+frames, and the fetch probe is one frame around DataLoader.__next__: a script's frames sit
+three frames deeper than under python (the console script's, cli.main, finish), a fetch's
+four. Each frame still costs: try_fakedata's fetch took 24.5 ms per batch under `trainprof run`
+where plain python took 20.6 (27.8 with the nine frames before).
 """
 
 from __future__ import annotations

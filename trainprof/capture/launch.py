@@ -7,7 +7,9 @@ from __future__ import annotations
 import atexit
 import contextlib
 import importlib.util
+import io
 import os
+import pkgutil
 import runpy
 import signal
 import sys
@@ -16,8 +18,8 @@ import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from types import TracebackType
-from typing import NoReturn
+from types import CodeType, ModuleType, TracebackType
+from typing import Any, NoReturn
 
 from trainprof.capture.notebook import is_notebook, read_cells, run_notebook
 from trainprof.errors import TrainprofError
@@ -177,10 +179,38 @@ def _module_target(module: str, args: list[str]) -> Target:
     )
 
 
+@dataclass
+class Running:
+    """The script, ready to run as __main__: `exec(run.code, run.namespace)` from the caller's
+    own frame (see `running`); `outcome` is set when the with-block ends."""
+
+    code: CodeType
+    namespace: dict[str, Any]
+    outcome: Outcome | None = None
+
+
+_NOTHING = compile("", "<trainprof>", "exec")  # what runs when the script could not start
+
+
 def run_target(target: Target) -> Outcome:
     """Run it as __main__ with its own argv and sys.path[0]; never raises for the script's sake."""
     if target.call is not None:
         return _run_call(target)
+    with running(target) as run:
+        exec(run.code, run.namespace)
+    assert run.outcome is not None
+    return run.outcome
+
+
+@contextlib.contextmanager
+def running(target: Target) -> Iterator[Running]:
+    """run_target's with-block, for a caller that runs the script from its own frame: yields the
+    script's code and namespace (sys.argv, sys.path[0] and __main__ set for the block), and
+    turns how the block ended into `outcome` (the script's exceptions do not propagate; one
+    before it started, a SyntaxError, gives an outcome and a block that runs nothing). No frame
+    of this module's or of runpy's sits below a script file's (some library calls cost in
+    proportion to the stack's depth, capture/handoff.py); -m, a notebook or a folder run
+    through runpy or the notebook runner."""
     saved_argv = sys.argv
     saved_path0 = sys.path[0] if sys.path else None
     sys.argv = [target.argv0, *target.args]
@@ -191,35 +221,95 @@ def run_target(target: Target) -> Outcome:
     saved_hook = sys.excepthook
     _sigterm["armed"] = True
     target.started = True
+    run = Running(_NOTHING, {})
+    started = False
     try:
-        if target.module:
-            target.path = _module_file(target.module) or target.path
-            runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-        elif is_notebook(target.path):
-            run_notebook(target.path)
-        else:
-            runpy.run_path(target.path, run_name="__main__")
-        return Outcome(0, "ok")
+        with _main_code(target) as (run.code, run.namespace):
+            started = True
+            yield run
+        run.outcome = Outcome(0, "ok")
     except SystemExit as exc:
-        return _system_exit(exc)
+        run.outcome = _system_exit(exc)
     except MaxStepsReached as exc:  # trainprof ended it: a normal end
-        return Outcome(0, "ok", note=str(exc))
+        run.outcome = Outcome(0, "ok", note=str(exc))
     except KeyboardInterrupt as exc:
-        return _uncaught(exc, Outcome(130, "interrupted"), saved_hook)
+        run.outcome = _uncaught(exc, Outcome(130, "interrupted"), saved_hook)
     except Terminated as exc:  # 128 + SIGTERM, as a shell reports it
-        return Outcome(143, "interrupted", format_exception(exc), format_exception(exc, False))
+        run.outcome = Outcome(
+            143, "interrupted", format_exception(exc), format_exception(exc, False)
+        )
     except ImportError as exc:
         if target.module and not _user_frames(exc.__traceback__):  # runpy: no such module
-            return Outcome(1, "error", f"{sys.executable}: {exc}\n", format_exception(exc, False))
-        return _uncaught(exc, Outcome(1, "error"), saved_hook)
+            run.outcome = Outcome(
+                1, "error", f"{sys.executable}: {exc}\n", format_exception(exc, False)
+            )
+        else:
+            run.outcome = _uncaught(exc, Outcome(1, "error"), saved_hook)
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported, not ours
-        return _uncaught(exc, Outcome(1, "error"), saved_hook)
+        run.outcome = _uncaught(exc, Outcome(1, "error"), saved_hook)
     finally:
         _sigterm["armed"] = False
         sys.excepthook = saved_hook  # a hook the script set is not trainprof's from here on
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == target.path0:
             sys.path[0] = saved_path0
+    if not started:
+        run.code, run.namespace = _NOTHING, {}
+        yield run
+
+
+@contextlib.contextmanager
+def _main_code(target: Target) -> Iterator[tuple[CodeType, dict[str, Any]]]:
+    """The code to exec for the target, and its namespace: a script file's own (_as_main), else
+    a call of runpy's or the notebook runner's."""
+    if target.module:
+        target.path = _module_file(target.module) or target.path
+        module = target.module
+        yield _calling(lambda: runpy.run_module(module, run_name="__main__", alter_sys=True))
+    elif is_notebook(target.path):
+        path = target.path
+        yield _calling(lambda: run_notebook(path))
+    elif pkgutil.get_importer(target.path) is None:  # a file, not a folder or a zip
+        with _as_main(target.path) as main:
+            yield main
+    else:
+        path = target.path
+        yield _calling(lambda: runpy.run_path(path, run_name="__main__"))
+
+
+def _calling(fn: Callable[[], object]) -> tuple[CodeType, dict[str, Any]]:
+    return compile("run()", "<trainprof>", "exec"), {"run": fn}
+
+
+@contextlib.contextmanager
+def _as_main(path: str) -> Iterator[tuple[CodeType, dict[str, Any]]]:
+    """The script file's code and a new __main__ module's namespace to exec it in, set up as
+    runpy.run_path(path, run_name="__main__") sets them up (sys.modules["__main__"] and
+    sys.argv[0] for the run, restored after; the module's __file__, __loader__ None, ...). The
+    caller execs it from its own frame: runpy would add three frames below the script, and
+    some library calls cost in proportion to the stack's depth (capture/handoff.py)."""
+    real = os.path.abspath(os.fsdecode(path))
+    with io.open_code(real) as f:
+        code = pkgutil.read_code(f)  # a compiled .pyc, as runpy accepts
+    if code is None:
+        with io.open_code(real) as f:
+            # dont_inherit: not this module's `from __future__ import annotations`
+            code = compile(f.read(), path, "exec", dont_inherit=True)
+    module = ModuleType("__main__")
+    module.__dict__.update(
+        __file__=path, __cached__=None, __doc__=None, __loader__=None, __package__="",
+        __spec__=None,
+    )  # fmt: skip
+    saved_main, saved_argv0 = sys.modules.get("__main__"), sys.argv[0]
+    sys.modules["__main__"], sys.argv[0] = module, path
+    try:
+        yield code, module.__dict__
+    finally:
+        sys.argv[0] = saved_argv0
+        if saved_main is not None:
+            sys.modules["__main__"] = saved_main
+        else:
+            sys.modules.pop("__main__", None)
 
 
 def _user_frames(tb: TracebackType | None) -> TracebackType | None:
@@ -314,7 +404,7 @@ def _system_exit(exc: SystemExit) -> Outcome:
 
 
 def _internal(filename: str) -> bool:
-    if filename.startswith("<frozen runpy"):  # runpy is frozen since Python 3.11
+    if filename.startswith("<frozen runpy") or filename == "<trainprof>":  # runpy: frozen in 3.11
         return True
     path = os.path.abspath(filename)
     return path == _RUNPY or path.startswith(_TRAINPROF_DIR + os.sep)

@@ -96,16 +96,20 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
     get_ident = threading.get_ident
 
     def make(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        fetch = probe("trainprof/fetch", orig)
-
+        # One frame between the loop and torch's __next__, not probe()'s two: the dataset's code
+        # runs below it, and some of it costs in proportion to the stack's depth (handoff.py).
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
             if is_compiling() or not S.enabled or get_ident() != S.main_thread:
-                return fetch(self)
+                return orig(self)
             stepper.on_fetch_begin()
             S.fetch_depth += 1
             try:
-                batch = fetch(self)
+                if S.recording:
+                    with record_function("trainprof/fetch"):
+                        batch = orig(self)
+                else:
+                    batch = orig(self)
             finally:
                 S.fetch_depth -= 1
             stepper.on_fetch_end(self)

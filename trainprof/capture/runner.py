@@ -27,6 +27,7 @@ from trainprof.capture.launch import (
     exit_like_python,
     resolve_target,
     run_target,
+    running,
     sigterm_guard,
 )
 from trainprof.capture.progress import Progress
@@ -104,7 +105,13 @@ class ScriptRun:
             return self._code or 0
         steps = self._steps
         try:
-            outcome = run_target(self.target)
+            if self.target.call is not None:
+                outcome = run_target(self.target)
+            else:
+                with running(self.target) as run:
+                    exec(run.code, run.namespace)  # the script's frames start here (handoff.py)
+                assert run.outcome is not None
+                outcome = run.outcome
         except BaseException as exc:  # noqa: BLE001 - the session saves, then re-raises
             try:
                 steps.throw(exc)

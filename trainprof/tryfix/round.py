@@ -33,7 +33,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
-    from trainprof.capture.launch import resolve_target, run_target, sigterm_guard
+    from trainprof.capture.launch import resolve_target, running, sigterm_guard
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
     from trainprof.capture.probes import install_probes
@@ -69,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
             install(specs, patches, applied)
             S.reset()
             S.enabled = True
-            outcome = run_target(target)
+            with running(target) as run:
+                exec(run.code, run.namespace)  # from this frame, as `run` does (handoff.py)
+            outcome = run.outcome
+            assert outcome is not None
         finally:
             S.enabled = False
             steps = stepper.finish()
