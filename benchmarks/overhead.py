@@ -6,7 +6,9 @@ Runs the same 300-step MLP loop (DataLoader, Adam, a loss.item() per step) with 
 and with `trainprof run` (default config: wait 5, warm-up 2, 3 recorded steps with stacks),
 interleaved A B A B so that machine noise hits both alike. The loop times itself, which
 separates trainprof's cost inside the loop from the fixed start-up (torch import, profiler
-set-up, saving the trace, the diagnosis). Prints both ratios, trainprof / plain: the median
+set-up, saving the trace, the diagnosis), and its median step leaves out what happens once or
+between a few steps (the profiling window, saving its trace, the probes trainprof times between
+steps): what each step of a long run pays. Prints the ratios, trainprof / plain: the median
 of the per-pair ratios, and the ratio of the best run of each (the least disturbed by other
 processes).
 
@@ -43,6 +45,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve()
 LOOP_TIME = re.compile(r"^LOOP_SECONDS (\S+)$", re.M)
+STEP_TIME = re.compile(r"^STEP_MEDIAN_SECONDS (\S+)$", re.M)
 
 
 def default_device() -> str:
@@ -93,21 +96,28 @@ def loop(steps: int, device: str, data_kind: str = "tensors") -> None:
     _sync(device)  # the model's copy to the device is set-up, not the loop
     t0 = time.perf_counter()
     total = 0.0
+    steps_s, last = [], t0
     for x, y in loader:
         x, y = x.to(device, non_blocking=cuda), y.to(device, non_blocking=cuda)
         opt.zero_grad(set_to_none=True)
         loss = nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
-        total += loss.item()
+        total += loss.item()  # a sync per step: the step's kernels end before the clock reads
+        now = time.perf_counter()
+        steps_s.append(now - last)
+        last = now
     _sync(device)
     elapsed = time.perf_counter() - t0
     print(f"LOOP_SECONDS {elapsed:.6f}")
+    # The typical step, without what happens once (the profiling window, saving its trace,
+    # the probes trainprof runs between a few steps): what a long run pays per step.
+    print(f"STEP_MEDIAN_SECONDS {statistics.median(steps_s):.6f}")
     print(f"mean loss {total / steps:.4f} on {device}", file=sys.stderr)
 
 
-def _timed(cmd: list[str]) -> tuple[float, float]:
-    """(loop seconds as printed by the loop, whole-process seconds)."""
+def _timed(cmd: list[str]) -> tuple[float, float, float]:
+    """(loop seconds as printed by the loop, whole-process seconds, the loop's median step)."""
     t0 = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t0
@@ -116,7 +126,8 @@ def _timed(cmd: list[str]) -> tuple[float, float]:
     found = LOOP_TIME.search(done.stdout)
     if not found:
         sys.exit(f"no LOOP_SECONDS in the output of {' '.join(cmd)}")
-    return float(found.group(1)), wall
+    step = STEP_TIME.search(done.stdout)
+    return float(found.group(1)), wall, float(step.group(1)) if step else float("nan")
 
 
 def probe_costs(device: str, rounds: int = 6, repeat: int = 25) -> None:
@@ -227,8 +238,8 @@ def main() -> None:
     script_args += ["--data", args.data]
     plain_cmd = [sys.executable, *script_args]
     with tempfile.TemporaryDirectory() as tmp:
-        plain: list[tuple[float, float]] = []
-        prof: list[tuple[float, float]] = []
+        plain: list[tuple[float, float, float]] = []
+        prof: list[tuple[float, float, float]] = []
         for i in range(args.pairs):
             plain.append(_timed(plain_cmd))
             out = os.path.join(tmp, f"run{i}")
@@ -252,6 +263,7 @@ def main() -> None:
     print("ratio trainprof / plain       median of pairs   best run of each")
     print(f"  loop time (the script's)    {paired(0):6.3f}            {best(0):6.3f}")
     print(f"  whole process               {paired(1):6.3f}            {best(1):6.3f}")
+    print(f"  median step                 {paired(2):6.3f}            {best(2):6.3f}")
     probe_costs(device)
 
 
