@@ -253,8 +253,7 @@ def running(target: Target) -> Iterator[Running]:
         sys.argv = saved_argv
         if saved_path0 is not None and sys.path and sys.path[0] == target.path0:
             sys.path[0] = saved_path0
-    if not started:
-        run.code, run.namespace = _NOTHING, {}
+    if not started:  # the block must run once: it runs _NOTHING
         yield run
 
 
@@ -278,6 +277,7 @@ def _main_code(target: Target) -> Iterator[tuple[CodeType, dict[str, Any]]]:
 
 
 def _calling(fn: Callable[[], object]) -> tuple[CodeType, dict[str, Any]]:
+    """Code that calls `fn` (runpy's or the notebook runner's frames then stay below)."""
     return compile("run()", "<trainprof>", "exec"), {"run": fn}
 
 

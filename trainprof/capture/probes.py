@@ -101,6 +101,9 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
             if is_compiling() or not S.enabled or get_ident() != S.main_thread:
+                if S.recording and not is_compiling():  # another thread's fetch: a range only
+                    with record_function("trainprof/fetch"):
+                        return orig(self)
                 return orig(self)
             stepper.on_fetch_begin()
             S.fetch_depth += 1
