@@ -96,15 +96,15 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
     get_ident = threading.get_ident
 
     def make(orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        # One frame between the loop and torch's __next__, not probe()'s two: the dataset's code
-        # runs below it, and some of it costs in proportion to the stack's depth (handoff.py).
+        fetch = probe("trainprof/fetch", orig)  # another thread's fetch: a range only
+
+        # The loop's fetch: one frame between it and torch's __next__, not probe()'s two: the
+        # dataset's code runs below it, and some of it costs in proportion to the stack's depth
+        # (handoff.py).
         @functools.wraps(orig)
         def __next__(self: Any) -> Any:
             if is_compiling() or not S.enabled or get_ident() != S.main_thread:
-                if S.recording and not is_compiling():  # another thread's fetch: a range only
-                    with record_function("trainprof/fetch"):
-                        return orig(self)
-                return orig(self)
+                return fetch(self)
             stepper.on_fetch_begin()
             S.fetch_depth += 1
             try:
