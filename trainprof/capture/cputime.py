@@ -32,15 +32,22 @@ def best_interleaved(
     budget_s: float = float("inf"),
     started: float | None = None,
     between: Callable[[], object] | None = None,
+    before_a: Callable[[], object] | None = None,
+    before_b: Callable[[], object] | None = None,
 ) -> tuple[float, float, int]:
     """(least CPU time of `a`, of `b`, runs of each): a and b alternately, up to `reps` times,
     no new run once `budget_s` of wall time has passed since `started` (perf_counter; now if
-    None). inf for a side that never ran. `between`: called after each pair, untimed."""
+    None). inf for a side that never ran. `between`: called after each pair, untimed;
+    `before_a`, `before_b`: before each run of that side, untimed."""
     started = time.perf_counter() if started is None else started
     best_a = best_b = float("inf")
     runs = 0
     while runs < reps and time.perf_counter() - started < budget_s:
+        if before_a is not None:
+            before_a()
         best_a = min(best_a, cpu_time(a))
+        if before_b is not None:
+            before_b()
         best_b = min(best_b, cpu_time(b))
         runs += 1
         if between is not None:
