@@ -32,6 +32,19 @@ def test_a_run_that_saw_both_speeds_flags_neither() -> None:
         assert m is not None and not m["moved"]
 
 
+def test_a_run_mostly_at_one_speed_is_set_against_it() -> None:
+    """The Hugging Face Trainer's run in one benchmark: references 0.105-0.183 ms, median 0.166
+    (most steps slow), rounds at 0.106: inside the range, but the estimates were made at the
+    slow speed (0.64x)."""
+    run = [FAST] * 6 + [SLOW] * 24
+    m = compare(run, [FAST * 1.05] * 10)
+    assert m is not None and m["moved"] and m["ratio"] < 0.7
+    assert m["run_ref_range_ms"][0] <= m["rounds_ref_ms"]  # inside the range
+    lines = machine_text({"machine": m})
+    assert "0.105 ms against the run's typical 0.160 ms" in lines[1]
+    assert not compare(run, [SLOW * 0.9] * 10)["moved"]  # 0.9x: that speed, near enough
+
+
 def test_nothing_timed_gives_nothing() -> None:
     assert compare([], [FAST]) is None and compare([FAST], []) is None
 

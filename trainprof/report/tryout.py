@@ -82,11 +82,16 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
     lines = ["; ".join(out)] if out else []
     if m and m.get("moved"):
         lo, hi = m["run_ref_range_ms"]
+        here = m["rounds_ref_ms"]
+        where = (
+            f"outside the {lo:.3f}-{hi:.3f} ms the run saw 80 % of the time"
+            if here < lo or here > hi
+            else f"{here:.3f} ms against the run's typical {m['run_ref_ms']:.3f} ms"
+        )
         lines.append(
             f"the rounds saw the machine {'slower' if m['ratio'] > 1 else 'faster'} than the "
-            f"run did (outside the {lo:.3f}-{hi:.3f} ms the run saw 80 % of the time): the "
-            "estimates were made at the run's speed and may not hold at this one; run and try "
-            "again when the machine is as it was to compare them"
+            f"run did ({where}): the estimates were made at the run's speed and may not hold at "
+            "this one; run and try again when the machine is as it was to compare them"
         )
     return lines
 
