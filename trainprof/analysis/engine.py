@@ -79,6 +79,13 @@ def job_basis(bases: list[SavingBasis], job_step_ms: float) -> SavingBasis:
                        steps=min((b.steps for b in bases), default=0))
 
 
+# Fewer unprofiled steps than this under the savings' basis get a note: a 40-step run leaves 5
+# after the window and the CPU probes' steps, and in one benchmark those 5 fell in a slow
+# stretch of the VM (quickstart: 47.3 ms against 37-38 ms in `trainprof try`'s rounds and in
+# its own steps before the window), which moved every saving of the run with them.
+FEW_BASIS_STEPS = 10
+
+
 def basis_note(basis: SavingBasis, profiled_ms: float) -> str | None:
     if basis.kind != BASIS_UNPROFILED:
         return None
@@ -87,6 +94,12 @@ def basis_note(basis: SavingBasis, profiled_ms: float) -> str | None:
         f"{basis.steps} steps outside the profiler window); the traced steps, with the "
         f"profiler's overhead, average {profiled_ms:.1f} ms. Evidence figures are measured in "
         "the traced steps unless they say otherwise; shares (%) are the same on both."
+    ) + (
+        f" Only {basis.steps} steps: a slow stretch of a shared machine in them moves every "
+        "saving; a longer run times the step on more (with --max-steps, every step after the "
+        "window and trainprof's timed steps counts)."
+        if basis.steps < FEW_BASIS_STEPS
+        else ""
     )
 
 
