@@ -52,11 +52,11 @@ def compare(run_s: Sequence[float], rounds_s: Sequence[float]) -> dict | None:
     mid, here = float(np.median(run)), float(np.median(rounds))
     ratio = here / mid if mid > 0 else None
     outside = here * TOLERANCE < lo or here > hi * TOLERANCE
-    typical = ratio is not None and not 1 / SPEED_RATIO <= ratio <= SPEED_RATIO
+    off_typical = ratio is not None and not 1 / SPEED_RATIO <= ratio <= SPEED_RATIO
     return {
         "run_ref_ms": round(mid, 4),
         "run_ref_range_ms": [round(float(lo), 4), round(float(hi), 4)],
         "rounds_ref_ms": round(here, 4),
         "ratio": round(ratio, 3) if ratio is not None else None,
-        "moved": bool(outside or typical),
+        "moved": bool(outside or off_typical),
     }
