@@ -140,21 +140,17 @@ class CpuModel:
         return max(self.step - self.fixed, 0.0)
 
 
-def fixed_step(
-    m: float, f: float, k: float, r: float, w: float, cores: int, n: int,
-    r_cpu: float | None = None,
-) -> float:  # fmt: skip
+def fixed_step(m: float, f: float, k: float, r: float, w: float, cores: int, n: int) -> float:
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
-    threads), fetch `f` per step, `k` batches per step, receive `r` and
-    hand-over `w` per batch, on `cores` cores. `r_cpu`: the part of `r` that is CPU work
-    (default all of it); the rest is the loop blocked until a busy worker answers the
-    hand-shake, which lengthens the loop's own path but leaves its core to the workers."""
+    threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
+    on `cores` cores. The receiving counts in full on the cores too, the loop's wait for a busy
+    worker's hand-shake included: the cores do not take up the core the loop leaves then (the
+    rule's docstring has the measurement)."""
     threads = max(1, cores - n)
-    rc = r if r_cpu is None else min(r_cpu, r)
     return max(
         m + k * r,
         (f + k * w) / n,
-        (m * min(threads, cores) + f + k * (w + rc)) / cores,
+        (m * min(threads, cores) + f + k * (w + r)) / cores,
     )
 
 
@@ -346,7 +342,7 @@ def _model(
     m = max(step - fw, 1.0)
     received = draw.receive if draw.receive is not None else receive_ms(ipc) if ipc else 0.0
     r = 1000 * pace * received
-    ri = 1000 * pace * ipc.receive_ms if ipc else 0.0  # the CPU work in it: with an idle worker
+    ri = 1000 * pace * ipc.receive_ms if ipc else 0.0  # with an idle worker (the evidence)
     w = 1000 * pace * ipc.worker_ms if ipc else 0.0
     # M with the threads the fix leaves the model: timed on the run's own steps where it ran
     # some with fewer threads (capture/threadsteps), else on a copy of the model after the run
@@ -373,7 +369,7 @@ def _model(
         return m * scale(max(1, cores - n)) if scale else m
 
     def fixed(n: int) -> float:
-        return fixed_step(compute(n), fwk, k, r, w, cores, n, r_cpu=ri)
+        return fixed_step(compute(n), fwk, k, r, w, cores, n)
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(

@@ -107,8 +107,7 @@ On a CPU trace the workers take the fetch off the loop, but:
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
   own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
-  work spread over the cores, (M(T') min(T', C) + F + k (W + R_cpu)) / C (R_cpu: the
-  CPU work in R, below).
+  work spread over the cores, (M(T') min(T', C) + F + k (W + R)) / C (R in full, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
 - not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
   siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
@@ -141,15 +140,16 @@ receiving stays in the loop's M). With num_workers=0, R is the probe's receiving
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
 per-tensor hand-shake late (its resource-sharer thread waits for the interpreter's lock, or for
 a core): try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle
-worker on a quiet 2-core machine, 7.9 against 1.6 ms on a loaded one. Most of that extra time the
-loop is blocked, its core free for the workers: R lengthens the loop's own path (M + k R), but
-the cores' bound counts only the receiving's CPU work, R_cpu = the idle worker's figure
-(receive_ms). On a loaded 2-core machine (load 1.6-3, another job using a CPU) the probe gave
-5.4-10.4 ms busy against 0.7-3.0 ms idle for try_fakedata and try_jpeg; try_jpeg's estimate went
-from 35.2-35.6 % to 25.3-32.8 % (26-27 % measured on a quiet machine); try_fakedata's did not
-move (45-47 %, 23 % measured: the cores' bound holds there; its model with one thread, above,
-brought it to 38-48 %, its workers' own cost, above, to 34.5-38.8 %). Older metadata: R_cpu = R =
-the idle figure.
+worker on a quiet 2-core machine, 7.9 against 1.6 ms on a loaded one. R is on the loop's own
+path (M + k R), and in full in the cores' bound. Only its CPU work (the idle worker's figure)
+was counted there before, as if the loop, blocked on the hand-shake, left its core to the
+workers. Measured in the fixed loops (a plain script with two workers and one thread, 105
+steps): the loop's thread spent 0.8-1.0 ms of CPU in next() per step, against 3.1-5.3 ms of
+wall, and the cores idled all the same, 1.6 ms per step (3.1 %) in try_fakedata's and 2.4 ms
+(10.8 %) in try_jpeg's. With only the CPU work, the bound was under the fixed step `trainprof
+try` measured on 6 of 7 rows of two benchmarks where the cores bound it (1.10x on average;
+1.04x with R in full), and try_fakedata's estimate was 36.2 % against 25.7 % measured (31.8 %
+with R in full). Older metadata: R = the idle figure.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
