@@ -144,8 +144,8 @@ def fixed_step(m: float, f: float, k: float, r: float, w: float, cores: int, n: 
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
     on `cores` cores. The receiving counts in full on the cores too, the loop's wait for a busy
-    worker's hand-shake included: the cores do not take up the core the loop leaves then (the
-    rule's docstring has the measurement)."""
+    worker's hand-shake included: the workers do not take up all of the loop's core while it
+    waits (measured: the rule's docstring)."""
     threads = max(1, cores - n)
     return max(
         m + k * r,
