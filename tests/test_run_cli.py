@@ -203,6 +203,15 @@ def test_script_runs_as_python_would(introspect) -> None:
 
 
 @pytest.mark.slow
+def test_workers_fork_as_under_python(introspect) -> None:
+    # trainprof asks whether CUDA is there before the script runs; the runtime's answer would
+    # make every later fork a "bad fork" to torch, even without a GPU (the script never touched
+    # CUDA), changing what its workers do (torch.manual_seed there skips the CUDA seed).
+    _, view = introspect
+    assert view["bad_fork_items"] == 0
+
+
+@pytest.mark.slow
 def test_script_folder_first_on_path_and_cwd_unchanged(introspect) -> None:
     result, view = introspect
     assert view["path0"] == str(SCRIPTS)  # so `from helper_mod import HIDDEN` worked

@@ -1,10 +1,15 @@
-"""The capture engine's pure parts: config, noise filter, run folder, summary, user frames."""
+"""The capture engine's pure parts: config, noise filter, run folder, summary, user frames, the
+check for CUDA."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from trainprof.capture.config import ProfileConfig, default_config_text, load_config
 from trainprof.capture.noise import is_noise
@@ -132,3 +137,25 @@ def test_user_frames(tmp_path: Path) -> None:
     assert UserCode([str(Path(torch.__file__).parent)]).is_user(torch.__file__)
     here = user.caller(1)
     assert here is not None and here.startswith(f"{__file__}:")
+
+
+FORK_CHECK = """
+import os, sys, torch
+from trainprof.capture.cudacheck import cuda_available
+print(cuda_available())
+pid = os.fork()
+if pid == 0:
+    os._exit(3 if torch.cuda._is_in_bad_fork() else 0)
+print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork here")
+def test_cuda_check_leaves_later_forks_alone() -> None:
+    # torch.cuda.is_available() registers torch's fork handler even without a GPU: a process
+    # forked afterwards is a bad fork. The check trainprof makes before the script must not.
+    out = subprocess.run(
+        [sys.executable, "-c", FORK_CHECK], capture_output=True, text=True, check=True,
+        cwd=ROOT, timeout=120,
+    ).stdout.split()  # fmt: skip
+    assert out == [str(torch.cuda.is_available()), "0"]

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.userframe import UserCode
 from trainprof.runmeta import SyncWarning
 
@@ -21,7 +22,7 @@ _SYNC_WARNING = "synchroniz"  # "called a synchronizing CUDA operation"
 
 class CudaFlags:
     def __init__(self, cuda_sync_events: bool, sync_debug: bool, user: UserCode) -> None:
-        self.available = torch.cuda.is_available()
+        self.available = cuda_available()  # before the script: its forks stay as under python
         self.user = user
         self.notes: list[str] = []  # shown by the runner, kept in the metadata
         self.sync_events = cuda_sync_events and self._usable("--cuda-sync-events")

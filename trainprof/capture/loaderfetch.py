@@ -8,7 +8,11 @@ is deeper (the loop's, where iter() forked it, plus the worker loop's), which co
 formats the stack: FakeData seeds torch for every sample, and on a CUDA build with CUDA not
 initialised torch.manual_seed queues a lazy CUDA seed with the formatted stack (in Python 3.11,
 parsing each frame's line for its carets): try_fakedata's worker spent 20.3 ms per batch where
-the loop spent 14.3, timed by hand over 90-270 batches. Nothing in the run shows either.
+the loop spent 14.3, timed by hand over 90-270 batches. Nothing in the run shows either. The
+worker must fork as the script's own would: until trainprof's check for CUDA before the script
+stopped registering torch's fork handler (capture/cudacheck), it was a "bad fork" that skipped
+that seed: try_fakedata's samples took it 29.8 ms per batch, 41.7 since (timed in the dataset;
+the loop's 27-28.5 ms, `try`'s workers' 35-38.5: this worker forks 5 frames deeper than they).
 
 So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
 conditions, capture/threadsteps), once the profiling window is saved, the loader of the latest

@@ -88,7 +88,8 @@ On a CPU trace the workers take the fetch off the loop, but:
   sample, and on a CUDA build with CUDA not initialised torch.manual_seed queues a lazy CUDA seed
   with the formatted stack; under `trainprof run` try_fakedata's loop fetched a batch in 21.5 ms
   and a real worker in 31.2, timed by hand). So from the end of the profiling window a
-  DataLoader worker forked from the loop fetches one of the script's batches at step boundaries
+  DataLoader worker forked from the loop (as the script's own would fork: not a "bad fork" to
+  torch, which skips that seed; capture/cudacheck) fetches one of the script's batches at step boundaries
   (outside the step times) while the loop waits, each paired with the loop's own fetch in the
   step just ended, after steps with the run's thread count only (beside the thread steps, then
   after them), up to 12 pairs, the first after the fork left out (capture/loaderfetch); the

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainprof.capture.bf16fix import install_autocast
+from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches
 
@@ -156,7 +157,7 @@ def _pinned(
     """pin_memory=True for every DataLoader; with `copies`, non_blocking=True for host-to-device
     copies from pinned memory too (pageable-memcpy's fix; dataloader-starvation's receiving kind
     wants only the pin-memory thread, which takes the receiving of batches off the loop)."""
-    if not torch.cuda.is_available():
+    if not cuda_available():
         applied.skipped[rule] = (
             "no CUDA device: no host-to-device copy to speed up" if copies
             else "no CUDA device: DataLoader(pin_memory=True) does nothing"
@@ -245,7 +246,7 @@ def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., Non
 
 # ----- backend flags (CUDA) --------------------------------------------------------------------
 def _cudnn_benchmark(patches: Patches, applied: Applied) -> None:
-    if not torch.cuda.is_available():
+    if not cuda_available():
         applied.skipped["cudnn-benchmark-off"] = "no CUDA device: cuDNN is not used"
         return
     torch.backends.cudnn.benchmark = True
@@ -259,7 +260,7 @@ def _cudnn_benchmark(patches: Patches, applied: Applied) -> None:
 
 
 def _tf32(patches: Patches, applied: Applied) -> None:
-    if not torch.cuda.is_available():
+    if not cuda_available():
         applied.skipped["tf32-off"] = "no CUDA device: TF32 is a GPU format"
         return
     torch.backends.cuda.matmul.allow_tf32 = True
