@@ -9,6 +9,7 @@ import gc
 import multiprocessing
 import os
 import sys
+import traceback
 import weakref
 from pathlib import Path
 
@@ -46,6 +47,12 @@ class TwoCosts(Dataset):
 class Stream(IterableDataset):
     def __iter__(self):
         return iter([torch.zeros(4)] * 8)
+
+
+def boundary(pairs: loaderfetch.WorkerPairs, it) -> None:
+    """A step boundary, then the next step's fetch from `it` (where the worker is forked)."""
+    pairs.after_step()
+    pairs.before_fetch(it)
 
 
 def test_the_source_of_a_loop_without_workers():
@@ -99,6 +106,34 @@ def test_pairs_between_the_steps(tmp_path: Path):
     assert gone() is None
 
 
+class Frames(Dataset):
+    """In a worker, writes the functions on its stack to `path` (once per process)."""
+
+    def __init__(self, path: Path, n: int) -> None:
+        self.path, self.n = path, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        mine = self.path.with_name(f"{self.path.name}.{os.getpid()}")
+        if get_worker_info() is not None and not mine.exists():
+            mine.write_text(" ".join(f.name for f in traceback.extract_stack()))
+        return torch.zeros(4), i % 2
+
+
+def test_the_worker_forks_from_the_loops_fetch(tmp_path: Path):
+    """Code that formats the stack costs per frame (FakeData's seeds on a CUDA build): the
+    worker forks where a worker of the fix would, the loop calling into the DataLoader (here
+    through the fetch probe), with none of the step boundary's frames above it."""
+    run = train_linear(tmp_path / "run", Frames(tmp_path / "frames", 8 * 45))
+    assert run.meta.loader_ipc is not None and run.meta.loader_ipc.worker_fetch_batches
+    (stack,) = [p.read_text().split() for p in tmp_path.glob("frames.*")]
+    loop = stack.index("train_linear")
+    assert stack[loop + 1 : loop + 4] == ["__next__", "before_fetch", "__iter__"], stack
+    assert not {"after_step", "on_step", "_advance", "step"} & set(stack), stack
+
+
 @pytest.mark.slow
 def test_switched_off(tmp_path: Path):
     off = tmp_path / "off.toml"
@@ -110,9 +145,10 @@ def test_switched_off(tmp_path: Path):
 
 
 def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.MonkeyPatch):
-    """Driven by hand: forked at the first boundary once ready; the first boundary after the fork
-    is left out (the loop's fetch then pays the fork's copy-on-write faults); a boundary after a
-    step with another thread count (a thread step) is not paired; the worker stops after PAIRS."""
+    """Driven by hand: forked in the loop's first fetch after a boundary once ready; the first
+    boundary after the fork is left out (the loop's fetch then pays the fork and its
+    copy-on-write faults); a boundary after a step with another thread count (a thread step) is
+    not paired; the worker stops after PAIRS."""
     data = TwoCosts(main_s=0.0, worker_s=0.0005, n=8 * 40)
     it = iter(DataLoader(data, batch_size=8))  # the loop's
     fetch = (it, 0.001)
@@ -122,19 +158,23 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     before = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        pairs.after_step()
+        boundary(pairs, it)
         assert pairs.state == "waiting"
         ready[0] = True
-        pairs.after_step()  # forks the worker
+        pairs.after_step()
+        assert pairs.state == "forking"
+        pairs.before_fetch(iter(DataLoader(TwoCosts(0.0, 0.0, 8), batch_size=8)))  # another's
+        assert pairs.state == "forking"
+        pairs.before_fetch(it)  # the loop's fetch: forks the worker
         assert pairs.state == "running" and pairs.pairs == []
-        pairs.after_step()  # the first after the fork: left out
+        boundary(pairs, it)  # the first after the fork: left out
         assert pairs.pairs == []
         torch.set_num_threads(1)  # a thread step ended: no pair
-        pairs.after_step()
+        boundary(pairs, it)
         assert pairs.pairs == []
         torch.set_num_threads(2)
         for _ in range(loaderfetch.PAIRS + 3):
-            pairs.after_step()
+            boundary(pairs, it)
     finally:
         torch.set_num_threads(before)
         pairs.close()
@@ -172,7 +212,7 @@ def test_the_worker_fetches_on_the_loops_cpu(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(S, "enabled", True)
     try:
         for _ in range(5):
-            pairs.after_step()
+            boundary(pairs, it)
     finally:
         pairs.close()
     assert len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP
@@ -199,9 +239,9 @@ def test_a_dataset_that_fails_in_a_worker(monkeypatch: pytest.MonkeyPatch):
     )
     monkeypatch.setattr(S, "enabled", True)
     try:
-        pairs.after_step()
+        boundary(pairs, it)
         done[0] = 40
-        pairs.after_step()
+        boundary(pairs, it)
     finally:
         pairs.close()
     assert pairs.pairs == [] and pairs.state == "done"
@@ -227,7 +267,7 @@ def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(S, "enabled", True)
     try:
         while done[0] < 30:
-            pairs.after_step()
+            boundary(pairs, it)
             done[0] += 1
             if done[0] == 15:  # the run so far: from the fork on
                 assert pairs.steps(15) == list(range(10, 15))
@@ -244,7 +284,7 @@ def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):
     late = loaderfetch.WorkerPairs(
         lambda: True, lambda: True, lambda: (it, 0.001), steps_done=lambda: stop, max_steps=30
     )
-    late.after_step()
+    boundary(late, it)
     assert late.steps(30) == [] and late.skipped.startswith("--max-steps left no steps")
 
 

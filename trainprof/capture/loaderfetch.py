@@ -17,10 +17,13 @@ the loop's 27-28.5 ms, `try`'s workers' 35-38.5: this worker forks 5 frames deep
 So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
 conditions, capture/threadsteps), once the profiling window is saved, the loader of the latest
 fetch gives its map-style dataset and collate function (`Source`: the stepper keeps only a weak
-reference to the iterator, and this module the Source until the pairs end), and at a step
-boundary (outside the step times, as the thread changes are) one
-DataLoader worker is forked from the loop's own stack (torch's worker loop, one intra-op
-thread), with the dataset's first batches to fetch. At each later boundary after a step that ran
+reference to the iterator, and this module the Source until the pairs end), and in the loop's
+next fetch from that dataset one DataLoader worker is forked from the loop's own stack (torch's
+worker loop, one intra-op thread), with the dataset's first batches to fetch: from the fetch
+probe, one frame below the loop, as a worker of the fix forks from iter() there, not from the
+step boundary's frames (try_fakedata's worker fetched a batch in 41.7 ms forked at the boundary,
+26 frames deep at the dataset, and in ... forked in the fetch, 23 deep; `try`'s workers, 19 deep,
+in 35-38.5; that step is left out, below). At each later boundary after a step that ran
 with the run's thread count (every other step during the thread steps, which start at the same
 boundary, then every step) it fetches one, timed inside the worker, while this process waits (a
 semaphore lets it go): the pair is that time and the loop's own fetch of its batch in the step
@@ -210,12 +213,13 @@ class WorkerPairs:
         self.first: int | None = None  # the step begun right after the fork
         self.stopped: int | None = None  # the step begun right after the worker was stopped
         self.skipped = ""  # why there are no pairs, or fewer than wanted
-        self.state = "waiting"  # waiting -> running -> done
+        self.state = "waiting"  # waiting -> forking -> running -> done
         self._it: Any = None
         self._gate: Any = None
         self._cpu: Any = None  # where the worker fetches next (a shared int)
         self._src: Source | None = None
         self._wanted = 0
+        self._timeout = TIMEOUT_S
         self._skip = 0  # pairs still to leave out (SKIP)
         self._threads = 0  # the run's intra-op threads when the worker was forked
 
@@ -229,6 +233,11 @@ class WorkerPairs:
                 self.state = "done"
             elif self.ready():
                 self._start()
+            return
+        if self.state == "forking":
+            if not self._room(self.steps_done() + 1):
+                self.skipped = "--max-steps left no steps for it after the profiling window"
+                self.state = "done"
             return
         if not self._room(self.steps_done() + 1):
             # No room to stop it at the next boundary: now (see _room).
@@ -305,18 +314,33 @@ class WorkerPairs:
                 else f"a fetch takes {fetch:.2f} s, too long to repeat"
             )  # fmt: skip
             return
-        self._gate = multiprocessing.get_context("fork").Semaphore(0)
-        self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
-        self.first = self.steps_done()
+        self._src = src
+        self._timeout = max(TIMEOUT_S, 20 * fetch)
+        self._threads = torch.get_num_threads()  # the ended step's: the run's count
+        self.state = "forking"  # at the loop's next fetch from the dataset (before_fetch)
+
+    def before_fetch(self, it: Any) -> None:
+        """Called by the loop's fetch (capture/probes), after its step boundary: the worker is
+        forked here, where the loop's stack is the one a worker of the fix forks from (the loop
+        calling into the DataLoader), not below the boundary's frames (the stepper's, the
+        session's, this module's: five more, each costing FakeData's stack formatting)."""
+        if self.state != "forking" or os.getpid() != self.pid:
+            return
+        src = self._src
+        if src is None or getattr(it, "_dataset", None) is not src.dataset:
+            return  # another loader's fetch (evaluation): the training loop's next one
+        self.state = "running"
+        self.first = self.steps_done()  # this fetch's step
         try:
+            self._gate = multiprocessing.get_context("fork").Semaphore(0)
+            self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
             with _unseen():
-                loader = torch.utils.data.DataLoader(
+                self._it = iter(torch.utils.data.DataLoader(
                     _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
-                    timeout=max(TIMEOUT_S, 20 * fetch),
-                )  # fmt: skip
-                self._it = iter(loader)  # forks the worker from the loop's stack
+                    timeout=self._timeout,
+                ))  # fmt: skip
                 for _ in range(WARM):
                     self._gate.release()
                     next(self._it)
@@ -324,10 +348,7 @@ class WorkerPairs:
             self.skipped = f"the worker's fetch failed ({_why(err)})"
             self.close()
             return
-        self._src = src
         self._skip = SKIP
-        self._threads = torch.get_num_threads()
-        self.state = "running"
 
     def close(self) -> None:
         """Stop the worker (the pairs are done, or the script ended during them)."""

@@ -106,6 +106,8 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
             if is_compiling() or not S.enabled or get_ident() != S.main_thread:
                 return fetch(self)
             stepper.on_fetch_begin()
+            if stepper.before_fetch is not None and not S.fetch_depth:
+                stepper.before_fetch(self)
             S.fetch_depth += 1
             try:
                 if S.recording:

@@ -331,6 +331,7 @@ class Session:
             checkpoint()
 
         stepper.on_step = on_step
+        stepper.before_fetch = pairs.before_fetch
         relaunch = metadata.relaunch_context()  # before the script can chdir (Hydra does)
         try:
             collector.install()

@@ -162,6 +162,9 @@ class Stepper:
         self.evals: dict[int, str] = {}  # step number -> the first evaluation pass seen in it
         self.other_threads: dict[str, int] = {}  # optimizer.step() calls in other threads, by name
         self.on_step: Callable[[], None] | None = None  # after each boundary, outside step times
+        # At the loop's fetch, after its step boundary: called by the fetch probe itself (one
+        # frame below it: what runs there sees the loop's stack, capture/loaderfetch).
+        self.before_fetch: Callable[[Any], None] | None = None
         # Around the prof.step() that closes a window (stops the collection, writes the trace):
         # the session's makes a Ctrl-C there wait for the trace to be saved.
         self.guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext

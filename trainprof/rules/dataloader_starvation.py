@@ -88,14 +88,15 @@ On a CPU trace the workers take the fetch off the loop, but:
   sample, and on a CUDA build with CUDA not initialised torch.manual_seed queues a lazy CUDA seed
   with the formatted stack; under `trainprof run` try_fakedata's loop fetched a batch in 21.5 ms
   and a real worker in 31.2, timed by hand). So from the end of the profiling window a DataLoader
-  worker forked from the loop (as the script's own would fork: not a "bad fork" to torch, which
-  skips that seed; capture/cudacheck) fetches one of the script's batches at step boundaries
-  (outside the step times) while the loop waits, each paired with the loop's own fetch in the step
-  just ended, after steps with the run's thread count only (beside the thread steps, then after
-  them), up to 12 pairs, the first after the fork left out (capture/loaderfetch); the workers' F
-  is the loop's times the median ratio (at least 1: below is noise). The loop's steps are slower
-  while the worker is there and for a few steps after (a 0.4 ms step: 0.45-0.55 ms, 0.36-0.40
-  after and without): left out of the step statistics (RunMeta.worker_fetch_steps). Five
+  worker forked in the loop's fetch (as the script's own would fork: from the loop's stack, not a
+  "bad fork" to torch, which skips that seed; capture/cudacheck) fetches one of the script's
+  batches at step boundaries (outside the step times) while the loop waits, each paired with the
+  loop's own fetch in the step just ended, after steps with the run's thread count only (beside
+  the thread steps, then after them), up to 12 pairs, the first after the fork left out
+  (capture/loaderfetch); the workers' F is the loop's times the median ratio (at least 1: below is
+  noise). The loop's steps are slower while the worker is there and for a few steps after (a 0.4
+  ms step: 0.45-0.55 ms, 0.36-0.40 after and without): left out of the step statistics
+  (RunMeta.worker_fetch_steps). Five
   workloads, 30-step runs: try_fakedata 1.17-1.30 (three runs; the estimate 34.5-38.8 % where
   it was 40-41 %, `trainprof try` measuring 23-27 % in earlier runs), Lightning's example
   1.07-1.13 (still high in three runs), dataloader_starved 1.16-1.17, try_jpeg 1.28,
