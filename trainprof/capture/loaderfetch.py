@@ -11,8 +11,8 @@ parsing each frame's line for its carets): try_fakedata's worker spent 20.3 ms p
 the loop spent 14.3, timed by hand over 90-270 batches. Nothing in the run shows either. The
 worker must fork as the script's own would: until trainprof's check for CUDA before the script
 stopped registering torch's fork handler (capture/cudacheck), it was a "bad fork" that skipped
-that seed: try_fakedata's samples took it 29.8 ms per batch, 41.7 since (timed in the dataset;
-the loop's 27-28.5 ms, `try`'s workers' 35-38.5: this worker forks 5 frames deeper than they).
+that seed: try_fakedata's samples took it 29.8 ms per batch, 41.7 after (timed in the dataset;
+the loop's 27-28.5 ms, `try`'s workers' 35-38.5).
 
 So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
 conditions, capture/threadsteps), once the profiling window is saved, the loader of the latest
@@ -21,9 +21,10 @@ reference to the iterator, and this module the Source until the pairs end), and 
 next fetch from that dataset one DataLoader worker is forked from the loop's own stack (torch's
 worker loop, one intra-op thread), with the dataset's first batches to fetch: from the fetch
 probe, one frame below the loop, as a worker of the fix forks from iter() there, not from the
-step boundary's frames (try_fakedata's worker fetched a batch in 41.7 ms forked at the boundary,
-26 frames deep at the dataset, and in ... forked in the fetch, 23 deep; `try`'s workers, 19 deep,
-in 35-38.5; that step is left out, below). At each later boundary after a step that ran
+step boundary's frames, each of which FakeData's stack formatting pays for: try_fakedata's
+worker fetch over the loop's was 1.48-1.49 forked at the boundary (26 frames deep at the
+dataset), 1.35-1.40 forked in the fetch (23 deep), `try`'s workers' about 1.35 (19 deep; two
+60-step runs each). That step is left out (below). At each later boundary after a step that ran
 with the run's thread count (every other step during the thread steps, which start at the same
 boundary, then every step) it fetches one, timed inside the worker, while this process waits (a
 semaphore lets it go): the pair is that time and the loop's own fetch of its batch in the step

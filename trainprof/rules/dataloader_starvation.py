@@ -100,8 +100,10 @@ On a CPU trace the workers take the fetch off the loop, but:
   workloads, 30-step runs: try_fakedata 1.17-1.30 (three runs; the estimate 34.5-38.8 % where
   it was 40-41 %, `trainprof try` measuring 23-27 % in earlier runs), Lightning's example
   1.07-1.13 (still high in three runs), dataloader_starved 1.16-1.17, try_jpeg 1.28,
-  try_threaded_fetch 1.51-1.53. try_fakedata's has been 1.48-1.49 since its worker forks as the
-  script's would (two 60-step runs; `try` measured +21.2 and +28.1 %, estimates 20.2 and 17.3 %).
+  try_threaded_fetch 1.51-1.53. try_fakedata's was 1.48-1.49 once its worker forked as the
+  script's would (two 60-step runs; estimates 20.2 and 17.3 %, `try` +21.2 and +28.1 %), and has
+  been 1.35-1.40 since it forks in the loop's fetch (two more: 23.6 and 20.5 % against +21.1 and
+  +22.3 %).
   Where the pairs did not run (off with `worker_fetch = false`, the script ended first, an
   iterable dataset), the thread steps' one thread also time the fetch, and their ratio stands
   in: a 384x384 matmul per sample (tests/scripts/try_threaded_fetch.py) fetched in 9.4 ms with
