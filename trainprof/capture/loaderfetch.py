@@ -211,7 +211,7 @@ class WorkerPairs:
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.pid = os.getpid()
         self.pairs: list[tuple[float, float]] = []  # (the loop's fetch, the worker's) in s
-        self.first: int | None = None  # the step begun right after the fork
+        self.first: int | None = None  # the step whose fetch forked the worker
         self.stopped: int | None = None  # the step begun right after the worker was stopped
         self.skipped = ""  # why there are no pairs, or fewer than wanted
         self.state = "waiting"  # waiting -> forking -> running -> done
