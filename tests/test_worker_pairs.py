@@ -106,14 +106,18 @@ def test_pairs_between_the_steps(tmp_path: Path):
     assert gone() is None
 
 
-class Frames(Dataset):
-    """In a worker, writes the functions on its stack to `path` (once per process)."""
+class InWorker(Dataset):
+    """`n` items, each noting something about the worker that fetched it in `path`."""
 
     def __init__(self, path: Path, n: int) -> None:
         self.path, self.n = path, n
 
     def __len__(self) -> int:
         return self.n
+
+
+class Frames(InWorker):
+    """In a worker, writes the functions on its stack to `path`.PID (once per process)."""
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         mine = self.path.with_name(f"{self.path.name}.{os.getpid()}")
@@ -184,14 +188,8 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)
 
 
-class Where(Dataset):
+class Where(InWorker):
     """In a worker, appends the CPUs it may run on to `path` at each item."""
-
-    def __init__(self, path: Path, n: int) -> None:
-        self.path, self.n = path, n
-
-    def __len__(self) -> int:
-        return self.n
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         if get_worker_info() is not None:
