@@ -141,13 +141,10 @@ def _enter(spec: dict[str, Any], rank: int) -> dict[str, str | None]:
 
 def _leave(spec: dict[str, Any], rank: int, restore: dict[str, str | None] | None) -> None:
     from trainprof.capture.children import register
+    from trainprof.capture.environ import restore_env
 
     if restore is not None:
-        for key, value in restore.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_env(restore)
     if spec.get("registry"):
         try:
             register(spec["registry"], rank, done=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 from trainprof.analysis.job import rank_list
 from trainprof.capture.config import ProfileConfig
+from trainprof.capture.environ import restore_env
 from trainprof.capture.launch import Target
 from trainprof.runmeta import RunMeta
 
@@ -96,11 +97,7 @@ class ChildHook:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        for key, value in self._saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_env(self._saved)
 
     def wait(self, tell: Any, patience_s: float = 1.0) -> list[str]:
         """Wait until every child that registered has saved or died; notes on those that did

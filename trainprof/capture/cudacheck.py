@@ -17,12 +17,12 @@ machine), else NVML, torch's own check that leaves forks alone
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
-from collections.abc import Iterator
 
 import torch
+
+from trainprof.capture.environ import env_set
 
 # Device nodes one of which a CUDA or ROCm driver creates: NVIDIA's (/dev/nvidiactl; WSL2's
 # /dev/dxg; Jetson's /dev/nvmap), AMD's /dev/kfd.
@@ -40,18 +40,5 @@ def cuda_available() -> bool:
         return False
     if sys.platform.startswith("linux") and not any(os.path.exists(p) for p in DRIVER_NODES):
         return False
-    with _env(NVML_ENV, "1"):
+    with env_set({NVML_ENV: "1"}):
         return torch.cuda.is_available()
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
