@@ -90,6 +90,7 @@ MIN_PAIRS = 3  # fewer pairs: no figure
 BUDGET_S = 2.0  # the pauses (the worker's fetches, estimated from the loop's) stay within this
 WORKER_COST = 2.0  # the worker's fetch assumed at most this many loop fetches, for the budget
 TIMEOUT_S = 20.0  # a worker that hands nothing over in this long is given up
+NO_ROOM = "--max-steps left no steps for it after the profiling window"  # why no worker
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,7 @@ class WorkerPairs:
             return
         if self.state == "forking":
             if not self._room(self.steps_done() + 1):
-                self.skipped = "--max-steps left no steps for it after the profiling window"
+                self.skipped = NO_ROOM
                 self.state = "done"
             return
         if not self._room(self.steps_done() + 1):
@@ -288,7 +289,7 @@ class WorkerPairs:
             self.skipped = "when the profiling window ended, no CPU loop's fetches to time"
             return
         if not self._room(self.steps_done() + 1):
-            self.skipped = "--max-steps left no steps for it after the profiling window"
+            self.skipped = NO_ROOM
             return
         last = self.last_fetch()
         try:
