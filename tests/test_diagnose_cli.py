@@ -121,6 +121,14 @@ def test_missing_path_and_empty_folder(tmp_path: Path):
     assert "no trace files" in one_line_error(invoke("diagnose", str(tmp_path)))
 
 
+def test_trainprofs_own_json_files_are_no_traces(tmp_path: Path):
+    # A run folder without a trace (the script's profiler took over) holds trainprof.json and,
+    # after `trainprof try`, try.json: neither is read as a trace.
+    (tmp_path / "trainprof.json").write_text("{}")
+    (tmp_path / "try.json").write_text('{"schema": 1}')
+    assert "no trace files" in one_line_error(invoke("diagnose", str(tmp_path)))
+
+
 def test_kineto_invalid_json_is_read_leniently(tmp_path: Path):
     # Kineto has written bare N/A values and raw control characters; tb-profiler accepted both.
     data = json.loads(_raw_json())

@@ -7,11 +7,12 @@ and the legacy autograd profiler recorded 0 events. Real torch.profiler and real
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
 import pytest
-from test_run_cli import ROOT, SCRIPTS, SMALL, Run, line_of, run
+from test_run_cli import ROOT, SCRIPTS, SMALL, Run, line_of, run, trainprof
 
 
 def events(path: Path) -> list[dict]:
@@ -22,6 +23,22 @@ def events(path: Path) -> list[dict]:
 
 def annotations(path: Path) -> list[str]:
     return [e["name"] for e in events(path) if e.get("cat") == "user_annotation"]
+
+
+def files_in(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file below `folder`: its content's hash and modification time (ns)."""
+    return {
+        str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(),
+                                     p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*")) if p.is_file()
+    }  # fmt: skip
+
+
+def try_once(folder: Path, *args: str) -> dict:
+    """`trainprof try` on a run folder, one round; its try.json."""
+    done = trainprof("try", str(folder), "--rounds", "1", *args)
+    assert done.returncode == 0, done.stderr
+    return {**json.loads((folder / "try.json").read_text()), "stdout": done.stdout}
 
 
 def stepped_aside_line(result: Run) -> str:
@@ -80,6 +97,36 @@ def test_tb_handler_diagnosis_reads_the_scripts_trace(tb) -> None:
     assert (result.folder / "report.html").is_file()
 
 
+@pytest.mark.slow
+def test_tb_handler_run_folder_diagnosed_as_run_did(tb) -> None:
+    result, logdir = tb
+    (trace,) = logdir.glob("*.pt.trace.json")
+    # The run folder holds no trace of trainprof's: `diagnose RUN` reads the script's, as the
+    # run's own diagnosis did (before: "no trace files").
+    diag = json.loads(trainprof("diagnose", "--json", str(result.folder)).stdout)
+    assert diag["trace"] == str(trace)
+
+
+@pytest.mark.slow
+def test_try_rounds_add_no_trace_to_the_scripts_logdir(tb) -> None:
+    result, logdir = tb
+    before = files_in(logdir)
+    doc = try_once(result.folder, "--fix", "zero-grad-not-none", "--steps", "12")
+    # Each round ran the script's profiler to its schedule's end (12 steps: the trace is ready
+    # at step 4), whose handler would have added a trace to the logdir: one TensorBoard run per
+    # round.
+    assert files_in(logdir) == before
+    held = doc["script_profiler"]
+    assert held["started"] == ["torch.profiler.profile"]
+    assert len(held["unwritten"]) == 2 and all(
+        Path(p).parent == logdir and p.endswith(".pt.trace.json") for p in held["unwritten"]
+    )  # one per round (baseline, fix), each named afresh by the handler
+    assert "trainprof's profiler off" in doc["stdout"]
+    assert "the rounds wrote none of its files" in doc["stdout"]
+    # A try.json in the run folder is not taken for a trace.
+    assert trainprof("diagnose", "--brief", str(result.folder)).returncode == 0
+
+
 # ----- profile() + export_chrome_trace(path), started after trainprof's window opened -----------
 @pytest.fixture(scope="module")
 def export(tmp_path_factory) -> tuple[Run, Path]:
@@ -112,6 +159,23 @@ def test_export_script_and_both_traces_kept(export) -> None:
     assert "window cut short in ProfilerStep#3, kept" in line and str(path) in line
     # That window is short of its 2 steps: the diagnosis reads the script's trace.
     assert "Steps: 5 steps" in result.stdout and path.name in result.stdout
+
+
+@pytest.mark.slow
+def test_try_rounds_leave_the_scripts_export_as_the_run_wrote_it(export) -> None:
+    result, path = export
+    before = files_in(path.parent / "run") | {"mine.json": files_in(path.parent)["mine.json"]}
+    # `diagnose RUN` reads the script's trace: trainprof's window was cut short (as `run` did).
+    assert json.loads(trainprof("diagnose", "--json", str(result.folder)).stdout)["trace"] == str(
+        path
+    )
+    # The script ends after 9 steps, before the rounds' 12: each exports to the run's path.
+    doc = try_once(result.folder, "--fix", "zero-grad-not-none", "--steps", "12")
+    assert files_in(path.parent)["mine.json"] == before["mine.json"]
+    assert doc["script_profiler"] == {"started": ["torch.profiler.profile"],
+                                      "unwritten": [str(path)]}
+    assert doc["baseline"]["rounds"] == 1
+    assert f"the rounds wrote none of its files ({path})" in doc["stdout"]
 
 
 # ----- the legacy torch.autograd.profiler.profile --------------------------------------------
@@ -154,3 +218,10 @@ def test_lightning_pytorch_profiler_dirpath(tmp_path: Path) -> None:
     assert (mine / "fit-perf.txt").is_file()  # its summary, as under plain python
     assert result.meta["user_traces"] == [str(trace)]
     assert result.meta["status"] == "ok"
+    # `trainprof try`'s rounds, in which the script ends on its own (12 steps of 20): Lightning's
+    # profiler would add a trace and append a summary to fit-perf.txt in each.
+    before = files_in(mine)
+    doc = try_once(result.folder, "--fix", "zero-grad-not-none", "--steps", "20")
+    assert files_in(mine) == before
+    unwritten = doc["script_profiler"]["unwritten"]
+    assert str(mine / "fit-perf.txt") in unwritten and len(unwritten) == 3

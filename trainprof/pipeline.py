@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.errors import TrainprofError
-from trainprof.runmeta import META_NAME, RunMeta, read_meta
+from trainprof.runmeta import META_NAME, TRY_NAME, RunMeta, read_meta
 
 if TYPE_CHECKING:
     from trainprof.ranks.load import Also
@@ -43,19 +43,33 @@ def find_traces(path: Path | str) -> list[Path]:
             raise TrainprofError(f"{path} is neither a trace file nor a folder")
     except OSError as err:
         raise TrainprofError(f"cannot read {path}: {err.strerror}") from None
+    theirs = _script_trace(path)
+    if theirs is not None:  # what `trainprof run` diagnosed in this run folder
+        return [theirs]
     unreadable: list[str] = []
     names = list(_walk(path, unreadable))
     files = sorted(p for p in names if _PT_TRACE.search(p.name))
     if not files:  # traces saved under other names (e.g. chrome export `trace.json`)
-        files = sorted(
-            p for p in names if _TRACE.search(p.name) and not p.name.startswith("trainprof")
-        )
+        files = sorted(p for p in names if _TRACE.search(p.name) and not _ours(p))
     if not files:
         skipped = f" ({len(unreadable)} unreadable, e.g. {unreadable[0]})" if unreadable else ""
         raise TrainprofError(
             f"no trace files (*.pt.trace.json[.gz], *.json[.gz]) in {path}{skipped}"
         )
     return files
+
+
+def _ours(p: Path) -> bool:
+    """trainprof's own JSON files in a run folder: its metadata and `trainprof try`'s results."""
+    return p.name.startswith("trainprof") or p.name == TRY_NAME
+
+
+def _script_trace(folder: Path) -> Path | None:
+    """In a run folder whose script ran its own profiler over trainprof's window (or before
+    it), the script's latest trace, which `trainprof run` diagnosed (RunMeta.script_trace)."""
+    meta = read_meta(folder / META_NAME)
+    theirs = meta.script_trace() if meta is not None else None
+    return Path(theirs) if theirs else None
 
 
 def _walk(top: Path, unreadable: list[str]) -> Iterator[Path]:

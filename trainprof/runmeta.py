@@ -5,6 +5,7 @@ Kept free of torch so that `diagnose` and `compare` can read it anywhere.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import msgspec
@@ -13,6 +14,7 @@ from trainprof.fileio import write_atomic
 
 SCHEMA = 1
 META_NAME = "trainprof.json"
+TRY_NAME = "try.json"  # `trainprof try`'s results, written into the run folder
 
 
 class DataLoaderInfo(msgspec.Struct, kw_only=True):
@@ -272,6 +274,16 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cwd: str = ""
     executable: str = ""
     env: dict[str, str] = {}
+
+    def script_trace(self) -> str | None:
+        """The script's own latest trace where it stands for trainprof's: the script's profiler
+        cut trainprof's window short or started before it (capture/userprof), and the file is
+        still there; else None."""
+        w = self.window
+        if not self.user_traces or (w.recorded_steps and w.partial_step is None):
+            return None
+        there = [p for p in self.user_traces if os.path.isfile(p)]
+        return there[-1] if there else None
 
     def altered_steps(self) -> set[int]:
         """Steps that are no plain training steps of the run: evaluation passes, steps run with

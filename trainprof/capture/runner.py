@@ -232,9 +232,8 @@ def _run_steps(target: Target, opts: RunOptions) -> Generator[Target, Outcome, i
     elif opts.diagnose:
         # trainprof's window was cut short by the script's own profiler (user_traces are only
         # listed then): diagnose the script's trace instead.
-        w = meta.window
-        given_up = meta.user_traces and (not w.recorded_steps or w.partial_step is not None)
-        theirs = Path(meta.user_traces[-1]) if given_up else None
+        mine = meta.script_trace()
+        theirs = Path(mine) if mine else None
         diagnose_run(where, meta, [step_summary(meta)], bool(meta.traces) or bool(theirs), theirs,
                      brief=opts.brief)
     else:

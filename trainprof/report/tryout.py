@@ -9,7 +9,8 @@ from typing import Any
 
 import msgspec
 
-TRY_NAME = "try.json"
+from trainprof.runmeta import TRY_NAME
+
 TRY_SCHEMA = 1
 
 
@@ -55,8 +56,9 @@ def _measured(f: dict) -> str:
 def _header(doc: dict) -> str:
     base = doc.get("baseline") or {}
     med = base.get("median_ms")
+    off = "trainprof's profiler off" if doc.get("script_profiler") else "profiler off"
     return (
-        f"baseline {med:.2f} ms/step (profiler off), " if med is not None else ""
+        f"baseline {med:.2f} ms/step ({off}), " if med is not None else ""
     ) + (
         f"{base.get('rounds', 0)} rounds of {doc.get('steps_per_round')} steps, the first "
         f"{doc.get('warmup_steps_discarded')} of each not timed"
@@ -96,6 +98,24 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def script_profiler_text(doc: dict[str, Any]) -> list[str]:
+    """What the script's own profiler did in the rounds (tryfix/outputs): one line, or none."""
+    sp = doc.get("script_profiler")
+    if not sp:
+        return []
+    started, files = sp.get("started") or [], sp.get("unwritten") or []
+    kind = f" ({' and '.join(started)})" if started else ""
+    text = (
+        f"the script's own profiler{kind} ran in the rounds as in the run (its cost is in every "
+        "variant's steps)"
+    )
+    if files:
+        more = f" and {len(files) - 1} more" if len(files) > 1 else ""
+        text += (f"; the rounds wrote none of its files ({files[0]}{more}): those the run wrote "
+                 "are as they were")
+    return [text]
+
+
 def render_try_text(doc: dict[str, Any]) -> str:
     """The table `trainprof try` prints."""
     lines = ["", "trainprof try: measured, not estimated — " + _header(doc)]
@@ -107,6 +127,7 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"({doc['estimates_note']})")
     for i, line in enumerate(machine_text(doc)):
         lines.append(("machine: " if i == 0 else "note: ") + line)
+    lines += ["note: " + line for line in script_profiler_text(doc)]
     for f in doc.get("fixes", []):
         lines.append("")
         lines.append(f"  {f['rule']}: {f.get('verdict') or '—'}")
@@ -168,7 +189,7 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
     if c and c.get("rules"):
         rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))} "
                     f"| {_measured(c)} | |")
-    machine = "".join(f"\n\n{line}" for line in machine_text(doc))
+    machine = "".join(f"\n\n{line}" for line in machine_text(doc) + script_profiler_text(doc))
     return f"**trainprof try** — {_header(doc)}{machine}\n\n" + "\n".join(rows) + "\n"
 
 
@@ -192,9 +213,10 @@ def try_html(doc: dict[str, Any]) -> str:
     head = ("<tr><th>fix</th><th>change</th><th>estimated</th><th>measured (95 % CI)</th>"
             "<th>verdict</th><th>in code</th></tr>")
     note = " (interrupted: the rounds done so far)" if doc.get("interrupted") else ""
+    notes = machine_text(doc) + script_profiler_text(doc)
     return (
         '<section id="try"><h2>Fixes measured (trainprof try)</h2>'
         f'<p class="sub">{e(_header(doc))}{e(note)}; {e(pace_text(doc))}; positive is faster.</p>'
-        + "".join(f'<p class="sub">{e(line)}.</p>' for line in machine_text(doc))
+        + "".join(f'<p class="sub">{e(line)}.</p>' for line in notes)
         + f"<table>{head}{''.join(rows)}</table></section>"
     )

@@ -29,8 +29,7 @@ from typing import Any
 
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
-from trainprof.report.tryout import TRY_NAME
-from trainprof.runmeta import RunMeta, read_meta
+from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine
 from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
@@ -188,6 +187,9 @@ class Trial:
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
         self.clocks: set[str] = set()  # the step clocks the rounds were timed on
+        # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the
+        # files its exports did not write.
+        self.script_profiler: dict[str, set[str]] = {"started": set(), "unwritten": set()}
 
     # ----- planning ----------------------------------------------------------------------------
     def plan(self) -> None:
@@ -251,9 +253,10 @@ class Trial:
             say("nothing to measure: no runtime fix applies to this run")
             self.save()
             return 0
+        # A script that runs its own profiler runs it in the rounds too (tryfix/outputs).
+        off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
-            f"(the first {WARMUP_STEPS} of each not timed), profiler off; script output: "
-            f"{self.log}")
+            f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
         try:
             for k in range(self.opts.rounds):
                 # Each round starts one place further along: on a machine whose load drifts,
@@ -316,6 +319,8 @@ class Trial:
                 res = json.loads(result_file.read_text())
             except (OSError, ValueError):
                 res = None
+        for key, seen in self.script_profiler.items():
+            seen.update((res or {}).get("script_profiler", {}).get(key) or [])
         if res is None:
             why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
             v.error = f"the round ended without a result ({why}; see {self.log})"
@@ -519,6 +524,10 @@ class Trial:
             "run_step_ms": round(self.basis[0], 3) if self.basis else None,
             "run_step_basis": self.basis[1] if self.basis else None,
             "machine": machine.compare([t for _, t in self.meta.phase_ref_s], self.base.refs),
+            "script_profiler": (
+                {k: sorted(v) for k, v in self.script_profiler.items()}
+                if any(self.script_profiler.values()) else None
+            ),
             "fixes": fixes,
             "combined": combined,
         }

@@ -6,9 +6,10 @@
 The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
 steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
-(capture/phaseref: how fast the machine ran, for tryfix/machine). The result file gets every
-step's wall time, those references, how the script ended, and what the fixes did. The exit
-code is the script's.
+(capture/phaseref: how fast the machine ran, for tryfix/machine). The script's own profiler runs
+as in the run, writing no file (tryfix/outputs). The result file gets every step's wall time,
+those references, how the script ended, what the fixes did and what the script's profiler did
+not write. The exit code is the script's.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainprof.capture.userframe import UserCode
     from trainprof.errors import TrainprofError
     from trainprof.tryfix.apply import Applied, install
+    from trainprof.tryfix.outputs import hold_profiler_files
 
     try:
         if command and command[0] == "-m":
@@ -65,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     with sigterm_guard():
         try:
             stepper.install(patches)
+            held = hold_profiler_files(patches)  # the script's own profiler writes nothing
             install_probes(patches, stepper, UserCode(target.user_roots))
             install(specs, patches, applied)
             S.reset()
@@ -94,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
         "phase_ref_s": phase.times,
+        "script_profiler": held.result(),
     }
     opts.result.write_text(json.dumps(result))
     return outcome.exit_code
