@@ -241,6 +241,42 @@ def _recorded(folder: Path, *args: str) -> Path:
 
 
 # ----- real runs ---------------------------------------------------------------------------------
+def _files_in(folder: Path) -> dict[str, tuple[bytes, int]]:
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+            for p in sorted(folder.rglob("*")) if p.is_file()}  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["torch", "lightning", "hf"])
+def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path, kind: str):
+    # The run: 15 steps, a checkpoint every 5 (and Lightning's lightning_logs/ in the working
+    # folder), with weights of its own random start.
+    work = tmp_path / "work"
+    work.mkdir()
+    script = str(SCRIPTS / "try_records.py")
+    first = subprocess.run([sys.executable, script, kind, str(work)], cwd=work,
+                           capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    before = _files_in(work)
+    assert before  # ckpt.pt; ckpt/ and lightning_logs/; out/checkpoint-5, -10, -15
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_meta(RunMeta(argv=[script, kind, str(work)], cwd=str(work), cpu_count=2,
+                       wall_time_s=5.0), folder)
+    # Rounds of 12 steps: each saves at steps 5 and 10, over the run's files before the fix.
+    done = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
+                     "--steps", "12")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    assert doc["baseline"]["rounds"] == 1 and doc["fixes"][0]["measured_pct"] is not None
+    assert _files_in(work) == before  # nothing written, added or removed
+    where = {"torch": work / "ckpt.pt", "lightning": work / "ckpt", "hf": work / "out"}[kind]
+    assert str(where) in doc["redirected"]
+    if kind == "lightning":  # its default logger's folder: the working folder
+        assert str(work) in doc["redirected"]
+    assert "what the run wrote is as it was" in done.stdout
+
+
 @pytest.mark.slow
 def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     folder = tmp_path / "run"

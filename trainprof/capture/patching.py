@@ -1,9 +1,12 @@
 """Reversible monkey-patching: every replaced attribute is put back, in reverse order; and
-patching a module right after the script imports it (AfterImport)."""
+patching a module right after the script imports it (AfterImport); editing the arguments a class is
+built with (edit_init)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
+import inspect
 import sys
 from collections.abc import Callable
 from importlib.machinery import ModuleSpec
@@ -81,3 +84,23 @@ class AfterImport(importlib.abc.MetaPathFinder):
 
         loader.exec_module = exec_then_patch  # type: ignore[method-assign]  # this spec's loader only
         return spec
+
+
+def edit_init(patches: Patches, cls: type, change: Callable[[dict], None]) -> None:
+    """Patch `cls.__init__` so that `change` edits its bound arguments (by name, however the
+    script passed them) before the original runs."""
+    sig = inspect.signature(cls.__init__)
+
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(orig)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            try:
+                bound = sig.bind(self, *args, **kwargs)
+            except TypeError:  # let the class raise its own error
+                return orig(self, *args, **kwargs)
+            change(bound.arguments)
+            return orig(*bound.args, **bound.kwargs)
+
+        return __init__
+
+    patches.wrap(cls, "__init__", make)

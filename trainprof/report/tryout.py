@@ -98,22 +98,34 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
-def script_profiler_text(doc: dict[str, Any]) -> list[str]:
-    """What the script's own profiler did in the rounds (tryfix/outputs): one line, or none."""
+def outputs_text(doc: dict[str, Any]) -> list[str]:
+    """What the rounds did with the script's records (tryfix/outputs): the script's own profiler
+    (ran, wrote no file) and the paths written to each round's own folder instead."""
+    lines = []
     sp = doc.get("script_profiler")
-    if not sp:
-        return []
-    started, files = sp.get("started") or [], sp.get("unwritten") or []
-    kind = f" ({' and '.join(started)})" if started else ""
-    text = (
-        f"the script's own profiler{kind} ran in the rounds as in the run (its cost is in every "
-        "variant's steps)"
-    )
-    if files:
-        more = f" and {len(files) - 1} more" if len(files) > 1 else ""
-        text += (f"; the rounds wrote none of its files ({files[0]}{more}): those the run wrote "
-                 "are as they were")
-    return [text]
+    if sp:
+        started, files = sp.get("started") or [], sp.get("unwritten") or []
+        kind = f" ({' and '.join(started)})" if started else ""
+        text = (
+            f"the script's own profiler{kind} ran in the rounds as in the run (its cost is in "
+            "every variant's steps)"
+        )
+        if files:
+            text += f"; the rounds wrote none of its files ({_some(files)})"
+        lines.append(text)
+    moved = doc.get("redirected") or []
+    if moved:
+        lines.append(
+            "the rounds wrote the script's checkpoints and logs into a folder of each round's "
+            f"own, deleted after it, instead of {_some(moved)}"
+        )
+    if (sp and sp.get("unwritten")) or moved:
+        lines.append("what the run wrote is as it was")
+    return lines
+
+
+def _some(paths: list[str]) -> str:
+    return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
 
 
 def render_try_text(doc: dict[str, Any]) -> str:
@@ -127,7 +139,7 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"({doc['estimates_note']})")
     for i, line in enumerate(machine_text(doc)):
         lines.append(("machine: " if i == 0 else "note: ") + line)
-    lines += ["note: " + line for line in script_profiler_text(doc)]
+    lines += ["note: " + line for line in outputs_text(doc)]
     for f in doc.get("fixes", []):
         lines.append("")
         lines.append(f"  {f['rule']}: {f.get('verdict') or '—'}")
@@ -189,7 +201,7 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
     if c and c.get("rules"):
         rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))} "
                     f"| {_measured(c)} | |")
-    machine = "".join(f"\n\n{line}" for line in machine_text(doc) + script_profiler_text(doc))
+    machine = "".join(f"\n\n{line}" for line in machine_text(doc) + outputs_text(doc))
     return f"**trainprof try** — {_header(doc)}{machine}\n\n" + "\n".join(rows) + "\n"
 
 
@@ -213,7 +225,7 @@ def try_html(doc: dict[str, Any]) -> str:
     head = ("<tr><th>fix</th><th>change</th><th>estimated</th><th>measured (95 % CI)</th>"
             "<th>verdict</th><th>in code</th></tr>")
     note = " (interrupted: the rounds done so far)" if doc.get("interrupted") else ""
-    notes = machine_text(doc) + script_profiler_text(doc)
+    notes = machine_text(doc) + outputs_text(doc)
     return (
         '<section id="try"><h2>Fixes measured (trainprof try)</h2>'
         f'<p class="sub">{e(_header(doc))}{e(note)}; {e(pace_text(doc))}; positive is faster.</p>'

@@ -3,7 +3,8 @@
 * command  reads the run folder, plans the variants, runs interleaved rounds, writes try.json
 * round    `python -m trainprof.tryfix.round`: one run of the script, profiler off, fixes applied
 * apply    the fixes, patched in at runtime and reversibly (imports torch; only in a round)
-* outputs  in a round, the script's own profiler runs but writes no file (imports torch)
+* outputs  in a round, the script's own profiler writes no file, its checkpoints and logs go to
+           the round's own folder (imports torch)
 * catalog  which rules have a runtime fix, their variants and their descriptions (torch-free)
 * measure  saving with a two-level bootstrap interval over rounds and steps; the verdict
 """

@@ -20,7 +20,7 @@ import torch
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
-from trainprof.capture.patching import Patches
+from trainprof.capture.patching import Patches, edit_init
 
 
 @dataclass
@@ -65,31 +65,11 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
         root.install()
 
 
-def _init_arguments(patches: Patches, cls: type, change: Callable[[dict], None]) -> None:
-    """Patch `cls.__init__` so that `change` edits its bound arguments (by name, however the
-    script passed them) before the original runs."""
-    sig = inspect.signature(cls.__init__)
-
-    def make(orig: Callable[..., None]) -> Callable[..., None]:
-        @functools.wraps(orig)
-        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-            try:
-                bound = sig.bind(self, *args, **kwargs)
-            except TypeError:  # let the class raise its own error
-                return orig(self, *args, **kwargs)
-            change(bound.arguments)
-            return orig(*bound.args, **bound.kwargs)
-
-        return __init__
-
-    patches.wrap(cls, "__init__", make)
-
-
 # ----- DataLoader ------------------------------------------------------------------------------
 def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
     from torch.utils.data import DataLoader
 
-    _init_arguments(patches, DataLoader, change)
+    edit_init(patches, DataLoader, change)
 
 
 def _dataloader(patches: Patches, options: dict) -> None:
@@ -293,7 +273,7 @@ def _metrics(patches: Patches, applied: Applied) -> None:
     def change(args: dict) -> None:
         args["nan_strategy"] = "disable"  # no NaN check: no host sync per update
 
-    _init_arguments(patches, BaseAggregator, change)
+    edit_init(patches, BaseAggregator, change)
 
 
 # ----- the root module: autocast, compile ------------------------------------------------------

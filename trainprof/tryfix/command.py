@@ -190,6 +190,7 @@ class Trial:
         # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the
         # files its exports did not write.
         self.script_profiler: dict[str, set[str]] = {"started": set(), "unwritten": set()}
+        self.redirected: set[str] = set()  # the script's paths the rounds wrote elsewhere
 
     # ----- planning ----------------------------------------------------------------------------
     def plan(self) -> None:
@@ -321,6 +322,7 @@ class Trial:
                 res = None
         for key, seen in self.script_profiler.items():
             seen.update((res or {}).get("script_profiler", {}).get(key) or [])
+        self.redirected.update((res or {}).get("redirected") or [])
         if res is None:
             why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
             v.error = f"the round ended without a result ({why}; see {self.log})"
@@ -364,6 +366,10 @@ class Trial:
         if _TRAINPROF_ROOT not in paths:  # the round imports trainprof; last, so as not to shadow
             paths.append(_TRAINPROF_ROOT)
         env["PYTHONPATH"] = os.pathsep.join(paths)
+        # A round is no run of the user's to track: Weights & Biases (the script's own calls,
+        # and the HF Trainer's and Lightning's loggers) does nothing, instead of a new run in
+        # the user's project per round.
+        env["WANDB_MODE"] = "disabled"
         cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
         # A round that finds no step never meets --max-steps: end it after several times the
         # recorded run's duration.
@@ -528,6 +534,7 @@ class Trial:
                 {k: sorted(v) for k, v in self.script_profiler.items()}
                 if any(self.script_profiler.values()) else None
             ),
+            "redirected": sorted(self.redirected),
             "fixes": fixes,
             "combined": combined,
         }

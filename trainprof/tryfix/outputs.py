@@ -1,13 +1,22 @@
-"""In a round of `trainprof try`, the script's own profiler writes nothing.
+"""In a round of `trainprof try`, what the script records does not land where the run's did.
 
-A round runs the script again. Under `trainprof run` the traces of a script that profiles itself
-are the user's record (capture/userprof: listed, never touched). A round would write them again:
-over the run's file where the script exports to a fixed path (`export_chrome_trace("t.json")`),
-one more trace per round in a `tensorboard_trace_handler` folder (a TensorBoard run each), one
-more report appended to the file of Lightning's profiler summary. So in a round the profiler still
-runs as it did in the run (the rounds time the script the run timed), but its exports write
-nothing: `HeldOutputs` records what started and which files were not written, for the round's
-result.
+A round runs the script again. What the run wrote is the user's record: a checkpoint, a trace of
+the script's own profiler (capture/userprof lists those, never touches them). A round would write
+them again: over the run's Hugging Face checkpoints (`output_dir/checkpoint-500`, with weights of
+a few hundred steps and a fix's numerics), over a trace exported to a fixed path, one more trace
+per round into a `tensorboard_trace_handler` folder, one more Lightning `version_N` per round.
+So in a round:
+- the script's own profiler runs as it did in the run (the rounds time the script the run
+  timed), but its exports write nothing (`hold_profiler_files`);
+- checkpoints and the frameworks' log folders go to the round's own folder, deleted after it
+  (`redirect_records`): `torch.save` to a path (and `torch.load` of that path, so that a script
+  that reads back what it saved still finds it), the Hugging Face Trainer's `output_dir` (its
+  checkpoints, state and logs) and `save_model(dir)`, Lightning's `default_root_dir` (its
+  `lightning_logs`, and checkpoints without a dirpath), `ModelCheckpoint(dirpath)`,
+  `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`.
+`HeldOutputs` records what started, which files were not written and which paths went
+elsewhere, for the round's result. What the script writes by itself (`open()`, `numpy.save`) it
+writes in a round as in any run.
 """
 
 from __future__ import annotations
@@ -20,10 +29,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from trainprof.capture.patching import AfterImport, Patches
+from trainprof.capture.patching import AfterImport, Patches, edit_init
 
-# Lightning's profilers, under either package name.
-_LIGHTNING = ("pytorch_lightning.profilers.profiler", "lightning.pytorch.profilers.profiler")
+_LIGHTNING_PACKAGES = ("pytorch_lightning", "lightning.pytorch")
 
 
 @dataclass
@@ -33,9 +41,20 @@ class HeldOutputs:
 
     started: list[str] = field(default_factory=list)
     unwritten: list[str] = field(default_factory=list)
+    redirected: list[str] = field(default_factory=list)  # paths written elsewhere instead
 
     def result(self) -> dict[str, list[str]]:
         return {"started": self.started, "unwritten": self.unwritten}
+
+
+def _after_import(patches: Patches, name: str, patch: Callable[[ModuleType], None]) -> None:
+    """`patch(module)` now if `name` is imported, else once the script imports it."""
+    if name in sys.modules:
+        patch(sys.modules[name])
+        return
+    finder = AfterImport(name, patch)
+    sys.meta_path.insert(0, finder)
+    patches.on_restore(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
 
 
 def hold_profiler_files(patches: Patches) -> HeldOutputs:
@@ -63,13 +82,8 @@ def hold_profiler_files(patches: Patches) -> HeldOutputs:
         if cls is not None and callable(vars(cls).get("_prepare_streams")):
             patches.wrap(cls, "_prepare_streams", lambda orig: _summary_unwritten(orig, held))
 
-    for name in _LIGHTNING:
-        if name in sys.modules:
-            lightning(sys.modules[name])
-            continue
-        finder = AfterImport(name, lightning)
-        sys.meta_path.insert(0, finder)
-        patches.on_restore(lambda f=finder: f in sys.meta_path and sys.meta_path.remove(f))
+    for package in _LIGHTNING_PACKAGES:
+        _after_import(patches, f"{package}.profilers.profiler", lightning)
     return held
 
 
@@ -109,3 +123,140 @@ def _summary_unwritten(orig: Callable[..., Any], held: HeldOutputs) -> Callable[
         prof._write_stream = lambda _text: None
 
     return _prepare_streams
+
+
+class Elsewhere:
+    """The round's own folder `root`, holding every redirected path at its absolute path below
+    it (so that two records never meet); `held.redirected` lists the paths redirected."""
+
+    def __init__(self, root: str, held: HeldOutputs) -> None:
+        self.root = os.path.abspath(root)
+        self.held = held
+
+    def path(self, p: Any) -> str:
+        """Where the round writes what the script writes at `p` (a file or a folder)."""
+        full = os.path.abspath(os.fspath(p))
+        if full == self.root or full.startswith(self.root + os.sep):
+            return full  # already there (a checkpoint file inside a redirected output_dir)
+        if full not in self.held.redirected:
+            self.held.redirected.append(full)
+        return self._mirror(full)
+
+    def existing(self, p: Any) -> str | None:
+        """Where the round wrote `p`, if it did (a script reading back its checkpoint)."""
+        there = self._mirror(os.path.abspath(os.fspath(p)))
+        return there if os.path.exists(there) else None
+
+    def _mirror(self, full: str) -> str:
+        return os.path.join(self.root, os.path.splitdrive(full)[1].lstrip(os.sep))
+
+    def file(self, p: Any) -> str:
+        """`path`, with its parent folder made."""
+        there = self.path(p)
+        os.makedirs(os.path.dirname(there), exist_ok=True)
+        return there
+
+
+def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewhere:
+    """Send the script's checkpoints and the frameworks' log folders to `root` (see the module's
+    docstring)."""
+    import torch
+
+    where = Elsewhere(root, held)
+
+    patches.wrap(torch, "save", lambda orig: _path_arg(orig, "f", where.file, 1))
+    patches.wrap(torch, "load", lambda orig: _path_arg(orig, "f", where.existing, 0))
+
+    def folder_arg(*names: str) -> Callable[[dict], None]:
+        def change(a: dict) -> None:
+            for name in names:
+                if a.get(name) is not None:
+                    a[name] = where.path(a[name])
+
+        return change
+
+    def hf_arguments(module: ModuleType) -> None:
+        cls = getattr(module, "TrainingArguments", None)
+        if cls is None or not callable(vars(cls).get("__post_init__")):
+            return
+
+        def post_init(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def __post_init__(args: Any) -> None:
+                orig(args)  # it sets the default output_dir and expands ~
+                for name in ("output_dir", "logging_dir"):  # logging_dir: older versions
+                    if getattr(args, name, None):
+                        setattr(args, name, where.path(getattr(args, name)))
+
+            return __post_init__
+
+        patches.wrap(cls, "__post_init__", post_init)
+
+    def hf_trainer(module: ModuleType) -> None:
+        cls = getattr(module, "Trainer", None)
+        if cls is not None and callable(vars(cls).get("save_model")):
+            patches.wrap(cls, "save_model", lambda orig: _path_arg(orig, "output_dir", where.path))
+
+    def lightning_trainer(module: ModuleType) -> None:
+        cls = getattr(module, "Trainer", None)
+        if cls is None:
+            return
+
+        def change(a: dict) -> None:
+            a["default_root_dir"] = where.path(a.get("default_root_dir") or os.getcwd())
+
+        edit_init(patches, cls, change)
+        if callable(vars(cls).get("save_checkpoint")):
+            patches.wrap(
+                cls, "save_checkpoint", lambda orig: _path_arg(orig, "filepath", where.file)
+            )
+
+    def lightning_class(name: str, *args: str) -> Callable[[ModuleType], None]:
+        def patch(module: ModuleType) -> None:
+            cls = getattr(module, name, None)
+            if cls is not None:
+                edit_init(patches, cls, folder_arg(*args))
+
+        return patch
+
+    _after_import(patches, "transformers.training_args", hf_arguments)
+    _after_import(patches, "transformers.trainer", hf_trainer)
+    for package in _LIGHTNING_PACKAGES:
+        _after_import(patches, f"{package}.trainer.trainer", lightning_trainer)
+        _after_import(patches, f"{package}.callbacks.model_checkpoint",
+                      lightning_class("ModelCheckpoint", "dirpath"))
+        _after_import(patches, f"{package}.loggers.tensorboard",
+                      lightning_class("TensorBoardLogger", "save_dir"))
+        _after_import(patches, f"{package}.loggers.csv_logs",
+                      lightning_class("CSVLogger", "save_dir"))
+    return where
+
+
+def _with_path(
+    args: tuple, kwargs: dict, name: str, to: Callable[[Any], str | None], at: int
+) -> tuple[tuple, dict]:
+    """(args, kwargs) with the path argument `name` (positional at index `at`) replaced by
+    `to(path)` where that is not None; other arguments (a buffer, None) as they were."""
+    if len(args) > at and isinstance(args[at], (str, os.PathLike)):
+        there = to(args[at])
+        if there is not None:
+            args = (*args[:at], there, *args[at + 1 :])
+    elif isinstance(kwargs.get(name), (str, os.PathLike)):
+        there = to(kwargs[name])
+        if there is not None:
+            kwargs = {**kwargs, name: there}
+    return args, kwargs
+
+
+def _path_arg(
+    orig: Callable[..., Any], name: str, to: Callable[[Any], str | None], at: int = 1
+) -> Callable[..., Any]:
+    """`orig` with its path argument `name` (positional at `at`, counting `self` or torch.save's
+    object) redirected by `to`."""
+
+    @functools.wraps(orig)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        args, kwargs = _with_path(args, kwargs, name, to, at)
+        return orig(*args, **kwargs)
+
+    return call

@@ -1,0 +1,84 @@
+"""A loop that records checkpoints and logs, as real training does, for `trainprof try`'s rounds.
+
+Usage: try_records.py KIND FOLDER [STEPS]. KIND:
+  torch      a plain loop: torch.save(state, FOLDER/ckpt.pt) every 5 steps, then torch.load of it
+             (checked against the model: a script reading back what it just saved);
+  lightning  Lightning with its default logger (lightning_logs/ in the working folder) and
+             ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps;
+  hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps.
+"""
+
+import os
+import sys
+
+import torch
+from torch import nn
+
+kind, folder = sys.argv[1], sys.argv[2]
+steps = int(sys.argv[3]) if len(sys.argv) > 3 else 15
+torch.manual_seed(int.from_bytes(os.urandom(4), "little"))  # each run's weights its own
+data = torch.utils.data.TensorDataset(torch.randn(4096, 16), torch.randint(0, 2, (4096,)))
+
+if kind == "torch":
+    model = nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(data, batch_size=8)
+    path = os.path.join(folder, "ckpt.pt")
+    for step, (x, y) in enumerate(loader, 1):
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        if step % 5 == 0:
+            torch.save({"step": step, "weight": model.weight.detach().clone()}, path)
+            back = torch.load(path)
+            assert back["step"] == step and torch.equal(back["weight"], model.weight), "not mine"
+        if step == steps:
+            break
+elif kind == "lightning":
+    import pytorch_lightning as pl
+    from pytorch_lightning.callbacks import ModelCheckpoint
+
+    class Tiny(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 2)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.cross_entropy(self.net(x), y)
+            self.log("loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    ckpt = ModelCheckpoint(dirpath=os.path.join(folder, "ckpt"), every_n_train_steps=5,
+                           save_top_k=-1)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", callbacks=[ckpt], log_every_n_steps=5,
+                         enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+elif kind == "hf":
+    from transformers import Trainer, TrainingArguments
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = nn.Linear(16, 2)
+
+        def forward(self, x, labels=None):
+            logits = self.net(x)
+            return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return len(data)
+
+        def __getitem__(self, i: int) -> dict:
+            x, y = data[i]
+            return {"x": x, "labels": y}
+
+    args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=steps,
+                             save_steps=5, per_device_train_batch_size=8, report_to=[],
+                             use_cpu=True, logging_steps=5)
+    Trainer(model=Net(), args=args, train_dataset=Samples()).train()
+print("done")
