@@ -1,11 +1,12 @@
 """A loop that records checkpoints and logs, as real training does, for `trainprof try`'s rounds.
 
-Usage: try_records.py KIND FOLDER [STEPS]. KIND:
+Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
   torch      a plain loop: torch.save(state, FOLDER/ckpt.pt) every 5 steps, then torch.load of it
              (checked against the model: a script reading back what it just saved);
   lightning  Lightning with its default logger (lightning_logs/ in the working folder) and
              ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps;
-  hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps.
+  hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps;
+             `resume`: train(resume_from_checkpoint=True), from the last one there.
 """
 
 import os
@@ -80,5 +81,6 @@ elif kind == "hf":
     args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=steps,
                              save_steps=5, per_device_train_batch_size=8, report_to=[],
                              use_cpu=True, logging_steps=5)
-    Trainer(model=Net(), args=args, train_dataset=Samples()).train()
+    resume = len(sys.argv) > 4 and sys.argv[4] == "resume"
+    Trainer(model=Net(), args=args, train_dataset=Samples()).train(resume_from_checkpoint=resume)
 print("done")

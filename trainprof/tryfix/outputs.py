@@ -11,7 +11,8 @@ So in a round:
 - checkpoints and the frameworks' log folders go to the round's own folder, deleted after it
   (`redirect_records`): `torch.save` to a path (and `torch.load` of that path, so that a script
   that reads back what it saved still finds it), the Hugging Face Trainer's `output_dir` (its
-  checkpoints, state and logs) and `save_model(dir)`, Lightning's `default_root_dir` (its
+  checkpoints, state and logs; `train(resume_from_checkpoint=True)` still resumes from the run's
+  last checkpoint, read, not written) and `save_model(dir)`, Lightning's `default_root_dir` (its
   `lightning_logs`, and checkpoints without a dirpath), `ModelCheckpoint(dirpath)`,
   `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`.
 `HeldOutputs` records what started, which files were not written and which paths went
@@ -132,6 +133,7 @@ class Elsewhere:
     def __init__(self, root: str, held: HeldOutputs) -> None:
         self.root = os.path.abspath(root)
         self.held = held
+        self.originals: dict[str, str] = {}  # redirected path -> the script's
 
     def path(self, p: Any) -> str:
         """Where the round writes what the script writes at `p` (a file or a folder)."""
@@ -140,7 +142,9 @@ class Elsewhere:
             return full  # already there (a checkpoint file inside a redirected output_dir)
         if full not in self.held.redirected:
             self.held.redirected.append(full)
-        return self._mirror(full)
+        there = self._mirror(full)
+        self.originals[there] = full
+        return there
 
     def existing(self, p: Any) -> str | None:
         """Where the round wrote `p`, if it did (a script reading back its checkpoint)."""
@@ -194,8 +198,13 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
 
     def hf_trainer(module: ModuleType) -> None:
         cls = getattr(module, "Trainer", None)
-        if cls is not None and callable(vars(cls).get("save_model")):
+        if cls is None:
+            return
+        if callable(vars(cls).get("save_model")):
             patches.wrap(cls, "save_model", lambda orig: _path_arg(orig, "output_dir", where.path))
+        last = getattr(module, "get_last_checkpoint", None)
+        if callable(vars(cls).get("train")) and callable(last):
+            patches.wrap(cls, "train", lambda orig: _resumed(orig, where, last))
 
     def lightning_trainer(module: ModuleType) -> None:
         cls = getattr(module, "Trainer", None)
@@ -230,6 +239,28 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
         _after_import(patches, f"{package}.loggers.csv_logs",
                       lightning_class("CSVLogger", "save_dir"))
     return where
+
+
+def _resumed(
+    orig: Callable[..., Any], where: Elsewhere, last: Callable[[str], str | None]
+) -> Callable[..., Any]:
+    """The HF Trainer's `train(resume_from_checkpoint=True)`: the last checkpoint of the
+    script's own `output_dir` (read, not written), as in the run; the round's folder has none,
+    and the Trainer would raise that none was found."""
+
+    @functools.wraps(orig)
+    def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+        resume = args[0] if args else kwargs.get("resume_from_checkpoint")
+        out = getattr(getattr(trainer, "args", None), "output_dir", None)
+        mine = where.originals.get(os.path.abspath(out)) if isinstance(out, str) else None
+        if resume is True and mine and os.path.isdir(mine) and (found := last(mine)):
+            if args:
+                args = (found, *args[1:])
+            else:
+                kwargs["resume_from_checkpoint"] = found
+        return orig(trainer, *args, **kwargs)
+
+    return train
 
 
 def _with_path(
