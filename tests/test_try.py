@@ -247,7 +247,9 @@ def _files_in(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["torch", "lightning", "hf", "hf-resume"])
+@pytest.mark.parametrize(
+    "kind", ["torch", "lightning", "hf", "hf-resume", "accelerate", "accelerate-resume"]
+)
 def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path, kind: str):
     # The run: 15 steps, a checkpoint every 5 (and Lightning's lightning_logs/ in the working
     # folder), with weights of its own random start.
@@ -258,12 +260,12 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
                            capture_output=True, text=True, timeout=120)
     assert first.returncode == 0, first.stderr
     before = _files_in(work)
-    assert before  # ckpt.pt; ckpt/ and lightning_logs/; out/checkpoint-5, -10, -15
+    assert before  # ckpt.pt; ckpt/ and lightning_logs/; out/checkpoint-5, -10, -15; ...
     folder = tmp_path / "run"
     folder.mkdir()
-    # hf-resume: a script that resumes from its last checkpoint (checkpoint-15), 30 steps in all.
-    argv = [script, kind, str(work)] if kind != "hf-resume" else [script, "hf", str(work), "30",
-                                                                    "resume"]
+    # -resume: a script that resumes from its last checkpoint (the run's), 30 steps in all.
+    name, _, resume = kind.partition("-")
+    argv = [script, name, str(work)] + (["30", "resume"] if resume else [])
     write_meta(RunMeta(argv=argv, cwd=str(work), cpu_count=2, wall_time_s=5.0), folder)
     # Rounds of 12 steps: each saves at steps 5 and 10, over the run's files before the fix.
     done = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
@@ -272,8 +274,9 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     doc = json.loads((folder / "try.json").read_text())
     assert doc["baseline"]["rounds"] == 1 and doc["fixes"][0]["measured_pct"] is not None
     assert _files_in(work) == before  # nothing written, added or removed
+    # accelerate: its project folder (its automatic naming deletes the oldest checkpoints).
     where = {"torch": work / "ckpt.pt", "lightning": work / "ckpt", "hf": work / "out",
-             "hf-resume": work / "out"}[kind]
+             "accelerate": work}[name]
     assert str(where) in doc["redirected"]
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]

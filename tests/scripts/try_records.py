@@ -6,7 +6,9 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
   lightning  Lightning with its default logger (lightning_logs/ in the working folder) and
              ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps;
   hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps;
-             `resume`: train(resume_from_checkpoint=True), from the last one there.
+             `resume`: train(resume_from_checkpoint=True), from the last one there;
+  accelerate accelerate with project_dir=FOLDER, automatic checkpoint naming and a total limit
+             of 2 (older ones deleted): save_state() every 5 steps; `resume`: load_state() first.
 """
 
 import os
@@ -83,4 +85,24 @@ elif kind == "hf":
                              use_cpu=True, logging_steps=5)
     resume = len(sys.argv) > 4 and sys.argv[4] == "resume"
     Trainer(model=Net(), args=args, train_dataset=Samples()).train(resume_from_checkpoint=resume)
+elif kind == "accelerate":
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+
+    config = ProjectConfiguration(project_dir=folder, automatic_checkpoint_naming=True,
+                                  total_limit=2)
+    acc = Accelerator(cpu=True, project_config=config)
+    model = nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = acc.prepare(model, opt, torch.utils.data.DataLoader(data, batch_size=8))
+    if len(sys.argv) > 4 and sys.argv[4] == "resume":
+        acc.load_state()
+    for step, (x, y) in enumerate(loader, 1):
+        opt.zero_grad()
+        acc.backward(nn.functional.cross_entropy(model(x), y))
+        opt.step()
+        if step % 5 == 0:
+            acc.save_state()
+        if step == steps:
+            break
 print("done")

@@ -12,7 +12,10 @@ So in a round:
   (`redirect_records`): `torch.save` to a path (and `torch.load` of that path, so that a script
   that reads back what it saved still finds it), the Hugging Face Trainer's `output_dir` (its
   checkpoints, state and logs; `train(resume_from_checkpoint=True)` still resumes from the run's
-  last checkpoint, read, not written) and `save_model(dir)`, Lightning's `default_root_dir` (its
+  last checkpoint, read, not written) and `save_model(dir)`; accelerate's `project_dir` and
+  `logging_dir` (with automatic checkpoint naming and a total limit, a round's `save_state()`
+  deleted the run's oldest checkpoints; `load_state()` resumes from the run's latest until the
+  round saved one), `save_state(dir)`, `save_model`, `save`; Lightning's `default_root_dir` (its
   `lightning_logs`, and checkpoints without a dirpath), `ModelCheckpoint(dirpath)`,
   `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`.
 `HeldOutputs` records what started, which files were not written and which paths went
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -228,6 +232,43 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
 
         return patch
 
+    def accelerate_project(module: ModuleType) -> None:
+        cls = getattr(module, "ProjectConfiguration", None)
+        if cls is None:
+            return
+
+        def folders(orig: Callable[..., Any]) -> Callable[..., Any]:
+            @functools.wraps(orig)
+            def method(config: Any, *args: Any, **kwargs: Any) -> Any:
+                result = orig(config, *args, **kwargs)
+                for name in ("project_dir", "logging_dir"):
+                    if getattr(config, name, None) is not None:
+                        setattr(config, name, where.path(getattr(config, name)))
+                return result
+
+            return method
+
+        for name in ("__post_init__", "set_directories"):
+            if callable(vars(cls).get(name)):
+                patches.wrap(cls, name, folders)
+
+    def accelerator(module: ModuleType) -> None:
+        cls = getattr(module, "Accelerator", None)
+        if cls is None:
+            return
+        for name, arg, at, to in (
+            ("save", "f", 2, where.file),
+            ("save_model", "save_directory", 2, where.path),
+            ("save_state", "output_dir", 1, where.path),
+            ("load_state", "input_dir", 1, where.existing),
+        ):
+            if callable(vars(cls).get(name)):
+                patches.wrap(cls, name, lambda orig, a=arg, i=at, f=to: _path_arg(orig, a, f, i))
+        if callable(vars(cls).get("load_state")):
+            patches.wrap(cls, "load_state", lambda orig: _accelerate_resumed(orig, where))
+
+    _after_import(patches, "accelerate.utils.dataclasses", accelerate_project)
+    _after_import(patches, "accelerate.accelerator", accelerator)
     _after_import(patches, "transformers.training_args", hf_arguments)
     _after_import(patches, "transformers.trainer", hf_trainer)
     for package in _LIGHTNING_PACKAGES:
@@ -261,6 +302,37 @@ def _resumed(
         return orig(trainer, *args, **kwargs)
 
     return train
+
+
+def _accelerate_resumed(orig: Callable[..., Any], where: Elsewhere) -> Callable[..., Any]:
+    """accelerate's `load_state()` with automatic checkpoint naming: the latest checkpoint of the
+    round's `project_dir/checkpoints` where it saved one, else the run's (read, not written);
+    the round's folder has none at first, and accelerate would fail to list it."""
+
+    @functools.wraps(orig)
+    def load_state(acc: Any, input_dir: Any = None, *args: Any, **kwargs: Any) -> Any:
+        config = getattr(acc, "project_configuration", None)
+        project = getattr(config, "project_dir", None)
+        if input_dir is None and getattr(config, "automatic_checkpoint_naming", False) and project:
+            mine = os.path.join(project, "checkpoints")
+            theirs = os.path.join(where.originals.get(os.path.abspath(project), project),
+                                  "checkpoints")
+            if not (os.path.isdir(mine) and os.listdir(mine)) and os.path.isdir(theirs):
+                input_dir = _latest(theirs)
+        return orig(acc, input_dir, *args, **kwargs)
+
+    return load_state
+
+
+def _latest(folder: str) -> str | None:
+    """The checkpoint folder with the highest trailing number in `folder`, as accelerate picks
+    it (None: none)."""
+    numbered = []
+    for name in os.listdir(folder):
+        found = re.search(r"(\d+)\D*$", name)
+        if found:
+            numbered.append((int(found.group(1)), os.path.join(folder, name)))
+    return max(numbered)[1] if numbered else None
 
 
 def _with_path(
