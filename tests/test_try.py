@@ -280,6 +280,8 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     assert str(where) in doc["redirected"]
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]
+    if kind == "torch":  # SummaryWriter's default folder
+        assert str(work / "runs") in doc["redirected"]
     assert "what the run wrote is as it was" in done.stdout
 
 

@@ -2,7 +2,8 @@
 
 Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
   torch      a plain loop: torch.save(state, FOLDER/ckpt.pt) every 5 steps, then torch.load of it
-             (checked against the model: a script reading back what it just saved);
+             (checked against the model: a script reading back what it just saved), and the loss
+             to TensorBoard with SummaryWriter() (runs/<time>_<host> in the working folder);
   lightning  Lightning with its default logger (lightning_logs/ in the working folder) and
              ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps;
   hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps;
@@ -27,16 +28,22 @@ if kind == "torch":
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = torch.utils.data.DataLoader(data, batch_size=8)
     path = os.path.join(folder, "ckpt.pt")
+    from torch.utils.tensorboard import SummaryWriter
+
+    writer = SummaryWriter()
     for step, (x, y) in enumerate(loader, 1):
         opt.zero_grad()
-        nn.functional.cross_entropy(model(x), y).backward()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
         opt.step()
+        writer.add_scalar("loss", loss.item(), step)
         if step % 5 == 0:
             torch.save({"step": step, "weight": model.weight.detach().clone()}, path)
             back = torch.load(path)
             assert back["step"] == step and torch.equal(back["weight"], model.weight), "not mine"
         if step == steps:
             break
+    writer.close()
 elif kind == "lightning":
     import pytorch_lightning as pl
     from pytorch_lightning.callbacks import ModelCheckpoint

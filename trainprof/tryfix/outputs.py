@@ -17,7 +17,8 @@ So in a round:
   deleted the run's oldest checkpoints; `load_state()` resumes from the run's latest until the
   round saved one), `save_state(dir)`, `save_model`, `save`; Lightning's `default_root_dir` (its
   `lightning_logs`, and checkpoints without a dirpath), `ModelCheckpoint(dirpath)`,
-  `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`.
+  `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`; torch's
+  TensorBoard `SummaryWriter` (`runs/<time>_<host>` without a `log_dir`: one more run per round).
 `HeldOutputs` records what started, which files were not written and which paths went
 elsewhere, for the round's result. What the script writes by itself (`open()`, `numpy.save`) it
 writes in a round as in any run.
@@ -267,6 +268,17 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
         if callable(vars(cls).get("load_state")):
             patches.wrap(cls, "load_state", lambda orig: _accelerate_resumed(orig, where))
 
+    def summary_writer(module: ModuleType) -> None:
+        cls = getattr(module, "SummaryWriter", None)
+        if cls is None:
+            return
+
+        def change(a: dict) -> None:  # without a log_dir: runs/<time>_<host> in the cwd
+            a["log_dir"] = where.path(a.get("log_dir") or os.path.join(os.getcwd(), "runs"))
+
+        edit_init(patches, cls, change)
+
+    _after_import(patches, "torch.utils.tensorboard.writer", summary_writer)
     _after_import(patches, "accelerate.utils.dataclasses", accelerate_project)
     _after_import(patches, "accelerate.accelerator", accelerator)
     _after_import(patches, "transformers.training_args", hf_arguments)
