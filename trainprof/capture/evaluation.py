@@ -19,7 +19,6 @@ The stepper keeps which step each pass fell into (`Stepper.on_eval`).
 from __future__ import annotations
 
 import functools
-import sys
 import threading
 from collections.abc import Callable
 from types import ModuleType
@@ -29,7 +28,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from trainprof.capture.compat import is_compiling
-from trainprof.capture.patching import AfterImport, Patches
+from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.stepper import GENERIC_EVAL, Stepper
 
@@ -67,14 +66,7 @@ class EvalSupport:
             for mod, cls in _LOOPS:
                 targets[prefix + mod] = functools.partial(self._patch_loop, cls)
         for name, patch in targets.items():
-            if name in sys.modules:
-                patch(sys.modules[name])
-                continue
-            finder = AfterImport(name, patch)
-            sys.meta_path.insert(0, finder)
-            self.patches.on_restore(
-                lambda f=finder: f in sys.meta_path and sys.meta_path.remove(f)
-            )
+            self.patches.after_import(name, patch)
 
     def _patch_loop(self, cls_name: str, module: ModuleType) -> None:
         cls = getattr(module, cls_name, None)

@@ -9,13 +9,12 @@ two factories are patched; forward is a plain method.
 from __future__ import annotations
 
 import functools
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from trainprof.capture.metadata import MetaCollector
-from trainprof.capture.patching import AfterImport, Patches
+from trainprof.capture.patching import Patches
 from trainprof.capture.probes import probe
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
@@ -31,12 +30,7 @@ class TorchMetricsSupport:
         self.patched = False
 
     def install(self) -> None:
-        if MODULE in sys.modules:
-            self._patch(sys.modules[MODULE])
-            return
-        finder = AfterImport(MODULE, self._patch)
-        sys.meta_path.insert(0, finder)
-        self.patches.on_restore(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+        self.patches.after_import(MODULE, self._patch)
 
     def _patch(self, module: ModuleType) -> None:
         metric_cls = getattr(module, "Metric", None)

@@ -45,6 +45,16 @@ class Patches:
         """Run `undo` at restore() (removing hooks, import finders...)."""
         self._undo.append(undo)
 
+    def after_import(self, name: str, patch: Callable[[ModuleType], None]) -> None:
+        """`patch(module)` now if module `name` is imported, else once it is (AfterImport, its
+        finder removed at restore())."""
+        if name in sys.modules:
+            patch(sys.modules[name])
+            return
+        finder = AfterImport(name, patch)
+        sys.meta_path.insert(0, finder)
+        self.on_restore(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+
     def restore(self) -> None:
         while self._undo:
             undo = self._undo.pop()

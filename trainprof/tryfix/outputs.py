@@ -29,38 +29,32 @@ from __future__ import annotations
 import functools
 import os
 import re
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from trainprof.capture.patching import AfterImport, Patches, edit_init
+from trainprof.capture.patching import Patches, edit_init
 
 _LIGHTNING_PACKAGES = ("pytorch_lightning", "lightning.pytorch")
 
 
 @dataclass
 class HeldOutputs:
-    """What the script's profiler did in the round: `started` names each kind that started
-    (torch.profiler.profile, ...), `unwritten` the files its exports would have written."""
+    """What the round kept from where the run wrote: `started` names each kind of the script's
+    profiler that started (torch.profiler.profile, ...), `unwritten` the files its exports would
+    have written, `redirected` the script's paths written to the round's folder instead."""
 
     started: list[str] = field(default_factory=list)
     unwritten: list[str] = field(default_factory=list)
-    redirected: list[str] = field(default_factory=list)  # paths written elsewhere instead
+    redirected: list[str] = field(default_factory=list)
 
-    def result(self) -> dict[str, list[str]]:
-        return {"started": self.started, "unwritten": self.unwritten}
-
-
-def _after_import(patches: Patches, name: str, patch: Callable[[ModuleType], None]) -> None:
-    """`patch(module)` now if `name` is imported, else once the script imports it."""
-    if name in sys.modules:
-        patch(sys.modules[name])
-        return
-    finder = AfterImport(name, patch)
-    sys.meta_path.insert(0, finder)
-    patches.on_restore(lambda: finder in sys.meta_path and sys.meta_path.remove(finder))
+    def result(self) -> dict[str, Any]:
+        """The round's result entries (tryfix/command reads them)."""
+        return {
+            "script_profiler": {"started": self.started, "unwritten": self.unwritten},
+            "redirected": self.redirected,
+        }
 
 
 def hold_profiler_files(patches: Patches) -> HeldOutputs:
@@ -89,7 +83,7 @@ def hold_profiler_files(patches: Patches) -> HeldOutputs:
             patches.wrap(cls, "_prepare_streams", lambda orig: _summary_unwritten(orig, held))
 
     for package in _LIGHTNING_PACKAGES:
-        _after_import(patches, f"{package}.profilers.profiler", lightning)
+        patches.after_import(f"{package}.profilers.profiler", lightning)
     return held
 
 
@@ -278,18 +272,18 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
 
         edit_init(patches, cls, change)
 
-    _after_import(patches, "torch.utils.tensorboard.writer", summary_writer)
-    _after_import(patches, "accelerate.utils.dataclasses", accelerate_project)
-    _after_import(patches, "accelerate.accelerator", accelerator)
-    _after_import(patches, "transformers.training_args", hf_arguments)
-    _after_import(patches, "transformers.trainer", hf_trainer)
+    patches.after_import("torch.utils.tensorboard.writer", summary_writer)
+    patches.after_import("accelerate.utils.dataclasses", accelerate_project)
+    patches.after_import("accelerate.accelerator", accelerator)
+    patches.after_import("transformers.training_args", hf_arguments)
+    patches.after_import("transformers.trainer", hf_trainer)
     for package in _LIGHTNING_PACKAGES:
-        _after_import(patches, f"{package}.trainer.trainer", lightning_trainer)
-        _after_import(patches, f"{package}.callbacks.model_checkpoint",
+        patches.after_import(f"{package}.trainer.trainer", lightning_trainer)
+        patches.after_import(f"{package}.callbacks.model_checkpoint",
                       lightning_class("ModelCheckpoint", "dirpath"))
-        _after_import(patches, f"{package}.loggers.tensorboard",
+        patches.after_import(f"{package}.loggers.tensorboard",
                       lightning_class("TensorBoardLogger", "save_dir"))
-        _after_import(patches, f"{package}.loggers.csv_logs",
+        patches.after_import(f"{package}.loggers.csv_logs",
                       lightning_class("CSVLogger", "save_dir"))
     return where
 

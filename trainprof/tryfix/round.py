@@ -7,10 +7,10 @@ The script runs in this process like `trainprof run` runs it (capture/launch.py 
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
 steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
 (capture/phaseref: how fast the machine ran, for tryfix/machine). The script's own profiler runs
-as in the run, writing no file, and the script's checkpoints and the frameworks' logs go to the
-round's own folder (tryfix/outputs). The result file gets every step's wall time,
-those references, how the script ended, what the fixes did and what the script's profiler did
-not write. The exit code is the script's.
+as in the run, writing no file, and the script's checkpoints and the frameworks' logs go to
+outputs/ beside the result file (tryfix/outputs). The result file gets every step's wall time,
+those references, how the script ended, what the fixes did and what the rounds did not write
+where the run did. The exit code is the script's.
 """
 
 from __future__ import annotations
@@ -30,9 +30,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fixes", default="[]", help="JSON list of {rule, options}")
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--result", type=Path, required=True)
-    p.add_argument("--outputs", type=Path, default=None,
-                   help="the round's own folder for the script's checkpoints and logs "
-                        "(default: outputs/ beside the result file)")
     return p.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
@@ -72,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             stepper.install(patches)
             held = hold_profiler_files(patches)  # the script's own profiler writes nothing
-            redirect_records(patches, str(opts.outputs or opts.result.parent / "outputs"), held)
+            redirect_records(patches, str(opts.result.parent / "outputs"), held)
             install_probes(patches, stepper, UserCode(target.user_roots))
             install(specs, patches, applied)
             S.reset()
@@ -102,8 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
         "phase_ref_s": phase.times,
-        "script_profiler": held.result(),
-        "redirected": held.redirected,
+        **held.result(),
     }
     opts.result.write_text(json.dumps(result))
     return outcome.exit_code
