@@ -183,17 +183,10 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
         if cls is None or not callable(vars(cls).get("__post_init__")):
             return
 
-        def post_init(orig: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(orig)
-            def __post_init__(args: Any) -> None:
-                orig(args)  # it sets the default output_dir and expands ~
-                for name in ("output_dir", "logging_dir"):  # logging_dir: older versions
-                    if getattr(args, name, None):
-                        setattr(args, name, where.path(getattr(args, name)))
-
-            return __post_init__
-
-        patches.wrap(cls, "__post_init__", post_init)
+        # After the original, which sets the default output_dir and expands ~ (logging_dir:
+        # older versions).
+        patches.wrap(cls, "__post_init__",
+                     lambda orig: _folders_after(orig, where, "output_dir", "logging_dir"))
 
     def hf_trainer(module: ModuleType) -> None:
         cls = getattr(module, "Trainer", None)
@@ -232,20 +225,10 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
         if cls is None:
             return
 
-        def folders(orig: Callable[..., Any]) -> Callable[..., Any]:
-            @functools.wraps(orig)
-            def method(config: Any, *args: Any, **kwargs: Any) -> Any:
-                result = orig(config, *args, **kwargs)
-                for name in ("project_dir", "logging_dir"):
-                    if getattr(config, name, None) is not None:
-                        setattr(config, name, where.path(getattr(config, name)))
-                return result
-
-            return method
-
         for name in ("__post_init__", "set_directories"):
             if callable(vars(cls).get(name)):
-                patches.wrap(cls, name, folders)
+                patches.wrap(cls, name,
+                             lambda orig: _folders_after(orig, where, "project_dir", "logging_dir"))
 
     def accelerator(module: ModuleType) -> None:
         cls = getattr(module, "Accelerator", None)
@@ -280,12 +263,27 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
     for package in _LIGHTNING_PACKAGES:
         patches.after_import(f"{package}.trainer.trainer", lightning_trainer)
         patches.after_import(f"{package}.callbacks.model_checkpoint",
-                      lightning_class("ModelCheckpoint", "dirpath"))
+                             lightning_class("ModelCheckpoint", "dirpath"))
         patches.after_import(f"{package}.loggers.tensorboard",
-                      lightning_class("TensorBoardLogger", "save_dir"))
+                             lightning_class("TensorBoardLogger", "save_dir"))
         patches.after_import(f"{package}.loggers.csv_logs",
-                      lightning_class("CSVLogger", "save_dir"))
+                             lightning_class("CSVLogger", "save_dir"))
     return where
+
+
+def _folders_after(orig: Callable[..., Any], where: Elsewhere, *names: str) -> Callable[..., Any]:
+    """A method that sets an object's folders (HF's TrainingArguments, accelerate's
+    ProjectConfiguration), with the folders `names` that it leaves set redirected after it."""
+
+    @functools.wraps(orig)
+    def method(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        result = orig(obj, *args, **kwargs)
+        for name in names:
+            if getattr(obj, name, None) is not None:
+                setattr(obj, name, where.path(getattr(obj, name)))
+        return result
+
+    return method
 
 
 def _resumed(
