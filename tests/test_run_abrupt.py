@@ -5,6 +5,7 @@ subprocesses on tiny CPU scripts."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +29,13 @@ def step():
 """
 
 
-def trainprof(folder: Path, script: Path, *args: str) -> subprocess.CompletedProcess:
+def trainprof(
+    folder: Path, script: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "trainprof.cli", "run", "--no-diagnose", "--out", str(folder),
          *args, str(script)],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT, capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
 
 
@@ -79,8 +82,11 @@ for i in range(12):
         os._exit(0)
 """)
     folder = tmp_path / "run"
-    done = trainprof(folder, script, *SMALL)
+    tmp = tmp_path / "tmp"  # trainprof's temporary files: none may be left behind (torch's
+    tmp.mkdir()  # inductor cache, made under plain python too, may)
+    done = trainprof(folder, script, *SMALL, env=dict(os.environ, TMPDIR=str(tmp)))
     assert done.returncode == 0, done.stderr
+    assert not list(tmp.glob("trainprof*")), list(tmp.iterdir())
     traces = sorted(p.name for p in folder.glob("*.pt.trace.json.gz"))
     assert len(traces) == 1, sorted(p.name for p in folder.iterdir())
     assert not list(folder.glob(".*.part"))

@@ -20,6 +20,7 @@ ranks outlive rank 0's script) before it prints the merged multi-rank diagnosis.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -28,7 +29,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, NoReturn
 
 from trainprof.analysis.job import rank_list
 from trainprof.capture.config import ProfileConfig
@@ -55,7 +56,8 @@ def target_fields(target: Target) -> dict[str, Any]:
 
 
 class ChildHook:
-    """Sets the start-up hook's environment while the script runs; `wait()` afterwards."""
+    """Sets the start-up hook's environment while the script runs; `wait()` afterwards. The
+    registry is a temporary folder: `wait()` removes it, or the script's os._exit()."""
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class ChildHook:
         }
         self.registry: Path | None = None
         self._saved: dict[str, str | None] = {}
+        self._real_exit: Any = None
 
     def __enter__(self) -> ChildHook:
         try:
@@ -89,6 +92,18 @@ class ChildHook:
         ):
             self._saved[key] = os.environ.get(key)
             os.environ[key] = value
+        self._real_exit = real = os._exit
+        owner, registry = os.getpid(), self.registry
+
+        @functools.wraps(real)
+        def _exit(status: int) -> NoReturn:
+            # The script's os._exit() ends trainprof's process too: no wait() removes the
+            # registry then. A child forked from the script exits past it.
+            if os.getpid() == owner:
+                shutil.rmtree(registry, ignore_errors=True)
+            real(status)
+
+        os._exit = _exit
         return self
 
     def __exit__(
@@ -98,6 +113,9 @@ class ChildHook:
         tb: TracebackType | None,
     ) -> None:
         restore_env(self._saved)
+        real = self._real_exit
+        if real is not None and getattr(os._exit, "__wrapped__", None) is real:
+            os._exit = real  # unless the script replaced it in turn
 
     def wait(self, tell: Any, patience_s: float = 1.0) -> list[str]:
         """Wait until every child that registered has saved or died; notes on those that did
