@@ -26,6 +26,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from types import TracebackType
@@ -35,6 +36,7 @@ from trainprof.analysis.job import rank_list
 from trainprof.capture.config import ProfileConfig
 from trainprof.capture.environ import restore_env
 from trainprof.capture.launch import Target
+from trainprof.capture.patching import Patches
 from trainprof.runmeta import RunMeta
 
 HOOK_ENV = "TRAINPROF_SUBPROCESS"
@@ -77,7 +79,7 @@ class ChildHook:
         }
         self.registry: Path | None = None
         self._saved: dict[str, str | None] = {}
-        self._real_exit: Any = None
+        self._patches = Patches()
 
     def __enter__(self) -> ChildHook:
         try:
@@ -92,18 +94,8 @@ class ChildHook:
         ):
             self._saved[key] = os.environ.get(key)
             os.environ[key] = value
-        self._real_exit = real = os._exit
-        owner, registry = os.getpid(), self.registry
-
-        @functools.wraps(real)
-        def _exit(status: int) -> NoReturn:
-            # The script's os._exit() ends trainprof's process too: no wait() removes the
-            # registry then. A child forked from the script exits past it.
-            if os.getpid() == owner:
-                shutil.rmtree(registry, ignore_errors=True)
-            real(status)
-
-        os._exit = _exit
+        registry = self.registry
+        self._patches.wrap(os, "_exit", lambda real: _removing(real, registry))
         return self
 
     def __exit__(
@@ -113,9 +105,7 @@ class ChildHook:
         tb: TracebackType | None,
     ) -> None:
         restore_env(self._saved)
-        real = self._real_exit
-        if real is not None and getattr(os._exit, "__wrapped__", None) is real:
-            os._exit = real  # unless the script replaced it in turn
+        self._patches.restore()
 
     def wait(self, tell: Any, patience_s: float = 1.0) -> list[str]:
         """Wait until every child that registered has saved or died; notes on those that did
@@ -150,6 +140,20 @@ class ChildHook:
             notes.append("stopped waiting for the ranks the script started (Ctrl-C)")
         shutil.rmtree(self.registry, ignore_errors=True)
         return notes
+
+
+def _removing(real: Callable[[int], NoReturn], registry: Path) -> Callable[[int], NoReturn]:
+    """os._exit that removes the registry first: the script's os._exit() ends trainprof's
+    process too, and no wait() removes it then. A child forked from the script exits past it."""
+    owner = os.getpid()
+
+    @functools.wraps(real)
+    def _exit(status: int) -> NoReturn:
+        if os.getpid() == owner:
+            shutil.rmtree(registry, ignore_errors=True)
+        real(status)
+
+    return _exit
 
 
 def _children(registry: Path) -> list[dict[str, Any]]:
