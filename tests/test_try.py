@@ -248,13 +248,16 @@ def _files_in(folder: Path) -> dict[str, tuple[bytes, int]]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kind", ["torch", "lightning", "hf", "hf-resume", "accelerate", "accelerate-resume"]
+    "kind", ["torch", "lightning", "hf", "hf-resume", "accelerate", "accelerate-resume", "files"]
 )
 def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path, kind: str):
     # The run: 15 steps, a checkpoint every 5 (and Lightning's lightning_logs/ in the working
-    # folder), with weights of its own random start.
+    # folder), with weights of its own random start. The rounds' temp folder is another than
+    # the one `work` is in: what a script writes in the temp folder is its scratch, left alone.
     work = tmp_path / "work"
     work.mkdir()
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
     script = str(SCRIPTS / "try_records.py")
     first = subprocess.run([sys.executable, script, kind.split("-")[0], str(work)], cwd=work,
                            capture_output=True, text=True, timeout=120)
@@ -269,15 +272,19 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     write_meta(RunMeta(argv=argv, cwd=str(work), cpu_count=2, wall_time_s=5.0), folder)
     # Rounds of 12 steps: each saves at steps 5 and 10, over the run's files before the fix.
     done = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
-                     "--steps", "12")
+                     "--steps", "12", env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr
     doc = json.loads((folder / "try.json").read_text())
     assert doc["baseline"]["rounds"] == 1 and doc["fixes"][0]["measured_pct"] is not None
     assert _files_in(work) == before  # nothing written, added or removed
     # accelerate: its project folder (its automatic naming deletes the oldest checkpoints).
     where = {"torch": work / "ckpt.pt", "lightning": work / "ckpt", "hf": work / "out",
-             "accelerate": work}[name]
+             "accelerate": work, "files": work / "train.log"}[name]
     assert str(where) in doc["redirected"]
+    if kind == "files":  # each way of writing, and nothing of the temp folder's
+        assert {str(work / n) for n in ("weights.npy", "state.json", "events.log", "keep-5.txt",
+                                        "old/x.txt")} <= set(doc["redirected"])
+        assert not [p for p in doc["redirected"] if p.startswith(str(scratch))]
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]
     if kind == "torch":  # SummaryWriter's default folder

@@ -9,7 +9,11 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
   hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps;
              `resume`: train(resume_from_checkpoint=True), from the last one there;
   accelerate accelerate with project_dir=FOLDER, automatic checkpoint naming and a total limit
-             of 2 (older ones deleted): save_state() every 5 steps; `resume`: load_state() first.
+             of 2 (older ones deleted): save_state() every 5 steps; `resume`: load_state() first;
+  files      a plain loop writing through Python's own file calls: a log appended to with open()
+             and a logging.FileHandler, numpy.save (read back), a JSON saved atomically (a
+             temporary file in FOLDER, os.replace), pathlib's write_text; at the start it deletes
+             the previous run's FOLDER/stale.txt and FOLDER/old/, which it writes again.
 """
 
 import os
@@ -112,4 +116,48 @@ elif kind == "accelerate":
             acc.save_state()
         if step == steps:
             break
+elif kind == "files":
+    import json
+    import logging
+    import pathlib
+    import shutil
+    import tempfile
+
+    import numpy as np
+
+    stale = os.path.join(folder, "stale.txt")
+    if os.path.exists(stale):
+        os.remove(stale)
+    shutil.rmtree(os.path.join(folder, "old"), ignore_errors=True)
+    os.makedirs(os.path.join(folder, "old"), exist_ok=True)
+    with open(os.path.join(folder, "old", "x.txt"), "w") as f:
+        f.write("new")
+    log = open(os.path.join(folder, "train.log"), "a")
+    events = logging.getLogger("try_records")
+    events.addHandler(logging.FileHandler(os.path.join(folder, "events.log")))
+    events.setLevel(logging.INFO)
+    model = nn.Linear(16, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, (x, y) in enumerate(torch.utils.data.DataLoader(data, batch_size=8), 1):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        log.write(f"{step} {loss.item():.4f}\n")
+        log.flush()
+        events.info("step %d", step)
+        if step % 5 == 0:
+            w = model.weight.detach().numpy().copy()
+            np.save(os.path.join(folder, "weights.npy"), w)
+            assert np.array_equal(np.load(os.path.join(folder, "weights.npy")), w), "not mine"
+            with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as tmp:
+                json.dump({"step": step}, tmp)
+            os.replace(tmp.name, os.path.join(folder, "state.json"))
+            assert json.loads(pathlib.Path(folder, "state.json").read_text())["step"] == step
+            pathlib.Path(folder, f"keep-{step}.txt").write_text(str(step))
+        if step == steps:
+            break
+    log.close()
+    with open(stale, "w") as f:
+        f.write(f"{steps} steps")
 print("done")

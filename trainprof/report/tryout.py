@@ -116,8 +116,8 @@ def outputs_text(doc: dict[str, Any]) -> list[str]:
     moved = doc.get("redirected") or []
     if moved:
         lines.append(
-            "the rounds wrote the script's checkpoints and logs into a folder of each round's "
-            f"own, deleted after it, instead of {_some(moved)}"
+            "the rounds wrote the script's checkpoints, logs and files into a folder of each "
+            f"round's own, deleted after it, instead of {_some(moved)}"
         )
     if (sp and sp.get("unwritten")) or moved:
         lines.append("what the run wrote is as it was")

@@ -20,8 +20,8 @@ So in a round:
   `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`; torch's
   TensorBoard `SummaryWriter` (`runs/<time>_<host>` without a `log_dir`: one more run per round).
 `HeldOutputs` records what started, which files were not written and which paths went
-elsewhere, for the round's result. What the script writes by itself (`open()`, `numpy.save`) it
-writes in a round as in any run.
+elsewhere, for the round's result. What the script writes through Python's own file calls
+(`open()`, `numpy.save`, `os.replace`) goes to the same folder by tryfix/userfiles.
 """
 
 from __future__ import annotations

@@ -7,8 +7,9 @@ The script runs in this process like `trainprof run` runs it (capture/launch.py 
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
 steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
 (capture/phaseref: how fast the machine ran, for tryfix/machine). The script's own profiler runs
-as in the run, writing no file, and the script's checkpoints and the frameworks' logs go to
-outputs/ beside the result file (tryfix/outputs). The result file gets every step's wall time,
+as in the run, writing no file, and the script's checkpoints, the frameworks' logs (tryfix/outputs)
+and what it writes through Python's file calls (tryfix/userfiles) go to outputs/ beside the
+result file. The result file gets every step's wall time,
 those references, how the script ended, what the fixes did and what the rounds did not write
 where the run did. The exit code is the script's.
 """
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainprof.errors import TrainprofError
     from trainprof.tryfix.apply import Applied, install
     from trainprof.tryfix.outputs import hold_profiler_files, redirect_records
+    from trainprof.tryfix.userfiles import keep_user_files
 
     try:
         if command and command[0] == "-m":
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             stepper.install(patches)
             held = hold_profiler_files(patches)  # the script's own profiler writes nothing
-            redirect_records(patches, str(opts.result.parent / "outputs"), held)
+            where = redirect_records(patches, str(opts.result.parent / "outputs"), held)
+            keep_user_files(patches, where)  # and what it writes through open(), os.replace...
             install_probes(patches, stepper, UserCode(target.user_roots))
             install(specs, patches, applied)
             S.reset()

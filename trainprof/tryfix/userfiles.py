@@ -1,0 +1,180 @@
+"""In a round of `trainprof try`, the files the script writes by itself go to the round's folder.
+
+tryfix/outputs sends torch's and the frameworks' checkpoints and logs there. A script also writes
+through Python's own file calls: a log it appends to with `open(path, "a")`, `numpy.save`, a
+pandas CSV, `pathlib.Path.write_text`, a `logging.FileHandler`, MLflow's `mlruns/`, a JSON saved
+atomically (a temporary file in the same folder, then `os.replace`), a clean-up that deletes its
+oldest outputs. In the run that is the user's record; a round, stopped after a few steps with a
+fix's numerics, would append to it, overwrite it, or delete it. So while a round runs:
+- `open()` (builtins and io: pathlib, numpy, pandas, logging handlers made in the round go
+  through it) and `os.open` with a mode that writes send the path to its mirror below the
+  round's folder (outputs.Elsewhere, listed in `redirected`). A mode that keeps what is there
+  ("a", "r+", os.open without O_TRUNC) first copies the script's file to the mirror, so that an
+  appended log goes on from the run's lines, in the round's copy;
+- reading a path the round has written reads the mirror (a script that reads back what it
+  saved finds its own);
+- `os.replace` / `os.rename` onto the script's paths land in the mirror (a file of the run's
+  that is renamed is copied there, and stays where it was);
+- `os.remove` / `os.unlink` and `shutil.rmtree` remove the round's mirror, never the run's file.
+Left as they are: paths in the temp folder (a TemporaryDirectory is the script's own scratch,
+and a folder listed after writing to it must show what was written), /dev, /proc and /sys, calls
+given a `dir_fd`, folders the script makes (`os.makedirs` makes them where it says, empty),
+writes from C code (h5py, a C++ extension) and from processes the script starts afresh (spawn,
+subprocess: a forked DataLoader worker keeps the round's patches).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import io
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from typing import Any
+
+from trainprof.capture.patching import Patches
+from trainprof.tryfix.outputs import Elsewhere
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_SYSTEM = ("/dev", "/proc", "/sys")
+
+
+class UserFiles:
+    """The round's view of the script's files: which paths go to `where`, and the mirrors the
+    round has written (reads of those read the mirror)."""
+
+    def __init__(self, where: Elsewhere, real_open: Callable[..., Any]) -> None:
+        self.where = where
+        self.real_open = real_open
+        temp = tempfile.gettempdir()
+        self.skip = tuple({os.path.abspath(temp), os.path.realpath(temp), where.root, *_SYSTEM})
+        self.written: set[str] = set()  # mirrors this round wrote
+
+    def user(self, p: Any) -> str | None:
+        """`p` as an absolute path where it is one of the script's to keep (else None: a file
+        descriptor, the temp folder, the round's own folder, /dev ...)."""
+        if isinstance(p, bytes):
+            p = os.fsdecode(p)
+        if not isinstance(p, (str, os.PathLike)):
+            return None
+        full = os.path.abspath(os.fspath(p))
+        if any(full == s or full.startswith(s + os.sep) for s in self.skip):
+            return None
+        return full
+
+    def mirror(self, full: str) -> str:
+        return self.where.file(full)
+
+    def for_write(self, full: str, keep: bool) -> str:
+        """The mirror to write `full` to; `keep`: with the script's file's content first."""
+        there = self.mirror(full)
+        if keep and there not in self.written and os.path.isfile(full):
+            with self.real_open(full, "rb") as src, self.real_open(there, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        self.written.add(there)
+        return there
+
+    def for_read(self, full: str) -> str:
+        """`full`, or its mirror where the round wrote one."""
+        if self.written:
+            there = self.where.existing(full)
+            if there is not None and there in self.written:
+                return there
+        return full
+
+
+def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
+    """Patch Python's file calls for the round (see the module's docstring)."""
+    files = UserFiles(where, builtins.open)
+
+    def opener(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+            full = files.user(file)
+            if full is not None:
+                if any(c in mode for c in "wax+"):
+                    file = files.for_write(full, keep="w" not in mode and "x" not in mode)
+                else:
+                    file = files.for_read(full)
+            return orig(file, mode, *args, **kwargs)
+
+        return open_
+
+    patches.wrap(builtins, "open", opener)
+    patches.set(io, "open", builtins.open)  # the same function (pathlib calls io.open)
+
+    def os_open(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> Any:
+            full = None if kwargs.get("dir_fd") is not None else files.user(path)
+            if full is not None:
+                if flags & _WRITE_FLAGS:
+                    path = files.for_write(full, keep=not flags & os.O_TRUNC)
+                else:
+                    path = files.for_read(full)
+            return orig(path, flags, *args, **kwargs)
+
+        return open_
+
+    def move(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def move_(src: Any, dst: Any, **kwargs: Any) -> Any:
+            to = None if kwargs else files.user(dst)
+            if to is None:
+                return orig(src, dst, **kwargs)
+            there = files.mirror(to)
+            came = files.user(src)
+            mine = None if came is None else files.for_read(came)
+            if came is not None and mine == came:
+                # One of the run's files or folders: copied, the original left where it is.
+                if os.path.isdir(came):
+                    shutil.copytree(came, there, dirs_exist_ok=True)
+                else:
+                    shutil.copyfile(came, there)
+            else:
+                orig(src if mine is None else mine, there)
+                files.written.discard(mine)
+            files.written.add(there)
+            return None
+
+        return move_
+
+    def remove(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def remove_(path: Any, **kwargs: Any) -> Any:
+            full = None if kwargs else files.user(path)
+            if full is None:
+                return orig(path, **kwargs)
+            mine = files.for_read(full)
+            if mine != full:
+                files.written.discard(mine)
+                return orig(mine)
+            if not os.path.lexists(full):
+                return orig(full)  # FileNotFoundError, as in the run
+            return None  # the run's file stays
+
+        return remove_
+
+    def rmtree(orig: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def rmtree_(path: Any, *args: Any, **kwargs: Any) -> Any:
+            full = files.user(path)
+            if full is None:
+                return orig(path, *args, **kwargs)
+            there = where.existing(full)
+            if there is not None:
+                files.written = {w for w in files.written if not w.startswith(there + os.sep)}
+                orig(there, ignore_errors=True)
+            return None  # the run's folder stays
+
+        return rmtree_
+
+    patches.wrap(os, "open", os_open)
+    for name in ("replace", "rename"):
+        patches.wrap(os, name, move)
+    for name in ("remove", "unlink"):
+        patches.wrap(os, name, remove)
+    patches.wrap(shutil, "rmtree", rmtree)
+    return files
