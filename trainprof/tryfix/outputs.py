@@ -141,16 +141,18 @@ class Elsewhere:
             return full  # already there (a checkpoint file inside a redirected output_dir)
         if full not in self.held.redirected:
             self.held.redirected.append(full)
-        there = self._mirror(full)
+        there = self.mirror(full)
         self.originals[there] = full
         return there
 
     def existing(self, p: Any) -> str | None:
         """Where the round wrote `p`, if it did (a script reading back its checkpoint)."""
-        there = self._mirror(os.path.abspath(os.fspath(p)))
+        there = self.mirror(p)
         return there if os.path.exists(there) else None
 
-    def _mirror(self, full: str) -> str:
+    def mirror(self, p: Any) -> str:
+        """Where `p` is below the round's folder (nothing made, nothing recorded)."""
+        full = os.path.abspath(os.fspath(p))
         return os.path.join(self.root, os.path.splitdrive(full)[1].lstrip(os.sep))
 
     def file(self, p: Any) -> str:

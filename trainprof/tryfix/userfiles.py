@@ -49,7 +49,8 @@ class UserFiles:
         self.where = where
         self.real_open = real_open
         temp = tempfile.gettempdir()
-        self.skip = tuple({os.path.abspath(temp), os.path.realpath(temp), where.root, *_SYSTEM})
+        skip = {os.path.abspath(temp), os.path.realpath(temp), where.root, *_SYSTEM}
+        self.skip = tuple(s.rstrip(os.sep) + os.sep for s in skip)  # a folder and what is in it
         self.written: set[str] = set()  # mirrors this round wrote
 
     def user(self, p: Any) -> str | None:
@@ -60,9 +61,7 @@ class UserFiles:
         if not isinstance(p, (str, os.PathLike)):
             return None
         full = os.path.abspath(os.fspath(p))
-        if any(full == s or full.startswith(s + os.sep) for s in self.skip):
-            return None
-        return full
+        return None if (full + os.sep).startswith(self.skip) else full
 
     def mirror(self, full: str) -> str:
         return self.where.file(full)
@@ -79,8 +78,8 @@ class UserFiles:
     def for_read(self, full: str) -> str:
         """`full`, or its mirror where the round wrote one."""
         if self.written:
-            there = self.where.existing(full)
-            if there is not None and there in self.written:
+            there = self.where.mirror(full)
+            if there in self.written:
                 return there
         return full
 
@@ -163,10 +162,9 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
             full = files.user(path)
             if full is None:
                 return orig(path, *args, **kwargs)
-            there = where.existing(full)
-            if there is not None:
-                files.written = {w for w in files.written if not w.startswith(there + os.sep)}
-                orig(there, ignore_errors=True)
+            there = where.mirror(full)
+            files.written = {w for w in files.written if not w.startswith(there + os.sep)}
+            orig(there, ignore_errors=True)
             return None  # the run's folder stays
 
         return rmtree_
