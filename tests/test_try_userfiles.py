@@ -8,6 +8,7 @@ import io
 import os
 import pathlib
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from trainprof.capture.patching import Patches
 from trainprof.tryfix.outputs import Elsewhere, HeldOutputs
-from trainprof.tryfix.userfiles import keep_user_files
+from trainprof.tryfix.userfiles import keep_user_files, left_alone
 
 
 @pytest.fixture
@@ -89,3 +90,16 @@ def test_restore_puts_the_calls_back(tmp_path: Path) -> None:
     assert (builtins.open, io.open, os.open, os.replace, os.rename, os.remove, os.unlink,
             shutil.rmtree) == calls  # fmt: skip
     assert pathlib.Path(__file__).read_text()  # reads as before
+
+
+def test_caches_and_the_python_environment_are_left_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compiler cache moved by its variable (a kernel written, then looked for where it was
+    # written); never the working folder, even where a variable points above it.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path.parent))
+    monkeypatch.chdir(tmp_path)
+    alone = left_alone()
+    assert str(tmp_path / "triton") in alone and os.path.abspath(sys.prefix) in alone
+    assert str(tmp_path.parent) not in alone and "/" not in alone

@@ -17,7 +17,10 @@ fix's numerics, would append to it, overwrite it, or delete it. So while a round
   that is renamed is copied there, and stays where it was);
 - `os.remove` / `os.unlink` and `shutil.rmtree` remove the round's mirror, never the run's file.
 Left as they are: paths in the temp folder (a TemporaryDirectory is the script's own scratch,
-and a folder listed after writing to it must show what was written), /dev, /proc and /sys, calls
+and a folder listed after writing to it must show what was written), libraries' caches (`CACHES`:
+a compiler's cache that writes a kernel and then checks that it is there must find it; torch's
+inductor cache is in the temp folder unless TORCHINDUCTOR_CACHE_DIR says otherwise), the Python
+environment's folders, /dev, /proc and /sys, calls
 given a `dir_fd`, folders the script makes (`os.makedirs` makes them where it says, empty),
 writes from C code (h5py, a C++ extension) and from processes the script starts afresh (spawn,
 subprocess: a forked DataLoader worker keeps the round's patches).
@@ -30,6 +33,7 @@ import functools
 import io
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -39,6 +43,26 @@ from trainprof.tryfix.outputs import Elsewhere
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
 _SYSTEM = ("/dev", "/proc", "/sys")
+# Where libraries keep caches: the variables that move them, and their usual homes.
+CACHES = ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_HOME",
+          "TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
+          "TRANSFORMERS_CACHE", "CUDA_CACHE_PATH")  # fmt: skip
+_CACHE_HOMES = ("~/.cache", "~/.triton", "~/.nv")
+
+
+def left_alone() -> set[str]:
+    """The folders whose files a round writes where the script says (see the module's
+    docstring): the temp folder, caches, the Python environment, the system's."""
+    temp = tempfile.gettempdir()
+    found = {os.path.abspath(temp), os.path.realpath(temp), *_SYSTEM}
+    found |= {os.path.abspath(os.path.expanduser(p)) for p in _CACHE_HOMES}
+    found |= {os.path.abspath(os.environ[v]) for v in CACHES if os.environ.get(v)}
+    found |= {os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
+    # Never a folder the script's working folder is in (a Python installed at /, a cache
+    # variable pointing at the project), nor the home folder itself.
+    cwd = os.path.join(os.getcwd(), "")
+    home = os.path.abspath(os.path.expanduser("~"))
+    return {f for f in found if not cwd.startswith(os.path.join(f, "")) and f != home}
 
 
 class UserFiles:
@@ -48,14 +72,13 @@ class UserFiles:
     def __init__(self, where: Elsewhere, real_open: Callable[..., Any]) -> None:
         self.where = where
         self.real_open = real_open
-        temp = tempfile.gettempdir()
-        skip = {os.path.abspath(temp), os.path.realpath(temp), where.root, *_SYSTEM}
+        skip = left_alone() | {where.root}
         self.skip = tuple(s.rstrip(os.sep) + os.sep for s in skip)  # a folder and what is in it
         self.written: set[str] = set()  # mirrors this round wrote
 
     def user(self, p: Any) -> str | None:
         """`p` as an absolute path where it is one of the script's to keep (else None: a file
-        descriptor, the temp folder, the round's own folder, /dev ...)."""
+        descriptor, the temp folder, a cache, the round's own folder, /dev ...)."""
         if isinstance(p, bytes):
             p = os.fsdecode(p)
         if not isinstance(p, (str, os.PathLike)):
