@@ -17,7 +17,7 @@ import pytest
 
 from trainprof.capture.patching import Patches
 from trainprof.tryfix.outputs import Elsewhere, HeldOutputs
-from trainprof.tryfix.userfiles import keep_user_files, left_alone
+from trainprof.tryfix.userfiles import ON_WRITTEN, keep_user_files, left_alone
 
 
 @pytest.fixture
@@ -56,7 +56,12 @@ def test_writes_go_elsewhere_and_read_back_as_the_round_wrote_them(round_) -> No
     np.save(work / "w.npy", np.arange(3))
     assert np.load(work / "w.npy").tolist() == [0, 1, 2]
     assert str(log) in held.redirected and str(work / "w.npy") in held.redirected
-    assert not (work / "new.txt").exists() and not (work / "w.npy").exists()
+    # What the round wrote is there for it (os.stat: exists, sizes, shutil.copy's mode) ...
+    assert (work / "new.txt").is_file() and os.path.getsize(work / "w.npy") > 0
+    shutil.copy2(work / "new.txt", work / "copy.txt")
+    assert (work / "copy.txt").read_text() == "made"
+    # ... and not in the run's folder.
+    assert sorted(os.listdir(work)) == ["old", "stale.txt", "train.log"]
 
 
 def test_atomic_save_rename_and_deletes_touch_only_the_rounds_copies(round_) -> None:
@@ -67,6 +72,8 @@ def test_atomic_save_rename_and_deletes_touch_only_the_rounds_copies(round_) -> 
     assert (work / "state.json").read_text() == '{"step": 5}'
     os.rename(work / "old" / "x.txt", work / "moved.txt")  # the run's: copied, left in place
     assert open(work / "moved.txt").read() == "run"
+    os.rename(work / "moved.txt", scratch / "out.txt")  # the round's copy, out to the scratch
+    assert (scratch / "out.txt").read_text() == "run"
     os.remove(work / "stale.txt")  # the run's: stays
     os.remove(work / "state.json")  # the round's: gone
     with pytest.raises(FileNotFoundError):
@@ -82,13 +89,13 @@ def test_atomic_save_rename_and_deletes_touch_only_the_rounds_copies(round_) -> 
 
 def test_restore_puts_the_calls_back(tmp_path: Path) -> None:
     calls = (builtins.open, io.open, os.open, os.replace, os.rename, os.remove, os.unlink,
-             shutil.rmtree)  # fmt: skip
+             shutil.rmtree, *(getattr(os, n) for n in ON_WRITTEN))  # fmt: skip
     patches = Patches()
     keep_user_files(patches, Elsewhere(str(tmp_path), HeldOutputs()))
     assert builtins.open is not calls[0] and io.open is builtins.open
     patches.restore()
     assert (builtins.open, io.open, os.open, os.replace, os.rename, os.remove, os.unlink,
-            shutil.rmtree) == calls  # fmt: skip
+            shutil.rmtree, *(getattr(os, n) for n in ON_WRITTEN)) == calls  # fmt: skip
     assert pathlib.Path(__file__).read_text()  # reads as before
 
 

@@ -133,6 +133,7 @@ class Elsewhere:
         self.root = os.path.abspath(root)
         self.held = held
         self.originals: dict[str, str] = {}  # redirected path -> the script's
+        self.made: set[str] = set()  # the files `file` gave out (tryfix/userfiles reads them)
 
     def path(self, p: Any) -> str:
         """Where the round writes what the script writes at `p` (a file or a folder)."""
@@ -159,6 +160,7 @@ class Elsewhere:
         """`path`, with its parent folder made."""
         there = self.path(p)
         os.makedirs(os.path.dirname(there), exist_ok=True)
+        self.made.add(there)
         return there
 
 

@@ -12,7 +12,8 @@ fix's numerics, would append to it, overwrite it, or delete it. So while a round
   ("a", "r+", os.open without O_TRUNC) first copies the script's file to the mirror, so that an
   appended log goes on from the run's lines, in the round's copy;
 - reading a path the round has written reads the mirror (a script that reads back what it
-  saved finds its own);
+  saved finds its own), and so do `os.stat`, `chmod`, `utime` and the like of it (`ON_WRITTEN`:
+  `os.path.exists`, `getsize`, `shutil.copy2`); a folder's listing does not;
 - `os.replace` / `os.rename` onto the script's paths land in the mirror (a file of the run's
   that is renamed is copied there, and stays where it was);
 - `os.remove` / `os.unlink` and `shutil.rmtree` remove the round's mirror, never the run's file.
@@ -33,6 +34,7 @@ import functools
 import io
 import os
 import shutil
+import stat
 import sys
 import tempfile
 from collections.abc import Callable
@@ -48,6 +50,8 @@ CACHES = ("XDG_CACHE_HOME", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORC
           "TORCH_EXTENSIONS_DIR", "HF_HOME", "HF_HUB_CACHE", "HF_DATASETS_CACHE",
           "TRANSFORMERS_CACHE", "CUDA_CACHE_PATH")  # fmt: skip
 _CACHE_HOMES = ("~/.cache", "~/.triton", "~/.nv")
+# The os calls on a path that see the round's copy where it wrote one.
+ON_WRITTEN = ("stat", "lstat", "chmod", "utime", "access", "listxattr", "getxattr", "setxattr")
 
 
 def left_alone() -> set[str]:
@@ -69,12 +73,13 @@ class UserFiles:
     """The round's view of the script's files: which paths go to `where`, and the mirrors the
     round has written (reads of those read the mirror)."""
 
-    def __init__(self, where: Elsewhere, real_open: Callable[..., Any]) -> None:
+    def __init__(self, where: Elsewhere) -> None:
         self.where = where
-        self.real_open = real_open
+        self.real_open = builtins.open  # taken before the patches
+        self.real_stat = os.stat
         skip = left_alone() | {where.root}
         self.skip = tuple(s.rstrip(os.sep) + os.sep for s in skip)  # a folder and what is in it
-        self.written: set[str] = set()  # mirrors this round wrote
+        self.written = where.made  # the mirrors this round wrote (torch.save's too)
 
     def user(self, p: Any) -> str | None:
         """`p` as an absolute path where it is one of the script's to keep (else None: a file
@@ -92,11 +97,17 @@ class UserFiles:
     def for_write(self, full: str, keep: bool) -> str:
         """The mirror to write `full` to; `keep`: with the script's file's content first."""
         there = self.mirror(full)
-        if keep and there not in self.written and os.path.isfile(full):
+        if keep and not os.path.lexists(there) and self.is_file(full):
             with self.real_open(full, "rb") as src, self.real_open(there, "wb") as dst:
                 shutil.copyfileobj(src, dst)
-        self.written.add(there)
         return there
+
+    def is_file(self, full: str) -> bool:
+        """Whether the script's own `full` (not the round's copy) is a file."""
+        try:
+            return stat.S_ISREG(self.real_stat(full).st_mode)
+        except (OSError, ValueError):
+            return False
 
     def for_read(self, full: str) -> str:
         """`full`, or its mirror where the round wrote one."""
@@ -109,7 +120,7 @@ class UserFiles:
 
 def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
     """Patch Python's file calls for the round (see the module's docstring)."""
-    files = UserFiles(where, builtins.open)
+    files = UserFiles(where)
 
     def opener(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
@@ -143,12 +154,17 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
     def move(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def move_(src: Any, dst: Any, **kwargs: Any) -> Any:
-            to = None if kwargs else files.user(dst)
-            if to is None:
+            if kwargs:
                 return orig(src, dst, **kwargs)
-            there = files.mirror(to)
             came = files.user(src)
             mine = None if came is None else files.for_read(came)
+            to = files.user(dst)
+            if to is None:  # to the temp folder, say: from the round's copy where it made one
+                if mine is not None and mine != came:
+                    files.written.discard(mine)
+                    return orig(mine, dst)
+                return orig(src, dst)
+            there = files.mirror(to)
             if came is not None and mine == came:
                 # One of the run's files or folders: copied, the original left where it is.
                 if os.path.isdir(came):
@@ -186,13 +202,31 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
             if full is None:
                 return orig(path, *args, **kwargs)
             there = where.mirror(full)
-            files.written = {w for w in files.written if not w.startswith(there + os.sep)}
+            for w in [w for w in files.written if w.startswith(there + os.sep)]:
+                files.written.discard(w)
             orig(there, ignore_errors=True)
             return None  # the run's folder stays
 
         return rmtree_
 
+    def on_written(orig: Callable[..., Any]) -> Callable[..., Any]:
+        """A call on a path that reads the round's copy where it wrote one."""
+
+        @functools.wraps(orig)
+        def call(path: Any, *args: Any, **kwargs: Any) -> Any:
+            if files.written and kwargs.get("dir_fd") is None:
+                full = files.user(path)
+                if full is not None:
+                    path = files.for_read(full)
+            return orig(path, *args, **kwargs)
+
+        return call
+
     patches.wrap(os, "open", os_open)
+    # os.path.exists, isfile, getsize; shutil.copy's and copy2's mode, times and attributes
+    for name in ON_WRITTEN:
+        if hasattr(os, name):
+            patches.wrap(os, name, on_written)
     for name in ("replace", "rename"):
         patches.wrap(os, name, move)
     for name in ("remove", "unlink"):
