@@ -283,7 +283,8 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     assert str(where) in doc["redirected"]
     if kind == "files":  # each way of writing, and nothing of the temp folder's
         assert {str(work / n) for n in ("weights.npy", "state.json", "events.log", "keep-5.txt",
-                                        "old/x.txt")} <= set(doc["redirected"])
+                                        "old/x.txt", "w.safetensors", "pretrained")} <= set(
+            doc["redirected"])
         assert not [p for p in doc["redirected"] if p.startswith(str(scratch))]
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]

@@ -12,8 +12,10 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
              of 2 (older ones deleted): save_state() every 5 steps; `resume`: load_state() first;
   files      a plain loop writing through Python's own file calls: a log appended to with open()
              and a logging.FileHandler, numpy.save (read back), a JSON saved atomically (a
-             temporary file in FOLDER, os.replace), pathlib's write_text; at the start it deletes
-             the previous run's FOLDER/stale.txt and FOLDER/old/, which it writes again.
+             temporary file in FOLDER, os.replace), pathlib's write_text; safetensors' save_file
+             (read back) and a transformers model's save_pretrained, written from Rust; at the
+             start it deletes the previous run's FOLDER/stale.txt and FOLDER/old/, which it
+             writes again.
 """
 
 import os
@@ -124,7 +126,11 @@ elif kind == "files":
     import tempfile
 
     import numpy as np
+    from safetensors.torch import load_file, save_file
+    from transformers import BertConfig, BertModel
 
+    bert = BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=32, vocab_size=50))
     stale = os.path.join(folder, "stale.txt")
     if os.path.exists(stale):
         os.remove(stale)
@@ -155,6 +161,11 @@ elif kind == "files":
             os.replace(tmp.name, os.path.join(folder, "state.json"))
             assert json.loads(pathlib.Path(folder, "state.json").read_text())["step"] == step
             pathlib.Path(folder, f"keep-{step}.txt").write_text(str(step))
+            weights = os.path.join(folder, "w.safetensors")
+            save_file({"w": model.weight.detach().clone()}, weights)
+            assert torch.equal(load_file(weights)["w"], model.weight), "not mine"
+            if step == 10:
+                bert.save_pretrained(os.path.join(folder, "pretrained"))
         if step == steps:
             break
     log.close()

@@ -18,7 +18,9 @@ So in a round:
   round saved one), `save_state(dir)`, `save_model`, `save`; Lightning's `default_root_dir` (its
   `lightning_logs`, and checkpoints without a dirpath), `ModelCheckpoint(dirpath)`,
   `Trainer.save_checkpoint(path)`, `TensorBoardLogger` and `CSVLogger`'s `save_dir`; torch's
-  TensorBoard `SummaryWriter` (`runs/<time>_<host>` without a `log_dir`: one more run per round).
+  TensorBoard `SummaryWriter` (`runs/<time>_<host>` without a `log_dir`: one more run per round);
+  safetensors' `save_file` / `save_model` (and their loads of what the round saved), written
+  from Rust; transformers' `save_pretrained(dir)` of a model or a tokenizer.
 `HeldOutputs` records what started, which files were not written and which paths went
 elsewhere, for the round's result. What the script writes through Python's own file calls
 (`open()`, `numpy.save`, `os.replace`) goes to the same folder by tryfix/userfiles.
@@ -259,6 +261,28 @@ def redirect_records(patches: Patches, root: str, held: HeldOutputs) -> Elsewher
 
         edit_init(patches, cls, change)
 
+    def safetensors_files(module: ModuleType) -> None:
+        # Written from Rust, out of tryfix/userfiles' reach (the HF Trainer's and
+        # save_pretrained's weights go through it). The filename: second, or first to load.
+        for name, at, to in (("save_file", 1, where.file), ("save_model", 1, where.file),
+                             ("load_file", 0, where.existing), ("load_model", 1, where.existing)):
+            if callable(getattr(module, name, None)):
+                patches.wrap(module, name,
+                             lambda orig, i=at, f=to: _path_arg(orig, "filename", f, i))
+
+    def pretrained(name: str) -> Callable[[ModuleType], None]:
+        def patch(module: ModuleType) -> None:  # weights (safetensors), a tokenizer's files
+            cls = getattr(module, name, None)
+            if cls is not None and callable(vars(cls).get("save_pretrained")):
+                patches.wrap(cls, "save_pretrained",
+                             lambda orig: _path_arg(orig, "save_directory", where.path))
+
+        return patch
+
+    patches.after_import("safetensors.torch", safetensors_files)
+    patches.after_import("transformers.modeling_utils", pretrained("PreTrainedModel"))
+    patches.after_import("transformers.tokenization_utils_base",
+                         pretrained("PreTrainedTokenizerBase"))
     patches.after_import("torch.utils.tensorboard.writer", summary_writer)
     patches.after_import("accelerate.utils.dataclasses", accelerate_project)
     patches.after_import("accelerate.accelerator", accelerator)

@@ -2,7 +2,7 @@
 
 tryfix/outputs sends torch's and the frameworks' checkpoints and logs there. A script also writes
 through Python's own file calls: a log it appends to with `open(path, "a")`, `numpy.save`, a
-pandas CSV, `pathlib.Path.write_text`, a `logging.FileHandler`, MLflow's `mlruns/`, a JSON saved
+pandas CSV, `pathlib.Path.write_text`, a `logging.FileHandler`, a JSON saved
 atomically (a temporary file in the same folder, then `os.replace`), a clean-up that deletes its
 oldest outputs. In the run that is the user's record; a round, stopped after a few steps with a
 fix's numerics, would append to it, overwrite it, or delete it. So while a round runs:
@@ -21,10 +21,10 @@ Left as they are: paths in the temp folder (a TemporaryDirectory is the script's
 and a folder listed after writing to it must show what was written), libraries' caches (`CACHES`:
 a compiler's cache that writes a kernel and then checks that it is there must find it; torch's
 inductor cache is in the temp folder unless TORCHINDUCTOR_CACHE_DIR says otherwise), the Python
-environment's folders, /dev, /proc and /sys, calls
-given a `dir_fd`, folders the script makes (`os.makedirs` makes them where it says, empty),
-writes from C code (h5py, a C++ extension) and from processes the script starts afresh (spawn,
-subprocess: a forked DataLoader worker keeps the round's patches).
+environment's folders, /dev, /proc and /sys, calls given a `dir_fd`, folders the script makes
+(`os.makedirs` makes them where it says, empty), writes from C, C++ or Rust code (h5py;
+safetensors and save_pretrained are tryfix/outputs'), and from processes the script starts
+afresh (spawn, subprocess: a forked DataLoader worker keeps the round's patches).
 """
 
 from __future__ import annotations
