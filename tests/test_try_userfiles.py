@@ -74,6 +74,8 @@ def test_atomic_save_rename_and_deletes_touch_only_the_rounds_copies(round_) -> 
     assert open(work / "moved.txt").read() == "run"
     os.rename(work / "moved.txt", scratch / "out.txt")  # the round's copy, out to the scratch
     assert (scratch / "out.txt").read_text() == "run"
+    os.replace(work / "stale.txt", scratch / "stale.txt")  # the run's: copied out, left in place
+    assert (scratch / "stale.txt").read_text() == "run"
     os.remove(work / "stale.txt")  # the run's: stays
     os.remove(work / "state.json")  # the round's: gone
     with pytest.raises(FileNotFoundError):

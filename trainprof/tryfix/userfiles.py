@@ -125,7 +125,7 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
     def opener(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-            full = files.user(file)
+            full = files.user(file) if isinstance(mode, str) else None
             if full is not None:
                 if any(c in mode for c in "wax+"):
                     file = files.for_write(full, keep="w" not in mode and "x" not in mode)
@@ -159,12 +159,7 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
             came = files.user(src)
             mine = None if came is None else files.for_read(came)
             to = files.user(dst)
-            if to is None:  # to the temp folder, say: from the round's copy where it made one
-                if mine is not None and mine != came:
-                    files.written.discard(mine)
-                    return orig(mine, dst)
-                return orig(src, dst)
-            there = files.mirror(to)
+            there = dst if to is None else files.mirror(to)  # to the temp folder, say: as it is
             if came is not None and mine == came:
                 # One of the run's files or folders: copied, the original left where it is.
                 if os.path.isdir(came):
@@ -174,7 +169,8 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
             else:
                 orig(src if mine is None else mine, there)
                 files.written.discard(mine)
-            files.written.add(there)
+            if to is not None:
+                files.written.add(there)
             return None
 
         return move_
@@ -202,8 +198,9 @@ def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
             if full is None:
                 return orig(path, *args, **kwargs)
             there = where.mirror(full)
-            for w in [w for w in files.written if w.startswith(there + os.sep)]:
-                files.written.discard(w)
+            for w in list(files.written):  # a copy: another thread may write meanwhile
+                if w.startswith(there + os.sep):
+                    files.written.discard(w)
             orig(there, ignore_errors=True)
             return None  # the run's folder stays
 
