@@ -7,11 +7,11 @@ The script runs in this process like `trainprof run` runs it (capture/launch.py 
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
 steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
 (capture/phaseref: how fast the machine ran, for tryfix/machine). The script's own profiler runs
-as in the run, writing no file, and the script's checkpoints, the frameworks' logs (tryfix/outputs)
-and what it writes through Python's file calls (tryfix/userfiles) go to outputs/ beside the
-result file. The result file gets every step's wall time,
-those references, how the script ended, what the fixes did and what the rounds did not write
-where the run did. The exit code is the script's.
+as in the run, writing no file, and the script's checkpoints, the frameworks' logs
+(tryfix/outputs) and what it writes through Python's file calls (tryfix/userfiles) go to
+outputs/ beside the result file. The result file gets every step's wall time, those
+references, how the script ended, what the fixes did and what the rounds did not write where
+the run did. The exit code is the script's.
 """
 
 from __future__ import annotations
