@@ -138,7 +138,10 @@ measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples m
 their median. It does not cover what moves between runs: the Hugging Face Trainer's example
 gave 0 to 14.9 % (high in one run, info in others) in identical runs one session, each spread
 5-19 points wide and not overlapping (the machine moved between them), and 0 % in all sixteen
-runs of the next.
+runs of the next. Where the spread crosses a severity line, the evidence says so ("That spans low
+to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM that example's
+estimate was 0.2-8.5 % in ten runs (`medium` eight times, `low` twice), `trainprof try`
+measuring +4.5 to +8.7 %.
 With workers already, only the waiting part of F is the workers' work in that model (the
 receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
@@ -164,7 +167,7 @@ from __future__ import annotations
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.loader_workers import CpuModel, Estimate, estimate, workers
-from trainprof.analysis.model import Finding
+from trainprof.analysis.model import Finding, severity_for
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
@@ -252,6 +255,9 @@ def _cpu_evidence(
             f" Within this run's own noise (its steps, the thread steps and the probe's receives "
             f"resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile)."
         )
+        low, high = severity_for(lo), severity_for(hi)
+        if low != high:  # the severity is the estimate's; say where an identical run may land
+            text += f" That spans {low} to {high}: an identical run may rate it either way."
     if others is not None and others >= BUSY_CPUS:
         text += (
             f" Other processes kept {others:.1f} of the {cores} CPUs busy during the run: the "
