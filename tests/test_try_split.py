@@ -80,6 +80,27 @@ def test_the_estimates_spread_is_shown_beside_it():
     assert "estimated: +21.9 % (3.1-26.9 % within the run's own noise)" in render_try_text(doc)
 
 
+def test_rounds_that_cannot_tell_say_how_many_could():
+    """A "none" whose interval also holds the estimate: the rounds could not tell the estimate
+    from 0, and try.json and the table say how many rounds could, at these rounds' spread."""
+    t = _trial(100.0, 100.0, 100.0, estimate=6.0)
+    t.by_rule[RULE] = t.by_rule[RULE][:1]
+    wrk = t.by_rule[RULE][0]
+    wrk.rounds = [[ms / 1000] * 12 for ms in (90.0, 99.0, 93.0)]  # savings 10, 1 and 7 %
+    (f,) = t.document()["fixes"]
+    assert f["verdict"] == "none" and f["ci_pct"][0] <= 6.0 <= f["ci_pct"][1]
+    assert f["rounds_to_tell"] == 12 and "rounds_to_tell_beyond" not in f
+    text = render_try_text(t.document())
+    assert "these rounds cannot tell +6.0 % from 0 on this machine" in text
+    assert "about 12 rounds would (--rounds 12)" in text
+    t.est = {RULE: 0.5}  # a tiny estimate: more rounds than worth running
+    (g,) = t.document()["fixes"]
+    assert g["rounds_to_tell_beyond"] is True
+    assert "more than 100 rounds would be needed" in render_try_text(t.document())
+    t.est = {RULE: 40.0}  # an interval that excludes the estimate: "none" says enough
+    assert "rounds_to_tell" not in t.document()["fixes"][0]
+
+
 def test_no_split_without_a_matching_control():
     t = _trial(100.0, 40.0, 30.0, estimate=70.0)
     t.by_rule[RULE] = t.by_rule[RULE][:1]  # the worker variant only

@@ -124,6 +124,15 @@ def outputs_text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def tell_text(f: dict[str, Any]) -> str:
+    """What `rounds_to_tell` means for a fix whose rounds could not tell its estimate from 0."""
+    k, est = f["rounds_to_tell"], _pct(f.get("estimated_pct"))
+    head = f"these rounds cannot tell {est} from 0 on this machine (the interval holds both)"
+    if f.get("rounds_to_tell_beyond"):
+        return f"{head}; at their spread more than {k - 1} rounds would be needed"
+    return f"{head}; at their spread about {k} rounds would (--rounds {k})"
+
+
 def _some(paths: list[str]) -> str:
     return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
 
@@ -153,6 +162,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
+        if f.get("rounds_to_tell"):
+            lines.append(f"    note:      {tell_text(f)}")
         if f.get("workers_pct") is not None:
             lines.append(
                 f"      of which the thread change alone {_pct(f.get('threads_only_pct'))} "

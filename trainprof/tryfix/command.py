@@ -32,7 +32,16 @@ from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine
-from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
+from trainprof.tryfix.measure import (
+    MAX_ROUNDS,
+    pace,
+    per_round,
+    rounds_to_tell,
+    saving,
+    timed_steps,
+    verdict,
+    within_target,
+)
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -395,11 +404,14 @@ class Trial:
                 raise
 
     # ----- results -----------------------------------------------------------------------------
+    def _base_for(self, v: Variant) -> list[list[float]]:
+        """The baseline rounds `v` ran beside (the combined variant: the last ones)."""
+        base = self.base.rounds
+        return base[len(base) - len(v.rounds):] if v is self.combined else base
+
     def measured(self, v: Variant) -> dict | None:
         """Measured saving of `v` against the baseline rounds it ran beside."""
-        base = self.base.rounds
-        if v is self.combined:
-            base = base[len(base) - len(v.rounds):]
+        base = self._base_for(v)
         n = min(len(base), len(v.rounds))
         if not n:
             return None
@@ -465,6 +477,15 @@ class Trial:
                              step_times_ms=m["step_times_ms"],
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
+                lo, hi = m["ci_pct"]
+                if entry["verdict"] == "none" and est and lo <= est <= hi:
+                    # The rounds cannot tell the estimate from 0: how many could, here.
+                    n = m["rounds"]
+                    k = rounds_to_tell(est, per_round(self._base_for(v)[:n], v.rounds[:n]))
+                    if k is not None:
+                        entry["rounds_to_tell"] = k
+                        if k > MAX_ROUNDS:
+                            entry["rounds_to_tell_beyond"] = True
                 split = self.split_threads(rule, v)
                 if split is not None:
                     entry.update(split)

@@ -19,7 +19,9 @@ narrow). With few rounds the interval is wide, which is the honest answer on a n
 
 Verdict, against the estimate E (from the run's diagnosis) with measured M and interval [lo, hi]:
 slower (hi < 0), none (the interval holds 0), smaller (M short of E by more than the tolerance:
-30 % of E, at least 2 points), confirmed (otherwise: as large as estimated, or larger).
+30 % of E, at least 2 points), confirmed (otherwise: as large as estimated, or larger). "none"
+with an interval that holds E as well is the rounds unable to tell E from 0: `rounds_to_tell`
+says how many rounds would, at the spread between these rounds.
 """
 
 from __future__ import annotations
@@ -40,6 +42,31 @@ def pace(rounds: list[list[float]]) -> float:
     """The step of the rounds together (the median of their blocks' means; 0 without steps)."""
     means = [block_means(r) for r in rounds if len(r)]
     return float(np.median(np.concatenate(means))) if means else 0.0
+
+
+def per_round(base: list[list[float]], variant: list[list[float]]) -> list[float]:
+    """Each pair of rounds' own saving (%), the samples of the interval's t part."""
+    return [100.0 * (1.0 - np.median(block_means(b)) / np.median(block_means(a)))
+            for a, b in zip(base, variant, strict=False) if len(a) and len(b)]
+
+
+MAX_ROUNDS = 100  # beyond this, `rounds_to_tell` says only that it is beyond
+
+
+def rounds_to_tell(estimated: float | None, savings: list[float]) -> int | None:
+    """How many rounds the t interval needs, at the spread `savings` (per-round savings, %) the
+    rounds showed, to be at most half the estimate wide on either side: a saving as large as
+    estimated would then be told from 0. MAX_ROUNDS + 1 beyond MAX_ROUNDS; None where it cannot
+    be said (no positive estimate, fewer than 2 rounds, no spread)."""
+    if estimated is None or estimated <= 0 or len(savings) < 2:
+        return None
+    sd = float(np.std(savings, ddof=1))
+    if sd <= 0:
+        return None
+    for k in range(2, MAX_ROUNDS + 1):
+        if _t975(k - 1) * sd / np.sqrt(k) <= estimated / 2:
+            return k
+    return MAX_ROUNDS + 1
 
 
 def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, float, float]:
