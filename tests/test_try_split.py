@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from trainprof.capture.patching import Patches
-from trainprof.report.tryout import render_try_text
+from trainprof.report.tryout import render_try_markdown, render_try_text, try_html
 from trainprof.runmeta import RunMeta
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, Variant
@@ -93,6 +93,8 @@ def test_rounds_that_cannot_tell_say_how_many_could():
     text = render_try_text(t.document())
     assert "these rounds cannot tell +6.0 % from 0 on this machine" in text
     assert "about 12 rounds would (--rounds 12)" in text
+    cell = "none (cannot tell the estimate from 0: about 12 rounds would)"
+    assert cell in render_try_markdown(t.document()) and cell in try_html(t.document())
     t.est = {RULE: 0.5}  # a tiny estimate: more rounds than worth running
     (g,) = t.document()["fixes"]
     assert g["rounds_to_tell_beyond"] is True

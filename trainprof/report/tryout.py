@@ -124,6 +124,16 @@ def outputs_text(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _verdict(f: dict[str, Any]) -> str:
+    """The verdict for a table cell, with `rounds_to_tell` where the rounds could not tell."""
+    v = f.get("verdict") or "—"
+    k = f.get("rounds_to_tell")
+    if not k:
+        return v
+    more = f"more than {k - 1}" if f.get("rounds_to_tell_beyond") else f"about {k}"
+    return f"{v} (cannot tell the estimate from 0: {more} rounds would)"
+
+
 def tell_text(f: dict[str, Any]) -> str:
     """What `rounds_to_tell` means for a fix whose rounds could not tell its estimate from 0."""
     k, est = f["rounds_to_tell"], _pct(f.get("estimated_pct"))
@@ -206,7 +216,7 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
         rows.append(
             f"| {f['rule']} | `{f['change']}` | {_pct(f.get('estimated_pct'))} | "
             f"{_measured(f) if f.get('verdict') != 'edit the code' else '—'} | "
-            f"{f.get('verdict') or '—'} |"
+            f"{_verdict(f)} |"
         )
     c = doc.get("combined")
     if c and c.get("rules"):
@@ -225,7 +235,7 @@ def try_html(doc: dict[str, Any]) -> str:
         rows.append(
             f"<tr><td>{e(f['rule'])}</td><td><code>{e(f['change'])}</code></td>"
             f"<td>{e(_pct(f.get('estimated_pct')))}</td><td>{e(measured)}</td>"
-            f"<td>{e(f.get('verdict') or '—')}</td>"
+            f"<td>{e(_verdict(f))}</td>"
             f"<td><code>{e(f.get('permanent_fix') or '')}</code></td></tr>"
         )
     c = doc.get("combined")

@@ -91,8 +91,7 @@ def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, 
         # Widened to the round-level t interval: the bootstrap of 3 rounds has only 10 distinct
         # draws and reads 3 rounds that drifted the same way as certainty (plain SGD's fused=True
         # "confirmed" at +7.3 % [+1.2, +11.0] on a step whose whole update is 1.3 %).
-        per_round = [100.0 * (1.0 - np.median(b) / np.median(a)) for a, b in pairs]
-        hw = _t975(k - 1) * float(np.std(per_round, ddof=1)) / np.sqrt(k)
+        hw = _t975(k - 1) * float(np.std(per_round(base, variant), ddof=1)) / np.sqrt(k)
         lo, hi = min(lo, point - hw), max(hi, point + hw)
     return float(point), float(min(lo, point)), float(max(hi, point))
 
