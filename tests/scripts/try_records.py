@@ -15,7 +15,7 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
              temporary file in FOLDER, os.replace), pathlib's write_text; safetensors' save_file
              (read back) and a transformers model's save_pretrained, written from Rust; at the
              start it deletes the previous run's FOLDER/stale.txt and FOLDER/old/, which it
-             writes again.
+             writes again; at exit (atexit) it writes FOLDER/summary.txt.
 """
 
 import os
@@ -119,6 +119,7 @@ elif kind == "accelerate":
         if step == steps:
             break
 elif kind == "files":
+    import atexit
     import json
     import logging
     import pathlib
@@ -131,6 +132,11 @@ elif kind == "files":
 
     bert = BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                 intermediate_size=32, vocab_size=50))
+    def summary() -> None:  # at the interpreter's exit, after the loop (and after a round)
+        with open(os.path.join(folder, "summary.txt"), "w") as f:
+            f.write(f"{steps} steps")
+
+    atexit.register(summary)
     stale = os.path.join(folder, "stale.txt")
     if os.path.exists(stale):
         os.remove(stale)

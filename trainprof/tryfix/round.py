@@ -58,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     specs = json.loads(opts.fixes)
     patches = Patches()
+    # Where the script's records go stays patched until this process exits: a script's atexit
+    # handler (a summary written at exit) runs after the round; this process is the round's own.
+    records = Patches()
     stepper = Stepper(None)
     stepper.profiling = False  # the step timer only: no profiler in a round
     stepper.max_steps = opts.max_steps
@@ -70,9 +73,9 @@ def main(argv: list[str] | None = None) -> int:
     with sigterm_guard():
         try:
             stepper.install(patches)
-            held = hold_profiler_files(patches)  # the script's own profiler writes nothing
-            where = redirect_records(patches, str(opts.result.parent / "outputs"), held)
-            keep_user_files(patches, where)  # and what it writes through open(), os.replace...
+            held = hold_profiler_files(records)  # the script's own profiler writes nothing
+            where = redirect_records(records, str(opts.result.parent / "outputs"), held)
+            keep_user_files(records, where)  # and what it writes through open(), os.replace...
             install_probes(patches, stepper, UserCode(target.user_roots))
             install(specs, patches, applied)
             S.reset()

@@ -5,7 +5,8 @@ through Python's own file calls: a log it appends to with `open(path, "a")`, `nu
 pandas CSV, `pathlib.Path.write_text`, a `logging.FileHandler`, a JSON saved
 atomically (a temporary file in the same folder, then `os.replace`), a clean-up that deletes its
 oldest outputs. In the run that is the user's record; a round, stopped after a few steps with a
-fix's numerics, would append to it, overwrite it, or delete it. So while a round runs:
+fix's numerics, would append to it, overwrite it, or delete it. So while a round runs (until
+its process exits: tryfix/round leaves these patches on for the script's atexit handlers):
 - `open()` (builtins and io: pathlib, numpy, pandas, logging handlers made in the round go
   through it) and `os.open` with a mode that writes send the path to its mirror below the
   round's folder (outputs.Elsewhere, listed in `redirected`). A mode that keeps what is there
