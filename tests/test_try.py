@@ -20,19 +20,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainprof.capture.patching import Patches
 from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
-from trainprof.tryfix import catalog
+from trainprof.tryfix import catalog, measure
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, load_run
-from trainprof.tryfix.measure import (
-    MAX_ROUNDS,
-    pace,
-    per_round,
-    rounds_to_tell,
-    saving,
-    timed_steps,
-    verdict,
-    within_target,
-)
+from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
 
 MLP = str(SCRIPTS / "try_mlp.py")
 SHARING = str(SCRIPTS / "try_sharing.py")
@@ -197,14 +188,15 @@ def test_rounds_that_cannot_tell_the_estimate_from_0_say_how_many_could() -> Non
     t interval needs at their spread to be at most half of a 6 % estimate wide on each side."""
     base = [[10.0, 10.01, 9.99] * 5 for _ in range(3)]
     variant = [[v, v + 0.01, v - 0.01] * 5 for v in (9.0, 9.9, 9.3)]
-    savings = per_round(base, variant)
+    savings = measure.per_round(base, variant)
     assert savings == pytest.approx([10.0, 1.0, 7.0], abs=0.01)
-    k = rounds_to_tell(6.0, savings)  # sd 4.58: t(k-1) * 4.58 / sqrt(k) <= 3 from k = 12
+    tell = measure.rounds_to_tell
+    k = tell(6.0, savings)  # sd 4.58: t(k-1) * 4.58 / sqrt(k) <= 3 from k = 12
     assert k == 12
-    assert rounds_to_tell(12.0, savings) < k  # a larger saving is told sooner
-    assert rounds_to_tell(0.5, savings) == MAX_ROUNDS + 1  # beyond what is worth running
-    assert rounds_to_tell(None, savings) is None and rounds_to_tell(0.0, savings) is None
-    assert rounds_to_tell(6.0, [5.0]) is None and rounds_to_tell(6.0, [5.0, 5.0]) is None
+    assert tell(12.0, savings) < k  # a larger saving is told sooner
+    assert tell(0.5, savings) == measure.MAX_ROUNDS + 1  # beyond what is worth running
+    assert tell(None, savings) is None and tell(0.0, savings) is None
+    assert tell(6.0, [5.0]) is None and tell(6.0, [5.0, 5.0]) is None
 
 
 def test_steps_that_alternate_count_at_their_pace() -> None:
