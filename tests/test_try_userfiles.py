@@ -109,6 +109,33 @@ def test_caches_and_the_python_environment_are_left_alone(
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
     monkeypatch.setenv("HF_HOME", str(tmp_path.parent))
     monkeypatch.chdir(tmp_path)
-    alone = left_alone()
-    assert str(tmp_path / "triton") in alone and os.path.abspath(sys.prefix) in alone
-    assert str(tmp_path.parent) not in alone and "/" not in alone
+    always, outside = left_alone()
+    assert str(tmp_path / "triton") in always and os.path.abspath(sys.prefix) in always
+    assert str(tmp_path.parent) not in always | outside and "/" not in always | outside
+
+
+def test_a_working_folder_in_the_temp_folder_keeps_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A script run from a folder in the temp folder (a notebook in /tmp, a clone there): its
+    files are the run's record; the rest of the temp folder is scratch, and the round's own
+    folder (its result file) is written where it says."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    work, ours = tmp_path / "work", tmp_path / "trainprof-try-1"
+    work.mkdir()
+    ours.mkdir()
+    monkeypatch.chdir(work)
+    (work / "log.txt").write_text("run")
+    patches = Patches()
+    keep_user_files(patches, Elsewhere(str(ours / "outputs"), HeldOutputs()), leave=[str(ours)])
+    try:
+        with open("log.txt", "a") as f:
+            f.write(" round")
+        with open(tmp_path / "scratch.txt", "w") as f:
+            f.write("scratch")
+        (ours / "result.json").write_text("{}")
+    finally:
+        patches.restore()
+    assert (work / "log.txt").read_text() == "run"
+    assert (tmp_path / "scratch.txt").read_text() == "scratch"
+    assert (ours / "result.json").read_text() == "{}"

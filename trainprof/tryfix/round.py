@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             stepper.install(patches)
             held = hold_profiler_files(records)  # the script's own profiler writes nothing
             where = redirect_records(records, str(opts.result.parent / "outputs"), held)
-            keep_user_files(records, where)  # and what it writes through open(), os.replace...
+            # ... and what it writes through open(), os.replace... (not this round's result file)
+            keep_user_files(records, where, leave=[str(opts.result.parent)])
             install_probes(patches, stepper, UserCode(target.user_roots))
             install(specs, patches, applied)
             S.reset()

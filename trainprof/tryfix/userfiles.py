@@ -18,8 +18,9 @@ its process exits: tryfix/round leaves these patches on for the script's atexit 
 - `os.replace` / `os.rename` onto the script's paths land in the mirror (a file of the run's
   that is renamed is copied there, and stays where it was);
 - `os.remove` / `os.unlink` and `shutil.rmtree` remove the round's mirror, never the run's file.
-Left as they are: paths in the temp folder (a TemporaryDirectory is the script's own scratch,
-and a folder listed after writing to it must show what was written), libraries' caches (`CACHES`:
+Left as they are: paths in the temp folder outside the working folder (a TemporaryDirectory is
+the script's own scratch, and a folder listed after writing to it must show what was written),
+libraries' caches (`CACHES`:
 a compiler's cache that writes a kernel and then checks that it is there must find it; torch's
 inductor cache is in the temp folder unless TORCHINDUCTOR_CACHE_DIR says otherwise), the Python
 environment's folders, /dev, /proc and /sys, calls given a `dir_fd`, folders the script makes
@@ -38,7 +39,7 @@ import shutil
 import stat
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from trainprof.capture.patching import Patches
@@ -55,31 +56,42 @@ _CACHE_HOMES = ("~/.cache", "~/.triton", "~/.nv")
 ON_WRITTEN = ("stat", "lstat", "chmod", "utime", "access", "listxattr", "getxattr", "setxattr")
 
 
-def left_alone() -> set[str]:
+def left_alone() -> tuple[set[str], set[str]]:
     """The folders whose files a round writes where the script says (see the module's
-    docstring): the temp folder, caches, the Python environment, the system's."""
+    docstring): (always: the system's, the caches variables name, the Python environment;
+    outside the working folder: the temp folder and the usual cache homes). A working folder
+    in the temp folder (a notebook run in /tmp) keeps its files; its neighbours are scratch."""
+    always = {*_SYSTEM, *(os.path.abspath(os.environ[v]) for v in CACHES if os.environ.get(v))}
+    always |= {os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
     temp = tempfile.gettempdir()
-    found = {os.path.abspath(temp), os.path.realpath(temp), *_SYSTEM}
-    found |= {os.path.abspath(os.path.expanduser(p)) for p in _CACHE_HOMES}
-    found |= {os.path.abspath(os.environ[v]) for v in CACHES if os.environ.get(v)}
-    found |= {os.path.abspath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix}}
-    # Never a folder the script's working folder is in (a Python installed at /, a cache
-    # variable pointing at the project), nor the home folder itself.
+    outside = {os.path.abspath(temp), os.path.realpath(temp)}
+    outside |= {os.path.abspath(os.path.expanduser(p)) for p in _CACHE_HOMES}
+    # Never a folder the working folder is in (a Python installed at /, a cache variable that
+    # names a folder above the project), nor the home folder itself.
     cwd = os.path.join(os.getcwd(), "")
     home = os.path.abspath(os.path.expanduser("~"))
-    return {f for f in found if not cwd.startswith(os.path.join(f, "")) and f != home}
+    always = {f for f in always if not cwd.startswith(os.path.join(f, "")) and f != home}
+    return always, outside - {home}
+
+
+def _folders(paths: Iterable[str]) -> tuple[str, ...]:
+    """Prefixes that match a folder and what is in it (str.startswith takes the tuple)."""
+    return tuple(os.path.join(p.rstrip(os.sep), "") for p in paths)
 
 
 class UserFiles:
     """The round's view of the script's files: which paths go to `where`, and the mirrors the
     round has written (reads of those read the mirror)."""
 
-    def __init__(self, where: Elsewhere) -> None:
+    def __init__(self, where: Elsewhere, leave: Iterable[str] = ()) -> None:
+        """`leave`: more folders of the round's own (its result file's)."""
         self.where = where
         self.real_open = builtins.open  # taken before the patches
         self.real_stat = os.stat
-        skip = left_alone() | {where.root}
-        self.skip = tuple(s.rstrip(os.sep) + os.sep for s in skip)  # a folder and what is in it
+        always, outside = left_alone()
+        self.always = _folders(always | {where.root, *map(os.path.abspath, leave)})
+        self.outside = _folders(outside)
+        self.cwd = os.path.join(os.getcwd(), "")
         self.written = where.made  # the mirrors this round wrote (torch.save's too)
 
     def user(self, p: Any) -> str | None:
@@ -90,7 +102,10 @@ class UserFiles:
         if not isinstance(p, (str, os.PathLike)):
             return None
         full = os.path.abspath(os.fspath(p))
-        return None if (full + os.sep).startswith(self.skip) else full
+        f = full + os.sep
+        if f.startswith(self.always) or (f.startswith(self.outside) and not f.startswith(self.cwd)):
+            return None
+        return full
 
     def mirror(self, full: str) -> str:
         return self.where.file(full)
@@ -119,9 +134,10 @@ class UserFiles:
         return full
 
 
-def keep_user_files(patches: Patches, where: Elsewhere) -> UserFiles:
-    """Patch Python's file calls for the round (see the module's docstring)."""
-    files = UserFiles(where)
+def keep_user_files(patches: Patches, where: Elsewhere, leave: Iterable[str] = ()) -> UserFiles:
+    """Patch Python's file calls for the round (see the module's docstring); `leave`: folders
+    of the round's own besides `where.root`."""
+    files = UserFiles(where, leave)
 
     def opener(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
