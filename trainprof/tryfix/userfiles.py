@@ -18,14 +18,13 @@ its process exits: tryfix/round leaves these patches on for the script's atexit 
 - `os.replace` / `os.rename` onto the script's paths land in the mirror (a file of the run's
   that is renamed is copied there, and stays where it was);
 - `os.remove` / `os.unlink` and `shutil.rmtree` remove the round's mirror, never the run's file.
-Left as they are: paths in the temp folder outside the working folder (a TemporaryDirectory is
-the script's own scratch, and a folder listed after writing to it must show what was written),
-libraries' caches (`CACHES`:
-a compiler's cache that writes a kernel and then checks that it is there must find it; torch's
-inductor cache is in the temp folder unless TORCHINDUCTOR_CACHE_DIR says otherwise), the Python
-environment's folders, /dev, /proc and /sys, calls given a `dir_fd`, folders the script makes
-(`os.makedirs` makes them where it says, empty), writes from C, C++ or Rust code (h5py;
-safetensors and save_pretrained are tryfix/outputs'), and from processes the script starts
+Left as they are: paths in the temp folder outside the working folder (a TemporaryDirectory is the
+script's own scratch, and a folder listed after writing to it must show what was written),
+libraries' caches (`CACHES`: a compiler's cache that writes a kernel and then checks that it is
+there must find it; torch's inductor cache is in the temp folder unless TORCHINDUCTOR_CACHE_DIR says
+otherwise), the Python environment's folders, /dev, /proc and /sys, calls given a `dir_fd`, folders
+the script makes (`os.makedirs` makes them where it says, empty), writes from C, C++ or Rust code
+(h5py; safetensors and save_pretrained are tryfix/outputs'), and from processes the script starts
 afresh (spawn, subprocess: a forked DataLoader worker keeps the round's patches).
 """
 
@@ -76,7 +75,7 @@ def left_alone() -> tuple[set[str], set[str]]:
 
 def _folders(paths: Iterable[str]) -> tuple[str, ...]:
     """Prefixes that match a folder and what is in it (str.startswith takes the tuple)."""
-    return tuple(os.path.join(p.rstrip(os.sep), "") for p in paths)
+    return tuple(os.path.join(p.rstrip(os.sep), "") for p in paths if p.rstrip(os.sep))
 
 
 class UserFiles:
