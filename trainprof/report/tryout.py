@@ -127,11 +127,15 @@ def outputs_text(doc: dict[str, Any]) -> list[str]:
 def _verdict(f: dict[str, Any]) -> str:
     """The verdict for a table cell, with `rounds_to_tell` where the rounds could not tell."""
     v = f.get("verdict") or "—"
-    k = f.get("rounds_to_tell")
-    if not k:
+    if not f.get("rounds_to_tell"):
         return v
-    more = f"more than {k - 1}" if f.get("rounds_to_tell_beyond") else f"about {k}"
-    return f"{v} (cannot tell the estimate from 0: {more} rounds would)"
+    return f"{v} (cannot tell the estimate from 0: {_rounds(f)} rounds would)"
+
+
+def _rounds(f: dict[str, Any]) -> str:
+    """"about k" rounds, or "more than k - 1" beyond what rounds_to_tell counts to."""
+    k = f["rounds_to_tell"]
+    return f"more than {k - 1}" if f.get("rounds_to_tell_beyond") else f"about {k}"
 
 
 def tell_text(f: dict[str, Any]) -> str:
@@ -139,8 +143,8 @@ def tell_text(f: dict[str, Any]) -> str:
     k, est = f["rounds_to_tell"], _pct(f.get("estimated_pct"))
     head = f"these rounds cannot tell {est} from 0 on this machine (the interval holds both)"
     if f.get("rounds_to_tell_beyond"):
-        return f"{head}; at their spread more than {k - 1} rounds would be needed"
-    return f"{head}; at their spread about {k} rounds would (--rounds {k})"
+        return f"{head}; at their spread {_rounds(f)} rounds would be needed"
+    return f"{head}; at their spread {_rounds(f)} rounds would (--rounds {k})"
 
 
 def _some(paths: list[str]) -> str:

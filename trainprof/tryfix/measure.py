@@ -44,10 +44,19 @@ def pace(rounds: list[list[float]]) -> float:
     return float(np.median(np.concatenate(means))) if means else 0.0
 
 
+def _pairs(base: list[list[float]], variant: list[list[float]]) -> list[tuple]:
+    """Each pair of rounds with steps on both sides, as their blocks' means."""
+    return [(block_means(a), block_means(b)) for a, b in zip(base, variant, strict=False)
+            if len(a) and len(b)]
+
+
+def _savings(pairs: list[tuple]) -> list[float]:
+    return [100.0 * (1.0 - np.median(b) / np.median(a)) for a, b in pairs]
+
+
 def per_round(base: list[list[float]], variant: list[list[float]]) -> list[float]:
     """Each pair of rounds' own saving (%), the samples of the interval's t part."""
-    return [100.0 * (1.0 - np.median(block_means(b)) / np.median(block_means(a)))
-            for a, b in zip(base, variant, strict=False) if len(a) and len(b)]
+    return _savings(_pairs(base, variant))
 
 
 MAX_ROUNDS = 100  # beyond this, `rounds_to_tell` says only that it is beyond
@@ -71,8 +80,7 @@ def rounds_to_tell(estimated: float | None, savings: list[float]) -> int | None:
 
 def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, float, float]:
     """(measured %, lo %, hi %) from per-round step times (warm-up already dropped)."""
-    pairs = [(block_means(a), block_means(b)) for a, b in zip(base, variant, strict=False)
-             if len(a) and len(b)]
+    pairs = _pairs(base, variant)
     if not pairs:
         raise ValueError("no round with steps on both sides")
     a_all = np.concatenate([a for a, _ in pairs])
@@ -91,7 +99,7 @@ def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, 
         # Widened to the round-level t interval: the bootstrap of 3 rounds has only 10 distinct
         # draws and reads 3 rounds that drifted the same way as certainty (plain SGD's fused=True
         # "confirmed" at +7.3 % [+1.2, +11.0] on a step whose whole update is 1.3 %).
-        hw = _t975(k - 1) * float(np.std(per_round(base, variant), ddof=1)) / np.sqrt(k)
+        hw = _t975(k - 1) * float(np.std(_savings(pairs), ddof=1)) / np.sqrt(k)
         lo, hi = min(lo, point - hw), max(hi, point + hw)
     return float(point), float(min(lo, point)), float(max(hi, point))
 

@@ -106,12 +106,9 @@ class UserFiles:
             return None
         return full
 
-    def mirror(self, full: str) -> str:
-        return self.where.file(full)
-
     def for_write(self, full: str, keep: bool) -> str:
         """The mirror to write `full` to; `keep`: with the script's file's content first."""
-        there = self.mirror(full)
+        there = self.where.file(full)
         if keep and not os.path.lexists(there) and self.is_file(full):
             with self.real_open(full, "rb") as src, self.real_open(there, "wb") as dst:
                 shutil.copyfileobj(src, dst)
@@ -141,12 +138,13 @@ def keep_user_files(patches: Patches, where: Elsewhere, leave: Iterable[str] = (
     def opener(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def open_(file: Any, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
-            full = files.user(file) if isinstance(mode, str) else None
-            if full is not None:
-                if any(c in mode for c in "wax+"):
-                    file = files.for_write(full, keep="w" not in mode and "x" not in mode)
-                else:
-                    file = files.for_read(full)
+            # A read before the round wrote anything (a dataset's files) passes straight on.
+            writes = isinstance(mode, str) and any(c in mode for c in "wax+")
+            if writes or (files.written and isinstance(mode, str)):
+                full = files.user(file)
+                if full is not None:
+                    file = (files.for_write(full, keep="w" not in mode and "x" not in mode)
+                            if writes else files.for_read(full))
             return orig(file, mode, *args, **kwargs)
 
         return open_
@@ -157,12 +155,12 @@ def keep_user_files(patches: Patches, where: Elsewhere, leave: Iterable[str] = (
     def os_open(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def open_(path: Any, flags: int, *args: Any, **kwargs: Any) -> Any:
-            full = None if kwargs.get("dir_fd") is not None else files.user(path)
-            if full is not None:
-                if flags & _WRITE_FLAGS:
-                    path = files.for_write(full, keep=not flags & os.O_TRUNC)
-                else:
-                    path = files.for_read(full)
+            writes = bool(flags & _WRITE_FLAGS)
+            if (writes or files.written) and kwargs.get("dir_fd") is None:
+                full = files.user(path)
+                if full is not None:
+                    path = (files.for_write(full, keep=not flags & os.O_TRUNC)
+                            if writes else files.for_read(full))
             return orig(path, flags, *args, **kwargs)
 
         return open_
@@ -175,7 +173,7 @@ def keep_user_files(patches: Patches, where: Elsewhere, leave: Iterable[str] = (
             came = files.user(src)
             mine = None if came is None else files.for_read(came)
             to = files.user(dst)
-            there = dst if to is None else files.mirror(to)  # to the temp folder, say: as it is
+            there = dst if to is None else where.file(to)  # to the temp folder, say: as it is
             if came is not None and mine == came:
                 # One of the run's files or folders: copied, the original left where it is.
                 if os.path.isdir(came):
