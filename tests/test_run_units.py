@@ -159,3 +159,26 @@ def test_cuda_check_leaves_later_forks_alone() -> None:
         cwd=ROOT, timeout=120,
     ).stdout.split()  # fmt: skip
     assert out == [str(torch.cuda.is_available()), "0"]
+
+
+def test_two_patch_sets_after_the_same_import_both_patch(tmp_path: Path) -> None:
+    """A `try` round holds two Patches sets (the fixes' and the records', never restored), and
+    both may wait for one module (transformers.trainer: the evaluation probe and the output
+    folders): each finder asked the other, without end (a RecursionError in the import)."""
+    from trainprof.capture.patching import Patches
+
+    (tmp_path / "waited_for.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    first, second = Patches(), Patches()
+    seen: list[str] = []
+    try:
+        first.after_import("waited_for", lambda m: seen.append(f"first {m.X}"))
+        second.after_import("waited_for", lambda m: seen.append(f"second {m.X}"))
+        import waited_for  # noqa: F401
+
+        assert sorted(seen) == ["first 1", "second 1"]
+    finally:
+        first.restore()
+        second.restore()
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("waited_for", None)

@@ -231,6 +231,26 @@ def test_compile_steps_are_left_out_without_losing_the_steady_state() -> None:
     assert timed_steps([0.5] * 8, [], warmup=5).kept == [0.5] * 3
 
 
+def test_steps_that_evaluate_are_not_timed() -> None:
+    # Validation in steps 2, 8 and 16 (each 20x a training step); 2 falls in the warm-up.
+    times = [0.01] * 20
+    times[8] = times[16] = 0.2
+    t = timed_steps(times, [], warmup=5, eval_steps=[16, 2, 8])
+    assert t.evals == [8, 16] and t.head == 5
+    assert len(t.kept) == 20 - 5 - 2 and max(t.kept) == 0.01
+    # The header says where the script ended the rounds, and what else was not timed.
+    from trainprof.report.tryout import render_try_text
+
+    doc = {"steps_per_round": 229, "warmup_steps_discarded": 5, "fixes": [],
+           "baseline": {"rounds": 2, "median_ms": 10.0, "steps_run": [20, 20],
+                        "eval_steps": [[8, 16], [8, 16]]}}
+    text = render_try_text(doc)
+    assert ("2 rounds of 20 steps (where the script ends), the first 5 of each not timed, nor "
+            "the 2 that evaluate") in text
+    doc["baseline"].update(steps_run=[229, 229], eval_steps=None)
+    assert "2 rounds of 229 steps, the first 5 of each not timed\n" in render_try_text(doc)
+
+
 # ----- bad input ---------------------------------------------------------------------------------
 def test_bare_trace_folder_is_refused_in_one_line(tmp_path: Path) -> None:
     (tmp_path / "host_1.1.pt.trace.json").write_text('{"traceEvents": []}')
@@ -304,6 +324,16 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
         assert not [p for p in doc["redirected"] if p.startswith(str(scratch))]
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]
+    if name in ("lightning", "hf"):
+        # Validation every 4 steps, each 50 ms more: the steps that hold one are not timed.
+        base = doc["baseline"]
+        (evals,) = base["eval_steps"]
+        assert evals and all(5 <= s < 12 for s in evals), evals
+        assert base["steps_run"] == [12] and len(base["step_times_ms"][0]) == 12 - 5 - len(evals)
+        assert max(base["step_times_ms"][0]) < 50, base["step_times_ms"]
+        assert doc["fixes"][0]["eval_steps"] == [evals]
+    else:
+        assert doc["baseline"]["eval_steps"] is None
     if kind == "torch":  # SummaryWriter's default folder
         assert str(work / "runs") in doc["redirected"]
     assert "what the run wrote is as it was" in done.stdout

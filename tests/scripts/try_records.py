@@ -5,8 +5,10 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
              (checked against the model: a script reading back what it just saved), and the loss
              to TensorBoard with SummaryWriter() (runs/<time>_<host> in the working folder);
   lightning  Lightning with its default logger (lightning_logs/ in the working folder) and
-             ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps;
-  hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps;
+             ModelCheckpoint(dirpath=FOLDER/ckpt) every 5 steps, validating every 4 steps
+             (each validation made slow: 50 ms);
+  hf         the Hugging Face Trainer, output_dir=FOLDER/out, a checkpoint every 5 steps,
+             evaluating every 4 steps (each evaluation made slow: 50 ms);
              `resume`: train(resume_from_checkpoint=True), from the last one there;
   accelerate accelerate with project_dir=FOLDER, automatic checkpoint naming and a total limit
              of 2 (older ones deleted): save_state() every 5 steps; `resume`: load_state() first;
@@ -20,6 +22,7 @@ Usage: try_records.py KIND FOLDER [STEPS [resume]]. KIND:
 
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -65,14 +68,21 @@ elif kind == "lightning":
             self.log("loss", loss)
             return loss
 
+        def validation_step(self, batch, batch_idx):
+            time.sleep(0.05 / 4)  # 4 batches: a validation 50 ms longer than a training step
+            x, y = batch
+            self.log("val_loss", nn.functional.cross_entropy(self.net(x), y))
+
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     ckpt = ModelCheckpoint(dirpath=os.path.join(folder, "ckpt"), every_n_train_steps=5,
                            save_top_k=-1)
     trainer = pl.Trainer(max_steps=steps, accelerator="cpu", callbacks=[ckpt], log_every_n_steps=5,
-                         enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8))
+                         enable_progress_bar=False, enable_model_summary=False,
+                         val_check_interval=4, num_sanity_val_steps=0)
+    val = torch.utils.data.DataLoader(torch.utils.data.Subset(data, range(32)), batch_size=8)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(data, batch_size=8), val)
 elif kind == "hf":
     from transformers import Trainer, TrainingArguments
 
@@ -86,18 +96,25 @@ elif kind == "hf":
             return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
 
     class Samples(torch.utils.data.Dataset):
+        def __init__(self, n: int, slow: float = 0.0) -> None:
+            self.n, self.slow = n, slow
+
         def __len__(self) -> int:
-            return len(data)
+            return self.n
 
         def __getitem__(self, i: int) -> dict:
+            time.sleep(self.slow)
             x, y = data[i]
             return {"x": x, "labels": y}
 
     args = TrainingArguments(output_dir=os.path.join(folder, "out"), max_steps=steps,
                              save_steps=5, per_device_train_batch_size=8, report_to=[],
-                             use_cpu=True, logging_steps=5)
+                             use_cpu=True, logging_steps=5, eval_strategy="steps", eval_steps=4,
+                             per_device_eval_batch_size=8)
     resume = len(sys.argv) > 4 and sys.argv[4] == "resume"
-    Trainer(model=Net(), args=args, train_dataset=Samples()).train(resume_from_checkpoint=resume)
+    trainer = Trainer(model=Net(), args=args, train_dataset=Samples(len(data)),
+                      eval_dataset=Samples(32, slow=0.05 / 32))  # an evaluation 50 ms long
+    trainer.train(resume_from_checkpoint=resume)
 elif kind == "accelerate":
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration

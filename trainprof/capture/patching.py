@@ -70,18 +70,25 @@ class AfterImport(importlib.abc.MetaPathFinder):
     def __init__(self, name: str, callback: Callable[[ModuleType], None]) -> None:
         self.name = name
         self.callback = callback
+        self.searching = False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> ModuleSpec | None:
-        if fullname != self.name:
+        # While this one asks the other finders, another AfterImport of the same module (two
+        # Patches sets, as in a `try` round) asks them too, this one included: not twice.
+        if fullname != self.name or self.searching:
             return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
+        self.searching = True
+        try:
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(fullname, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+        finally:
+            self.searching = False
         loader = spec.loader
         if loader is None or not hasattr(loader, "exec_module"):
             return spec

@@ -57,11 +57,19 @@ def _header(doc: dict) -> str:
     base = doc.get("baseline") or {}
     med = base.get("median_ms")
     off = "trainprof's profiler off" if doc.get("script_profiler") else "profiler off"
+    ran = base.get("steps_run") or []
+    per = doc.get("steps_per_round")
+    steps = f"{per} steps"
+    if ran and per and max(ran) < per:  # the script stops itself before --steps (its own count)
+        lo, hi = min(ran), max(ran)
+        steps = f"{lo}{'' if lo == hi else f'-{hi}'} steps (where the script ends)"
+    evals = max((len(e) for e in base.get("eval_steps") or []), default=0)
+    aside = f", nor the {evals} that evaluate" if evals else ""
     return (
         f"baseline {med:.2f} ms/step ({off}), " if med is not None else ""
     ) + (
-        f"{base.get('rounds', 0)} rounds of {doc.get('steps_per_round')} steps, the first "
-        f"{doc.get('warmup_steps_discarded')} of each not timed"
+        f"{base.get('rounds', 0)} rounds of {steps}, the first "
+        f"{doc.get('warmup_steps_discarded')} of each not timed{aside}"
     )
 
 

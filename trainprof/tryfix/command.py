@@ -7,7 +7,8 @@ Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
 (WARMUP_STEPS; with torch.compile also the steps up to the first compilation and the one after
 it, and each later recompilation's step and the one after it, listed in try.json as
-`recompile_steps`: measure.timed_steps). Each fix
+`recompile_steps`: measure.timed_steps), and so are steps that hold an evaluation pass
+(`eval_steps`), as in the run's diagnosis. Each fix
 that measured a saving is then run together with the others (the best variant of each), again
 interleaved with the baseline. try.json is rewritten after every round, so a Ctrl-C keeps the
 rounds done so far.
@@ -63,6 +64,8 @@ class Variant:
     rounds: list[list[float]] = field(default_factory=list)  # kept step times (s) per round
     discarded: list[int] = field(default_factory=list)  # steps dropped at the start, per round
     recompiles: list[list[int]] = field(default_factory=list)  # later compile steps, per round
+    evals: list[list[int]] = field(default_factory=list)  # steps holding an evaluation, per round
+    ran: list[int] = field(default_factory=list)  # steps each round ran (the script may end first)
     refs: list[float] = field(default_factory=list)  # the reference (s) at kept steps' ends
     error: str | None = None
     skipped: str | None = None
@@ -351,7 +354,8 @@ class Trial:
             return
         times, clock = round_times(res)
         self.clocks.add(clock)
-        timed = timed_steps(times, res.get("compile_steps") or [], WARMUP_STEPS)
+        timed = timed_steps(times, res.get("compile_steps") or [], WARMUP_STEPS,
+                            res.get("eval_steps") or [])
         if not timed.kept:
             v.error = (f"the script ran {len(times)} steps, not more than the {timed.head} warm-up "
                        "steps" + (" and the recompilations" if timed.recompiles else ""))
@@ -359,6 +363,8 @@ class Trial:
         v.rounds.append(timed.kept)
         v.discarded.append(timed.head)
         v.recompiles.append(timed.recompiles)
+        v.evals.append(timed.evals)
+        v.ran.append(len(times))
         v.refs += [t for step, t in res.get("phase_ref_s") or [] if step >= timed.head]
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
 
@@ -506,6 +512,8 @@ class Trial:
                 entry["warmup_steps_discarded"] = max(v.discarded)
             if any(v.recompiles):  # recompilations after the first: their steps not timed
                 entry["recompile_steps"] = v.recompiles
+            if any(v.evals):  # evaluation passes: their steps not timed
+                entry["eval_steps"] = v.evals
             if len(vs) > 1:  # a sweep: every variant's figure, the best one above
                 entry["variants"] = [
                     {"change": catalog.change_text(rule, x.specs[0]["options"]),
@@ -546,6 +554,8 @@ class Trial:
                 "rounds": len(base_rounds),
                 "median_ms": round(1000 * pace(base_rounds), 3) if base_rounds else None,
                 "step_times_ms": [[round(1000 * t, 3) for t in r] for r in base_rounds],
+                "steps_run": self.base.ran,
+                "eval_steps": self.base.evals if any(self.base.evals) else None,
                 "error": self.base.error,
             },
             "run_step_ms": round(self.basis[0], 3) if self.basis else None,

@@ -26,7 +26,7 @@ says how many rounds would, at the spread between these rounds.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -119,22 +119,30 @@ class Timed:
     kept: list[float]
     head: int  # steps dropped at the start (warm-up, the first compilation)
     recompiles: list[int]  # later steps during which torch.compile compiled again (not timed)
+    evals: list[int] = field(default_factory=list)  # later steps holding an evaluation pass
 
 
-def timed_steps(times: list[float], compile_steps: list[int], warmup: int) -> Timed:
+def timed_steps(times: list[float], compile_steps: list[int], warmup: int,
+                eval_steps: list[int] | None = None) -> Timed:
     """Drop the warm-up steps, and with torch.compile the steps it compiled in. The first
     compilation comes after the step that imports Dynamo (the root module is compiled when first
     called): everything up to it, and the step after it (the first run of the compiled code
     allocates its buffers), is left out, with at least `warmup` steps. A later recompilation
     (a new input shape: the last, shorter batch of an epoch; a guard that failed) leaves out only
     its own step and the next, and is reported: dropping every step up to the last one left a
-    round that recompiled near its end with a handful of steps, or none."""
+    round that recompiled near its end with a handful of steps, or none.
+    Steps that hold an evaluation pass (`eval_steps`: Lightning validation, the HF Trainer's
+    evaluate, a model.eval() forward without grad every N steps) are no training steps, and the
+    estimates are shares of a training step (the run leaves them out too): not timed. Lightning's
+    example validates every 20 steps, each such step 6-7x a training one; timed, they fell in
+    most blocks of 12 steps and moved each block's mean by a fifth or more."""
     compiles = sorted(set(compile_steps))
     head = max(warmup, compiles[0] + 2) if compiles else warmup
     later = [s for s in compiles[1:] if s >= head]
-    skip = {s + d for s in later for d in (0, 1)}
+    evals = sorted(s for s in set(eval_steps or []) if head <= s < len(times))
+    skip = {s + d for s in later for d in (0, 1)} | set(evals)
     kept = [t for i, t in enumerate(times) if i >= head and i not in skip]
-    return Timed(kept, head, later)
+    return Timed(kept, head, later, evals)
 
 
 def tolerance(estimated: float) -> float:

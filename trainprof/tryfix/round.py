@@ -5,13 +5,14 @@
 
 The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
-steps), the fix patches and, on a CPU, the run's reference timed at the step boundaries
-(capture/phaseref: how fast the machine ran, for tryfix/machine). The script's own profiler runs
-as in the run, writing no file, and the script's checkpoints, the frameworks' logs
-(tryfix/outputs) and what it writes through Python's file calls (tryfix/userfiles) go to
-outputs/ beside the result file. The result file gets every step's wall time, those
-references, how the script ended, what the fixes did and what the rounds did not write where
-the run did. The exit code is the script's.
+steps and the evaluation passes between them, capture/evaluation), the fix patches and, on a
+CPU, the run's reference timed at the step boundaries (capture/phaseref: how fast the machine
+ran, for tryfix/machine). The script's own profiler runs as in the run, writing no file, and
+the script's checkpoints, the frameworks' logs (tryfix/outputs) and what it writes through
+Python's file calls (tryfix/userfiles) go to outputs/ beside the result file. The result file
+gets every step's wall time, the steps that evaluated, those references, how the script ended,
+what the fixes did and what the rounds did not write where the run did. The exit code is the
+script's.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
+    from trainprof.capture.evaluation import EvalSupport
     from trainprof.capture.launch import resolve_target, running, sigterm_guard
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
@@ -78,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             # ... and what it writes through open(), os.replace... (not this round's result file)
             keep_user_files(records, where, leave=[str(opts.result.parent)])
             install_probes(patches, stepper, UserCode(target.user_roots))
+            EvalSupport(patches, stepper).install()  # evaluation passes: not timed (measure.py)
             install(specs, patches, applied)
             S.reset()
             S.enabled = True
@@ -96,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         "step_times_s": [round(t, 6) for t in steps.step_times],
         "gpu_step_times_s": [None if t is None else round(t, 6) for t in steps.gpu_step_times],
         "step_source": steps.source,
+        "eval_steps": steps.eval_steps,
         "exit_code": outcome.exit_code,
         "status": outcome.status,
         "error": error,
