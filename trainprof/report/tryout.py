@@ -63,12 +63,13 @@ def _header(doc: dict) -> str:
     if ran and per and max(ran) < per:  # the script stops itself before --steps (its own count)
         lo, hi = min(ran), max(ran)
         steps = f"{lo}{'' if lo == hi else f'-{hi}'} steps (where the script ends)"
+    n = base.get("rounds", 0)
     evals = max((len(e) for e in base.get("eval_steps") or []), default=0)
     aside = f", nor the {evals} that evaluate" if evals else ""
     return (
         f"baseline {med:.2f} ms/step ({off}), " if med is not None else ""
     ) + (
-        f"{base.get('rounds', 0)} rounds of {steps}, the first "
+        f"{n} round{'' if n == 1 else 's'} of {steps}, the first "
         f"{doc.get('warmup_steps_discarded')} of each not timed{aside}"
     )
 
