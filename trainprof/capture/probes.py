@@ -31,7 +31,7 @@ import torch
 from torch.autograd.profiler import record_function
 
 from trainprof.capture.compat import is_compiling
-from trainprof.capture.evaluation import EVAL_RANGE, is_eval_forward
+from trainprof.capture.evaluation import EVAL_RANGE, EvalSupport, is_eval_forward
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S, on_fork_child
 from trainprof.capture.stepper import GENERIC_EVAL, Stepper
@@ -57,7 +57,8 @@ def probe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootForward:
     """Installs every probe; returns the root-forward probe, which also learns what layers the
-    model has (`conv_seen`, `linear_seen`)."""
+    model has (`conv_seen`, `linear_seen`). The frameworks' evaluation loops are probed here too,
+    beside the root forward's plain-loop evaluation: whatever times steps must tell both."""
     _install_fetch(patches, stepper)
     root = _RootForward(stepper)
     root.install(patches)
@@ -66,6 +67,7 @@ def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootF
         patches.wrap(
             torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user, stepper)
         )
+    EvalSupport(patches, stepper).install()
     return root
 
 

@@ -192,7 +192,6 @@ class Session:
         # torch is imported only now: argument errors above stay instant.
         from trainprof.capture import cpumath, loaderipc, metadata, modelprobe, optprobe
         from trainprof.capture.cudaflags import CudaFlags
-        from trainprof.capture.evaluation import EvalSupport
         from trainprof.capture.loaderfetch import WorkerPairs
         from trainprof.capture.loadprobe import cpu_quota, usable_cpus
         from trainprof.capture.metadata import MetaCollector
@@ -339,7 +338,6 @@ class Session:
             theirs.install(patches)
             root = install_probes(patches, stepper, user)
             TorchMetricsSupport(patches, collector, user).install()
-            EvalSupport(patches, stepper).install()
             S.reset()
             cuda.start()
             prof.start()

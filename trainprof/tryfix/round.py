@@ -37,7 +37,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
-    from trainprof.capture.evaluation import EvalSupport
     from trainprof.capture.launch import resolve_target, running, sigterm_guard
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
@@ -79,8 +78,8 @@ def main(argv: list[str] | None = None) -> int:
             where = redirect_records(records, str(opts.result.parent / "outputs"), held)
             # ... and what it writes through open(), os.replace... (not this round's result file)
             keep_user_files(records, where, leave=[str(opts.result.parent)])
+            # The probes, the evaluation passes included (their steps are not timed: measure.py).
             install_probes(patches, stepper, UserCode(target.user_roots))
-            EvalSupport(patches, stepper).install()  # evaluation passes: not timed (measure.py)
             install(specs, patches, applied)
             S.reset()
             S.enabled = True
