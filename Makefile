@@ -32,6 +32,8 @@ lint: setup
 # fails; the target fails if any of the three did. On a GPU machine without package registries
 # whose Python already has torch and trainprof's dependencies: `make gpu-test GPU_PY=python3`
 # (no venv, no install; trainprof from this folder). GPU_BENCH=0 runs the tests alone.
+# The tests' run folders (traces, metadata; no TensorBoard logs or HTML) are kept as
+# $(GPU_RESULTS)/runs.tgz: a failure can then be diagnosed from its traces on any machine.
 GPU_RESULTS ?= gpu-results
 GPU_PY ?=
 GPU_BENCH ?= 1
@@ -46,7 +48,9 @@ gpu-test:
 	@$(GPU_RUN) -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'make gpu-test: torch sees no CUDA device (torch.cuda.is_available() is False)')"
 	$(GPU_RUN) -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda); [print(i, torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]" | tee $(GPU_RESULTS)/device.txt
 	@bash -o pipefail -c 'status=0; \
-	  $(GPU_RUN) -m pytest -m gpu -v -rs -p no:cacheprovider tests/gpu 2>&1 | tee $(GPU_RESULTS)/tests.txt || status=1; \
+	  rm -rf $(GPU_RESULTS)/runs; \
+	  $(GPU_RUN) -m pytest -m gpu -v -rs -p no:cacheprovider --basetemp=$(GPU_RESULTS)/runs tests/gpu 2>&1 | tee $(GPU_RESULTS)/tests.txt || status=1; \
+	  [ ! -d $(GPU_RESULTS)/runs ] || tar czf $(GPU_RESULTS)/runs.tgz --exclude="*tfevents*" --exclude=plugins --exclude="*.html" -C $(GPU_RESULTS) runs && rm -rf $(GPU_RESULTS)/runs; \
 	  if [ "$(GPU_BENCH)" != 0 ]; then \
 	    $(GPU_RUN) benchmarks/overhead.py --device cuda 2>&1 | tee $(GPU_RESULTS)/overhead.txt || status=1; \
 	    $(GPU_RUN) benchmarks/fix_efficacy.py --device cuda 2>&1 | tee $(GPU_RESULTS)/fix_efficacy.txt || status=1; \

@@ -63,7 +63,10 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     # Ranked by GPU time: above any DataLoader finding (the fetch hides behind the GPU here).
     order = rules(diag)
     for rule in DATALOADER_RULES & set(order):
-        assert order.index("metric-sync") < order.index(rule), order
+        # Once in two runs on a freshly started H100 (2026-11-25) the DataLoader ranked first;
+        # its run folder was lost then (`make gpu-test` now keeps them): say why on failure.
+        why = [(x["rule"], x["est_saving_pct"], x["evidence"]) for x in diag["findings"][:2]]
+        assert order.index("metric-sync") < order.index(rule), why
     assert [m["nan_strategy"] for m in broken.meta["metrics"]] == ["warn"], broken.meta["metrics"]
     # The metric's weight=1.0 becomes a pageable host-to-device copy: if pageable-memcpy reports
     # it too, the two must not claim the same occurrence (the same idle twice).
@@ -107,7 +110,13 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     assert starved["severity"] == "high"
     assert da["findings"][0]["rule"] == "dataloader-starvation", rules(da)
     assert place(starved["location"]) == line_of("loader.py", "LOADER_LINE"), starved
-    assert not by_rule(db, "dataloader-starvation"), rules(db)  # 4 workers keep up
+    # 4 workers keep up: the loop does not wait for them. Receiving their batches still costs
+    # the loop time per step (unpickling, a socket hand-shake per tensor), and where the step is
+    # short (a launch-bound model: the calibration cannot lengthen it) that is its own finding,
+    # kind "receiving", whose fix is not more workers (rules/dataloader_starvation.py).
+    for f in by_rule(db, "dataloader-starvation"):
+        assert f["metrics"]["kind"] == "receiving", f["evidence"]
+        assert f["metrics"]["wait_pct"] < 5.0, f["evidence"]
     ab = compare(a, b)
     assert ab["change"]["faster"] == "B" and ab["change"]["significant"], ab["change"]
     assert_fix_pays(starved["est_saving_pct"], ab)
@@ -115,7 +124,10 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     pageable = by_rule(db, "pageable-memcpy")
     assert len(pageable) == 1, rules(db)
     assert not by_rule(dc, "pageable-memcpy"), rules(dc)
-    assert_fix_pays(pageable[0]["est_saving_pct"], compare(b, c))
+    # pin_memory=True also takes a receiving finding's work onto the pin-memory thread: what c
+    # should save is both findings' estimates.
+    receiving = sum(f["est_saving_pct"] for f in by_rule(db, "dataloader-starvation"))
+    assert_fix_pays(pageable[0]["est_saving_pct"] + receiving, compare(b, c))
     ac = compare(a, c)
     assert ac["change"]["faster"] == "B" and ac["change"]["significant"], ac["change"]
     # Last: the copy's line comes from Kineto's Python stack (see the metric-sync test).
