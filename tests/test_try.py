@@ -471,3 +471,40 @@ def test_default_steps_from_the_runs_own_steps():
     # measured a 14 % saving at +4 % [-22, +24]).
     assert default_steps(RunMeta(step_times_s=[0.01] * 30)) == WARMUP_STEPS + 300
     assert default_steps(RunMeta(step_times_s=[0.0004] * 30)) == WARMUP_STEPS + MAX_KEPT_STEPS
+
+
+def test_launch_bound_measures_cuda_graphs_beside_the_default_compile_on_a_gpu() -> None:
+    # The estimate is the launch gaps that CUDA graphs remove: on a GPU both modes are measured.
+    assert catalog.variants_for("launch-bound", 16, True, None) == [
+        {}, {"mode": catalog.REDUCE_OVERHEAD},
+    ]
+    assert catalog.variants_for("launch-bound", 2, False, None) == [{}]  # no graphs on a CPU
+    mode = {"mode": catalog.REDUCE_OVERHEAD}
+    assert "CUDA graphs" in catalog.change_text("launch-bound", mode)
+    assert catalog.permanent_text("launch-bound", mode) == (
+        'model = torch.compile(model, mode="reduce-overhead")'
+    )
+    assert catalog.permanent_text("launch-bound", {}) == "model = torch.compile(model)"
+
+
+@pytest.mark.slow
+def test_compile_variant_passes_its_mode_to_torch_compile() -> None:
+    # On a CPU, "reduce-overhead" compiles as the default mode does (no CUDA graphs there): the
+    # round runs it, and says which mode it compiled with.
+    torch._dynamo.reset()
+    patches, applied = Patches(), Applied()
+    install([{"rule": "launch-bound", "options": {"mode": "reduce-overhead"}}], patches, applied)
+    try:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+        x = torch.randn(4, 8)
+        want = model._call_impl(x)  # the module's own call, never compiled
+        got = [model(x) for _ in range(3)]
+    finally:
+        patches.restore()
+        torch._dynamo.reset()
+    assert not applied.failed, applied.failed
+    assert applied.notes == ['torch.compile (mode="reduce-overhead") on Sequential']
+    assert applied.compile_steps  # dynamo compiled a graph, so the call did go through it
+    for out in got:
+        torch.testing.assert_close(out, want)

@@ -44,7 +44,10 @@ launch overhead (`analysis/dispatch.py`): their idle and their count are left ou
 
 Saving estimate: the launch-bound idle per step. An upper bound: CUDA graphs (torch.compile
 mode="reduce-overhead") remove the per-kernel CPU cost entirely, fusion and a larger batch
-remove part of it.
+remove part of it. So on a GPU `trainprof try --fix launch-bound` measures both torch.compile's
+default mode and mode="reduce-overhead" and keeps the better: on an H100 the default mode took
+nothing measurable off amp_compile's host-bound CNN (estimated 38.7 %, measured -8.8 % in two
+rounds, [-145, +127]).
 """
 
 from __future__ import annotations

@@ -58,7 +58,9 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
         elif rule in ("no-amp", "cpu-bf16"):
             root.on_root.append(functools.partial(_autocast, rule=rule, applied=applied))
         elif rule == "launch-bound":
-            root.on_root.append(functools.partial(_compile, applied=applied))
+            root.on_root.append(
+                functools.partial(_compile, applied=applied, mode=options.get("mode"))
+            )
         else:
             applied.skipped[rule] = "not a fix trainprof can apply at runtime"
     if root.on_root:
@@ -352,13 +354,13 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
     # the model is kept by the script; undone with the process (rounds are one process each)
 
 
-def _compile(module: torch.nn.Module, applied: Applied) -> None:
+def _compile(module: torch.nn.Module, applied: Applied, mode: str | None = None) -> None:
     try:
         from torch._dynamo.utils import counters
     except ImportError:
         counters = None
     try:
-        compiled = torch.compile(module._call_impl)
+        compiled = torch.compile(module._call_impl, mode=mode)
     except Exception as err:  # noqa: BLE001 - a failure to compile is reported, not fatal
         applied.failed["launch-bound"] = f"torch.compile failed: {type(err).__name__}: {err}"
         return
@@ -381,4 +383,5 @@ def _compile(module: torch.nn.Module, applied: Applied) -> None:
         return out
 
     module._compiled_call_impl = call  # what nn.Module.compile() sets: __call__ uses it
-    applied.notes.append(f"torch.compile on {type(module).__name__}")
+    how = f'(mode="{mode}") ' if mode else ""
+    applied.notes.append(f"torch.compile {how}on {type(module).__name__}")
