@@ -82,7 +82,7 @@ def variants_for(
     `pinned`: the run's DataLoaders already use pin_memory=True."""
     if rule == "launch-bound" and cuda:
         # The estimate is the launch gaps of the model's forward and backward, which CUDA graphs
-        # remove; the default mode fuses element-wise chains but still launches every kernel
+        # remove; the default mode fuses element-wise chains but launches each kernel it keeps
         # (an H100, amp_compile's CNN: 38.7 % estimated, the default mode measured -8.8 %).
         # Both are measured, the better kept.
         return [{}, {"mode": REDUCE_OVERHEAD}]
@@ -135,7 +135,7 @@ def change_text(rule: str, options: dict) -> str:
         return text
     if rule == "launch-bound" and options.get("mode"):
         return (f'torch.compile of the root module, mode="{options["mode"]}" (CUDA graphs; '
-                "compile and graph recording not timed)")
+                "compile time not timed)")
     return {
         "pageable-memcpy": "DataLoader(pin_memory=True) + .to('cuda', non_blocking=True) "
         "for host-to-device copies",
