@@ -267,6 +267,17 @@ def test_cuda_flags_are_ignored_on_cpu_with_a_note(module_exit: Run) -> None:
         note = f"{flag} ignored: CUDA is not available"
         assert f"trainprof: note: {note}" in module_exit.stderr
         assert any(note in n for n in module_exit.meta["notes"])
+    # No CUDA activity recorded: CUPTI is never attached, and the script's environment is its own.
+    assert module_exit.meta["cupti_teardown"] is False
+
+
+def test_cupti_is_detached_after_the_window_on_cuda_12_6_and_later() -> None:
+    from trainprof.capture.cudaflags import cupti_teardown
+
+    assert cupti_teardown("13.0", {}) and cupti_teardown("12.6", {})
+    assert not cupti_teardown("12.4", {})  # torch turns it off for CUDA graphs there: crashes
+    assert not cupti_teardown("13.0", {"TEARDOWN_CUPTI": "0"})  # the user's setting stands
+    assert not cupti_teardown(None, {}) and not cupti_teardown("rocm", {})
 
 
 @pytest.mark.slow

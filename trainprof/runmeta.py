@@ -260,6 +260,7 @@ class RunMeta(msgspec.Struct, kw_only=True):
     started_at: str = ""  # local time, ISO 8601
     notes: list[str] = []  # one-line remarks on the capture, e.g. "window incomplete: ..."
     sync_warnings: list[SyncWarning] = []
+    cupti_teardown: bool = False  # trainprof set TEARDOWN_CUPTI=1 (capture/cudaflags)
     cpu_bf16: CpuBf16 | None = None  # only for CPU-only runs without autocast on bf16 hardware
     loader_ipc: LoaderIpc | None = None  # only for CPU-only runs fetching without workers
     # CPU-only runs: per optimizer class that ran the single-tensor loop (named as in

@@ -14,11 +14,13 @@ Each scenario runs a few seconds on an H100 (torch.compile's ~30 s is the longes
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 from gpurun import (
     SCRIPTS,
     Run,
@@ -33,6 +35,8 @@ from gpurun import (
     run,
     trace_events,
 )
+
+from trainprof.capture.cudaflags import cupti_teardown
 
 NO_CUDA = (
     "needs CUDA (torch.cuda.is_available() is False here); "
@@ -68,6 +72,8 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
         why = [(x["rule"], x["est_saving_pct"], x["evidence"]) for x in diag["findings"][:2]]
         assert order.index("metric-sync") < order.index(rule), why
     assert [m["nan_strategy"] for m in broken.meta["metrics"]] == ["warn"], broken.meta["metrics"]
+    # CUPTI detached after the window (else the run's later steps pay its callbacks per launch)
+    assert broken.meta["cupti_teardown"] == cupti_teardown(torch.version.cuda, os.environ)
     # The metric's weight=1.0 becomes a pageable host-to-device copy: if pageable-memcpy reports
     # it too, the two must not claim the same occurrence (the same idle twice).
     for other in by_rule(diag, "pageable-memcpy"):

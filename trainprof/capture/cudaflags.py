@@ -7,8 +7,10 @@ Both are guarded: without a usable CUDA device they are ignored with a one-line 
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -18,6 +20,25 @@ from trainprof.capture.userframe import UserCode
 from trainprof.runmeta import SyncWarning
 
 _SYNC_WARNING = "synchroniz"  # "called a synchronizing CUDA operation"
+
+# Kineto detaches CUPTI when a trace stops only where TEARDOWN_CUPTI is "1" (libkineto's
+# cuptiTearDown_()); otherwise every kernel launch after the window still goes through CUPTI,
+# which slows training 10-20 % after profiling ended (pytorch/pytorch#144455). torch.profiler
+# sets it to "0" itself for CUDA graphs on CUDA before 12.6, where re-attaching crashed.
+TEARDOWN = "TEARDOWN_CUPTI"
+TEARDOWN_SINCE_CUDA = (12, 6)
+
+
+def cupti_teardown(cuda_version: str | None, environ: Mapping[str, str]) -> bool:
+    """Whether to set TEARDOWN_CUPTI=1: a CUDA build of 12.6 or later, and the variable not
+    already set (a user's setting stands)."""
+    if TEARDOWN in environ or not cuda_version:
+        return False
+    try:
+        version = tuple(int(x) for x in cuda_version.split(".")[:2])
+    except ValueError:
+        return False
+    return version >= TEARDOWN_SINCE_CUDA
 
 
 class CudaFlags:
@@ -30,6 +51,10 @@ class CudaFlags:
         self._counts: dict[tuple[str, str | None], int] = {}
         self._saved_filters: list[Any] | None = None
         self._debug_on = False
+        # Before the profiler is made: Kineto reads it when the window's trace stops.
+        self.cupti_teardown = self.available and cupti_teardown(torch.version.cuda, os.environ)
+        if self.cupti_teardown:
+            os.environ[TEARDOWN] = "1"
 
     def _usable(self, flag: str) -> bool:
         if self.available:

@@ -268,6 +268,7 @@ class Session:
                 rank=rank if rank is not None else self.rank,
                 world_size=world,
                 sync_warnings=cuda.sync_warnings(),
+                cupti_teardown=cuda.cupti_teardown,
                 user_traces=theirs.existing_traces(),
                 dynamo=collector.dynamo_info(),
                 **relaunch,
