@@ -18,6 +18,9 @@ that process's own):
   the read from the cache, the diagnosis from the cache, and HTA (`--hta-big`: on the modern
   trace by default; it needs ~5 minutes and ~7.5 GB per GB of JSON).
 - huge: a generated 4 GB trace (df_index_resolver's steps), trainprof only.
+- stacks: a trace `trainprof run` records with Python stacks, of examples/quickstart.py (3
+  steps; num_workers=0, so the torchvision transforms' `.item()` calls, thousands per step,
+  are in the loop's trace, each with its stack to walk): trainprof only, with `--baseline`.
 - ranks: 64 copied ranks (the 8 DLRM ranks, rewritten), the process pool vs a 2-worker Dask
   LocalCluster (processes, not threads).
 
@@ -370,6 +373,32 @@ def big(o: Opts, label: str, source: Path, gb: float, with_hta: bool) -> None:
     shutil.rmtree(o.tmp / f"hta-{path.stem}", ignore_errors=True)
 
 
+def stacks(o: Opts) -> None:
+    folder = o.tmp / "quickstart-run"
+    done = subprocess.run(
+        [sys.executable, "-m", "trainprof", "run", "--no-diagnose", "-o", str(folder),
+         str(ROOT / "examples" / "quickstart.py"), "--steps", "30"],
+        capture_output=True, text=True, env={**os.environ, **_env(None, None)}, cwd=ROOT)
+    if done.returncode:
+        sys.exit(done.stderr[-2000:])
+    (trace,) = folder.glob("*.pt.trace.json*")
+    mb = json_mb(trace)
+    runs: dict[str, list[Res]] = {}
+    for _ in range(o.rounds):  # interleaved
+        runs.setdefault("trainprof", []).append(trainprof(trace, None))
+        if o.baseline:
+            runs.setdefault("baseline", []).append(trainprof(trace, None, o.baseline))
+    med = {k: median(v) for k, v in runs.items()}
+    print(f"\n{trace.name} (examples/quickstart.py under trainprof run, with stacks): {mb:.0f} MB "
+          f"JSON, medians of {o.rounds} interleaved rounds, cache off")
+    row("trainprof diagnose", med["trainprof"], mb)
+    if o.baseline:
+        b, t = med["baseline"], med["trainprof"]
+        row(f"  the same at {o.baseline_rev}", b, mb,
+            f"= {b.wall / t.wall:.2f}x the current code's wall time ({b.cpu / t.cpu:.2f}x CPU)")
+    shutil.rmtree(folder)
+
+
 def ranks(o: Opts, n: int) -> None:
     folder = o.tmp / f"ranks{n}"
     build_elsewhere(folder, n)
@@ -394,7 +423,7 @@ def ranks(o: Opts, n: int) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--only", choices=["small", "big", "ranks", "huge"])
+    ap.add_argument("--only", choices=["small", "big", "ranks", "huge", "stacks"])
     ap.add_argument("--huge", action="store_true", help="also the 4 GB trace")
     ap.add_argument("--gb", type=float, default=1.0, help="size of the 'big' traces")
     ap.add_argument("--huge-gb", type=float, default=4.0)
@@ -419,8 +448,8 @@ def main() -> None:
     # machines, an editable checkout would recompile trainprof in every timed process.
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "trainprof")], check=True)
     tmp = Path(tempfile.mkdtemp(prefix="trainprof-bench-", dir=args.tmp))
-    want = {args.only} if args.only else {"small", "big", "ranks"} | ({"huge"} if args.huge
-                                                                        else set())
+    want = {args.only} if args.only else {"small", "big", "ranks", "stacks"} | (
+        {"huge"} if args.huge else set())
     try:
         o = Opts(tmp, args.rounds, args.hta_python,
                  export(args.baseline, tmp) if args.baseline else None, args.baseline or "")
@@ -435,6 +464,8 @@ def main() -> None:
             big(o, "modern-4g", SMALL, args.huge_gb, False)
         if "ranks" in want:
             ranks(o, args.ranks)
+        if "stacks" in want:
+            stacks(o)
         print(f"\nload average {os.getloadavg()[0]:.1f} at the end")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

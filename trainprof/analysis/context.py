@@ -296,8 +296,9 @@ class Context:
         idx = self.trace.where_name(pattern, *(kinds or (Kind.CPU_OP, Kind.ANNOTATION)))
         return iv.merge(self.trace.ts[idx], self.trace.end[idx])
 
-    def location(self, i: int) -> str | None:
-        return event_location(self.trace, self.stacks, int(i))
+    def location(self, i: int, frames: list[str] | None = None) -> str | None:
+        """file:line of the user code that issued event i (`frames`: self.frames(i), if known)."""
+        return event_location(self.trace, self.stacks, int(i), frames)
 
     def frames(self, i: int) -> list[str]:
         return event_frames(self.trace, self.stacks, int(i))

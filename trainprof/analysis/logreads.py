@@ -34,14 +34,14 @@ LOOKAHEAD = 4  # sibling calls examined after the read
 def _user_ancestor(ctx: Context, call: int) -> tuple[int, int] | None:
     """(user frame, its child on the way to `call`): the frame whose code issued the read."""
     tr, st = ctx.trace, ctx.stacks
-    child, cur = call, st.index_of_id.get(int(tr.py_parent[call]))
+    child, cur = call, st.parent(call)
     for _ in range(64):
         if cur is None:
             return None
         f = parse_frame(tr.name(cur))
         if f and is_user_file(f[0]):
             return cur, child
-        child, cur = cur, st.index_of_id.get(int(tr.py_parent[cur]))
+        child, cur = cur, st.parent(cur)
     return None
 
 

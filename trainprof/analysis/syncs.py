@@ -66,10 +66,9 @@ class SyncSite:
     _stacks: Counter = field(default_factory=Counter, repr=False)
 
 
-def _in_metric(ctx: Context, op: int, metric_spans: iv.Intervals, frames: list[str]) -> bool:
-    if iv.contains(metric_spans, np.array([ctx.trace.ts[op]]))[0]:
-        return True
-    return any("torchmetrics/" in f for f in frames)
+def _in_metric(in_span: bool, frames: list[str]) -> bool:
+    """Inside a metric's update/compute range, or a TorchMetrics frame on the stack."""
+    return in_span or any("torchmetrics/" in f for f in frames)
 
 
 # The DataLoader, its samplers and fetchers: creating an iterator draws its base seed with
@@ -134,19 +133,20 @@ def _sync_sites(ctx: Context) -> list[SyncSite]:
     row_ts = tr.ts[np.array([r[0] for r in rows], np.int64)]
     in_dl = iv.contains(ctx.dataloader_spans, row_ts)
     in_opt = iv.contains(update_spans(ctx), row_ts)  # a closure's training step is user code
+    in_metric = iv.contains(metric_spans, row_ts)
     groups: dict[tuple, SyncSite] = {}
     for k, (op, label) in enumerate(rows):
         p = int(probe_of[k])
         probe_name = tr.name(p) if p >= 0 else None
         loc = probe_location(probe_name) if probe_name else None
-        loc = loc or ctx.location(op)
         frames = ctx.frames(op)
+        loc = loc or ctx.location(op, frames)
         dl = bool(in_dl[k]) or any(_DATA_PIPELINE in f for f in frames)
         library = _library(frames, probe_name)
         # One line can reach several libraries' syncs (`trainer.train()`): one site each.
         doer = doing_frame(list(library))
         doer = doer and doer.partition("(")[0] + doer.partition(")")[2]  # its function
-        key = (label, loc, dl, _in_metric(ctx, op, metric_spans, frames), bool(in_opt[k]), doer)
+        key = (label, loc, dl, _in_metric(bool(in_metric[k]), frames), bool(in_opt[k]), doer)
         site = groups.get(key)
         if site is None:
             site = groups[key] = SyncSite(label, loc, key[2], key[3], key[4])

@@ -55,6 +55,7 @@ def parse_frame(text: str) -> tuple[str, int, str] | None:
     return f[0], f[1], f[2]
 
 
+@lru_cache(maxsize=65536)  # a trace repeats a few thousand frame names over millions of events
 def parse_any_frame(text: str) -> tuple[str, int | None, str] | None:
     """Like parse_frame, and a frame whose line is unknown (`train.py(?): <module>`, see
     PyStacks.name_of) gives None for its line."""
@@ -212,6 +213,18 @@ class PyStacks:
         self.index_of_id = IdIndex(trace.py_id[idx], idx)
         self.stale: set[int] = set(self._startup_frames(idx))
         self._lines: dict[int, dict[int, int | None]] = {}
+        # Walking up a stack looks each parent up in the id index (a binary search): memoised,
+        # as the events looked at share most of their ancestors (a per-sample `.item()` in a
+        # DataLoader's transforms: thousands of stacks, one fetch frame above them all).
+        self._parents: dict[int, int | None] = {}
+
+    def parent(self, frame: int) -> int | None:
+        """The event index of the frame that called `frame` (None at the top)."""
+        try:
+            return self._parents[frame]
+        except KeyError:
+            p = self._parents[frame] = self.index_of_id.get(int(self.trace.py_parent[frame]))
+            return p
 
     def _startup_frames(self, idx: np.ndarray) -> list[int]:
         """The frames already running when tracing started. Kineto records them for every
@@ -315,7 +328,7 @@ class PyStacks:
                 return None
             if tr.end[i] >= t:
                 return i
-            i = self.index_of_id.get(int(tr.py_parent[i]))
+            i = self.parent(i)
         return None
 
     def frames(self, thread: int, t: float) -> list[str]:
@@ -325,7 +338,7 @@ class PyStacks:
         child = None
         while i is not None and len(out) < 512:
             out.append(self.name_of(i, child))
-            child, i = i, self.index_of_id.get(int(self.trace.py_parent[i]))
+            child, i = i, self.parent(i)
         return out
 
 
@@ -347,9 +360,12 @@ def event_frames(trace: Trace, stacks: PyStacks, i: int) -> list[str]:
     return []
 
 
-def event_location(trace: Trace, stacks: PyStacks, i: int) -> str | None:
-    """file:line of the user code that issued event i, or None."""
+def event_location(
+    trace: Trace, stacks: PyStacks, i: int, frames: list[str] | None = None
+) -> str | None:
+    """file:line of the user code that issued event i, or None (`frames`: its event_frames,
+    where the caller has them already)."""
     loc = probe_location(trace.name(i))
     if loc:
         return loc
-    return first_user_frame(event_frames(trace, stacks, i))
+    return first_user_frame(event_frames(trace, stacks, i) if frames is None else frames)
