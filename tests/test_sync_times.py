@@ -50,3 +50,40 @@ def test_every_step_has_its_time_in_host_reads(meta) -> None:
             assert 0 < t < meta.step_times_s[i], (i, meta.sync_times_s)
         else:  # only Adam's own reads of its CPU step counters
             assert t == 0.0, (i, meta.sync_times_s)
+
+
+def copy_loop() -> None:
+    """Every step casts on the CPU and moves a tensor to where it is (neither is a copy onto a
+    device); the even steps also copy one onto a device (`meta`: the CPU build has no GPU)."""
+    torch.manual_seed(0)
+    model = nn.Linear(32, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    for i in range(STEPS):
+        x = torch.randn(16, 32)
+        x.to(torch.float64)
+        x.to("cpu")
+        if i % 2 == 0:
+            x.to("meta")
+            x.to(device="meta", non_blocking=True)
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+
+
+@pytest.mark.slow
+def test_every_step_has_its_time_in_copies_onto_a_device(tmp_path) -> None:
+    # `copy_times_s`: on a GPU, outside the profiler window, the host's time blocked in its
+    # host-to-device copies without the profiler (analysis/synccost.py `copy_wait`).
+    with trainprof.profile(tmp_path / "run", show=False, **SCHEDULE) as run:
+        copy_loop()
+    meta = run.meta
+    assert meta is not None and meta.status == "ok"
+    assert len(meta.copy_times_s) == len(meta.step_times_s) == STEPS
+    for i, t in enumerate(meta.copy_times_s):
+        if i % 2 == 0:
+            assert 0 < t < meta.step_times_s[i], (i, meta.copy_times_s)
+        else:  # a cast on the CPU, a move to where it is
+            assert t == 0.0, (i, meta.copy_times_s)
+    # Without the profiler the wrapper is gone (restored with the run's other patches).
+    assert not hasattr(torch.Tensor.to, "__wrapped__") and not hasattr(torch.Tensor.cuda,
+                                                                       "__wrapped__")

@@ -227,6 +227,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # profiler window, the host's wait for the GPU in them without the profiler. Empty in older
     # metadata.
     sync_times_s: list[float] = []
+    # The part of each step (same indices) the script's thread spent in `.to()` / `.cuda()`
+    # copying a CPU tensor onto a device (not in DataLoader fetches): on a GPU, outside the
+    # profiler window, the host's time blocked in those copies without the profiler (from
+    # pageable memory they return once staged, with non_blocking=False after a stream sync).
+    # Empty in older metadata.
+    copy_times_s: list[float] = []
     window: Window = msgspec.field(default_factory=Window)
     # Steps (indices into step_times_s) that held an evaluation pass (Lightning validation, HF
     # Trainer.evaluate, a model.eval() forward without grad): not training, left out of statistics.

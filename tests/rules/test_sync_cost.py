@@ -297,3 +297,61 @@ def test_syncs_never_claim_more_than_the_host_waited_in_them(rel):
     for name, part in parts.items():
         if name != "refill":
             assert iv.total(iv.intersect(part, att["refill"])) == 0.0, name
+
+
+def _launch_bound_pageable_copy() -> Events:
+    """The launch-bound 1000 µs step, its batch copied at 60 from pageable memory with
+    non_blocking=False: `aten::to` (25 µs) > the copy call (10 µs) and a stream synchronize
+    (6 µs); then 300 µs of the host's own work and kernels launched one by one."""
+    ev = Events()
+    ev.host("ProfilerStep#1", 0, 1000, "user_annotation")
+    ev.kernel(0, 2, 8, 10)
+    ev.kernel(20, 22, 28, 10)
+    ev.host("aten::to", 60, 25)
+    ev.host("aten::_to_copy", 61, 23)
+    ev.host("aten::copy_", 63, 20)
+    ev.call("cudaMemcpyAsync", 65, 10,
+            ("Memcpy HtoD (Pageable -> Device)", "gpu_memcpy", 70, 2.0))  # fmt: skip
+    ev.call("cudaStreamSynchronize", 76, 6, None)
+    ev.host("aten::mul", 90, 300)  # the host's own work on a CPU tensor
+    t = 400
+    while t < 960:
+        ev.kernel(t, t + 2, t + 10, 10)
+        t += 40
+    return ev
+
+
+@pytest.mark.parametrize("unprofiled_us", [None, 20.0, 200.0])
+def test_a_pageable_copy_is_bounded_by_its_time_without_the_profiler_when_that_is_longer(
+    tmp_path, unprofiled_us
+):
+    # The same bound as the reads', for the copies: `trainprof run` times the host's
+    # `.to(device)` copies in every step (`copy_times_s`). Traced, the copy blocked 16 µs
+    # (the copy call and the sync) in a 25 µs `aten::to`.
+    ev = _launch_bound_pageable_copy()
+    meta = RunMeta(
+        step_times_s=[0.001] * 12,
+        copy_times_s=[] if unprofiled_us is None else [unprofiled_us * 1e-6] * 12,
+        window=Window(wait=0, warmup=1, active=1, recorded_steps=[1]),
+    )
+    ctx = ev.context(tmp_path, meta)
+    f = only(analyze_context(ctx), "pageable-memcpy")
+    m = f.metrics
+    assert m["host_blocked_ms_per_step"] == pytest.approx(0.016, abs=1e-3)
+    if unprofiled_us is None or unprofiled_us <= 25.0:  # old metadata, or not longer
+        assert m["host_wait_bound_ms_per_step"] == pytest.approx(0.016, abs=1e-3)
+        assert f.est_saving_ms_per_step == pytest.approx(0.016, abs=1e-3)
+        assert "Without the profiler" not in f.evidence
+        return
+    cw = ctx.copy_wait
+    assert cw is not None and cw.traced_us == pytest.approx(25.0)
+    assert cw.unprofiled_us == pytest.approx(unprofiled_us)
+    # The copy may claim the unprofiled time (same step length: same share), less the part of
+    # the traced `aten::to` that was no blocking call; the idle after it (300 µs) holds that.
+    bound = 16.0 + unprofiled_us - 25.0
+    assert m["host_wait_bound_ms_per_step"] == pytest.approx(bound / 1000, abs=1e-3)
+    assert f.est_saving_ms_per_step == pytest.approx(bound / 1000, abs=1e-3)
+    assert "Without the profiler the host spent 0.20 ms/step in its host-to-device copies" in (
+        f.evidence)
+    # The host reads' own bound is untouched: there are none.
+    assert ctx.read_wait is None

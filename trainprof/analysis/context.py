@@ -365,6 +365,12 @@ class Context:
         return synccost.read_wait(self)
 
     @cached_property
+    def copy_wait(self) -> ReadWait | None:
+        """The host's time in host-to-device copies, traced and unprofiled
+        (synccost.copy_wait)."""
+        return synccost.copy_wait(self)
+
+    @cached_property
     def blocking(self) -> Blocking:
         """The blocking calls in the steps, with the idle each cost (synccost.blocking)."""
         return synccost.blocking(self)

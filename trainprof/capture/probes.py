@@ -8,9 +8,11 @@
   code (directly, or through a library when the tensor is not on the CPU); file:line is the
   first user frame, in the name so the diagnosis has it even without with_stack. The time in
   these reads is also summed per step, in every step (the stepper's `sync_times`).
+* no range, a timer: Tensor.to / Tensor.cuda of a CPU tensor onto a device, on the script's
+  thread outside a fetch, summed per step in every step (the stepper's `copy_times`).
 
 Every wrapper checks one boolean (S.recording) and otherwise calls straight through, but for
-the host reads, timed in every step (a perf_counter pair). The root
+the host reads and the host copies, timed in every step (a perf_counter pair). The root
 forward uses a global pre-hook that removes itself for the duration of the root call, so nested
 modules keep nn.Module's hook-free fast path.
 """
@@ -40,6 +42,9 @@ from trainprof.capture.userframe import UserCode
 # __bool__ is `if tensor:` (aten::is_nonzero): Kineto's Python frames cannot give its line (a
 # frame already running when the window opened keeps the line it was at then).
 HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__")
+# Host-to-device copies: from pageable memory `.to(device)` returns only once the batch is
+# staged, and with non_blocking=False after a stream sync (pageable-memcpy's).
+HOST_COPIES = ("to", "cuda")
 
 
 def probe(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -67,6 +72,8 @@ def install_probes(patches: Patches, stepper: Stepper, user: UserCode) -> _RootF
         patches.wrap(
             torch.Tensor, kind, lambda orig, kind=kind: _host_read(kind, orig, user, stepper)
         )
+    for kind in HOST_COPIES:
+        patches.wrap(torch.Tensor, kind, lambda orig: _host_copy(orig, stepper))
     EvalSupport(patches, stepper).install()
     return root
 
@@ -391,3 +398,31 @@ def _host_read(
             S.reading = False
 
     return read
+
+
+def _host_copy(orig: Callable[..., Any], stepper: Stepper) -> Callable[..., Any]:
+    """Tensor.to / Tensor.cuda, timed into the stepper's `copy_s` where it copies a CPU tensor
+    onto a device on the script's thread, outside a DataLoader fetch (and a host read), in every
+    step: outside the profiler window, the host's time blocked in those copies without the
+    profiler. The profiler slows the host's own work (2.5x in an H100 loop with 4 DataLoader
+    workers), so in the traced steps the GPU seldom has work queued when a copy synchronises
+    the stream, and a wait that costs every unprofiled step is not in the trace. A CPU tensor's
+    call pays one perf_counter pair (a dtype cast on the CPU too: told apart after the call);
+    any other call, an attribute read."""
+    get_ident = threading.get_ident
+    clock = time.perf_counter
+
+    @functools.wraps(orig)
+    def copy(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if (
+            is_compiling() or not S.enabled or S.fetch_depth or S.reading or not self.is_cpu
+            or get_ident() != S.main_thread
+        ):
+            return orig(self, *args, **kwargs)
+        t0 = clock()
+        out = orig(self, *args, **kwargs)
+        if out is not self and isinstance(out, torch.Tensor) and not out.is_cpu:
+            stepper.copy_s += clock() - t0
+        return out
+
+    return copy

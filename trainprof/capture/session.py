@@ -250,6 +250,7 @@ class Session:
                 fetch_times_s=[round(t, 6) for t in steps.fetch_times],
                 # 0.1 µs: a CPU tensor's `.item()` takes about 1 µs
                 sync_times_s=[round(t, 7) for t in steps.sync_times],
+                copy_times_s=[round(t, 7) for t in steps.copy_times],
                 optimizer_times_s={
                     k: [round(t, 6) for t in v] for k, v in steps.optimizer_times.items()
                 },

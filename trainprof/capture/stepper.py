@@ -85,6 +85,7 @@ class StepSummary:
     eval_kinds: list[str] = field(default_factory=list)  # what evaluated, e.g. Lightning validation
     fetch_times: list[float] = field(default_factory=list)  # seconds per step in fetches
     sync_times: list[float] = field(default_factory=list)  # seconds per step in host reads
+    copy_times: list[float] = field(default_factory=list)  # s per step in host-to-device copies
     optimizer_times: dict[str, list[float]] = field(default_factory=dict)  # class -> s per step
     gpu_step_times: list[float | None] = field(default_factory=list)  # capture/gpusteps.py
 
@@ -136,6 +137,8 @@ class Stepper:
         self.fetch_t0: float | None = None  # the outermost fetch running now started then
         self.sync_times: list[float] = []  # per completed step: seconds in probed host reads
         self.sync_s = 0.0  # the current step's, so far (added to by capture/probes' host reads)
+        self.copy_times: list[float] = []  # per completed step: seconds in host-to-device copies
+        self.copy_s = 0.0  # the current step's, so far (capture/probes' host copies)
         self.optimizer_times: dict[str, list[float]] = {}  # class -> seconds in step(), per step
         self.opt_s: dict[str, float] = {}  # the current step's, so far
         # class -> what the optimizer probe (capture/optprobe, after the script) needs of the
@@ -358,6 +361,8 @@ class Stepper:
         self.fetch_s = 0.0
         self.sync_times.append(self.sync_s)
         self.sync_s = 0.0
+        self.copy_times.append(self.copy_s)
+        self.copy_s = 0.0
         for name in self.opt_s.keys() - self.optimizer_times.keys():
             self.optimizer_times[name] = [0.0] * n
         for name, times in self.optimizer_times.items():
@@ -432,6 +437,7 @@ class Stepper:
             profiler_error=self.error,
             fetch_times=self.fetch_times,
             sync_times=self.sync_times,
+            copy_times=self.copy_times,
             optimizer_times=self.optimizer_times,
             gpu_step_times=self.gpu_clock.times(len(self.step_times)),
         )
