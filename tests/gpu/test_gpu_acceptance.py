@@ -129,6 +129,11 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
 
     pageable = by_rule(db, "pageable-memcpy")
     assert len(pageable) == 1, rules(db)
+    # Every step's batch copy was timed without the profiler too (copy_times_s): the bound the
+    # copies may claim where the profiler's slower host found the GPU idle (synccost.copy_wait).
+    copies = b.meta["copy_times_s"]
+    assert len(copies) == len(b.meta["step_times_s"]) and min(copies[1:]) > 0, copies[:20]
+    print("pageable-memcpy:", pageable[0]["evidence"])  # shown with -rA / on failure
     assert not by_rule(dc, "pageable-memcpy"), rules(dc)
     # pin_memory=True also takes a receiving finding's work onto the pin-memory thread: what c
     # should save is both findings' estimates.
