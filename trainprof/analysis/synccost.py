@@ -72,7 +72,8 @@ class Blocking:
 
 @dataclass(frozen=True)
 class ReadWait:
-    """The host's time inside the probed host reads (`.item()`, `if tensor:`, `.cpu()`, ...)."""
+    """The host's time inside the probed host reads (`.item()`, `if tensor:`, `.cpu()`, ...;
+    read_wait), or in its host-to-device copies (copy_wait)."""
 
     traced_us: float  # per traced step, from the `trainprof/host_read:` ranges
     unprofiled_us: float  # per step without the profiler: the median over the unprofiled steps
@@ -179,7 +180,7 @@ def copy_wait(ctx: Context) -> ReadWait | None:
     None without a pageable copy in the traced steps or without that timing."""
     plain = ctx.unprofiled_step_us
     unprof = ctx.unprofiled_median_us(ctx.meta.copy_times_s) if ctx.meta and plain else None
-    b, copy, _ = ctx.blocking_raw
+    copy = ctx.blocking_raw[1]
     if unprof is None or not (copy == "pageable_htod").any():
         return None
     ops = _htod_ops(ctx)
