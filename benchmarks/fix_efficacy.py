@@ -5,7 +5,7 @@ saving `compare` measured.
     python benchmarks/fix_efficacy.py [--rounds N] [--steps N] [--only NAME ...] [--keep DIR]
                                       [--device cuda|cpu]
     python benchmarks/fix_efficacy.py --try [--rounds N] [--steps N] [--only NAME ...]
-                                      [--keep DIR]
+                                      [--keep DIR] [--separate-too]
 
 `--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an
 in-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
@@ -22,7 +22,10 @@ only that (older runs), against the whole variant where the run timed its model 
 threads. `--steps` is passed to `trainprof try` (steps per round, the first 5 not timed; by
 default try's own: about 3 s of steps, which a fast step needs: 25 kept steps of try_mlp's 0.4 ms
 measured fused Adam at +4 % [-22, +24], 295 at +13.7 % [+11.8, +15.6]);
-`--threads N` sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too). The
+`--threads N` sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too).
+The fixes `try` switches off and on between steps inside its rounds (tryfix/switch) are marked
+`sw`; `--separate-too` then measures them again right after, on the same run folder, in rounds
+of their own (`try --separate`), rows marked "(separate)": the two designs side by side. The
 load average is printed at the start of the run, of the try and at its end: on a machine shared
 with other jobs the figures move with it. `run/try` is the step the run's savings are shares of
 (its unprofiled steps) over try's baseline step: far from 1 (Lightning's example once 1.50, its
@@ -192,13 +195,17 @@ def loadavg() -> str:
 
 
 def try_rows(name: str, script: str, args: list[str], max_steps: int, folder: Path,
-             rounds: int, steps: int | None) -> list[dict]:
-    """`trainprof run` the workload, `trainprof try` it; one row per fix of try.json."""
+             rounds: int, steps: int | None, again: list[str] | None = None) -> list[dict]:
+    """`trainprof run` the workload, `trainprof try` it; one row per fix of try.json. `again`:
+    `trainprof try` the same run folder again with these arguments instead of running it."""
     out = folder / name
     load0 = loadavg()
-    trainprof("run", "--out", str(out), "--force", "--max-steps", str(max_steps), script, *args)
+    if again is None:
+        trainprof("run", "--out", str(out), "--force", "--max-steps", str(max_steps), script,
+                  *args)
     load1 = loadavg()
-    trainprof("try", str(out), "--rounds", str(rounds), *(["--steps", str(steps)] if steps else []))
+    trainprof("try", str(out), "--rounds", str(rounds), *(["--steps", str(steps)] if steps else []),
+              *(again or []))
     load = f"{load0}/{load1}/{loadavg()}"  # load average: run start / try start / end
     doc = json.loads((out / "try.json").read_text())
     base = doc["baseline"]["median_ms"]
@@ -250,7 +257,16 @@ def try_main(args: argparse.Namespace) -> None:
     for name, script, wargs, max_steps in TRY_WORKLOADS:
         if args.only and name not in args.only:
             continue
-        for r in try_rows(name, script, wargs, max_steps, folder, args.rounds, args.steps):
+        rows = try_rows(name, script, wargs, max_steps, folder, args.rounds, args.steps)
+        switched = [r["rule"] for r in rows if r.get("switched")]
+        if args.separate_too and switched:
+            # The fixes measured switched, then in rounds of their own on the same run folder,
+            # right after: the two designs side by side, under the machine of the same minutes.
+            again = ["--separate", *(a for rule in switched for a in ("--fix", rule))]
+            rows += [{**r, "rule": f"{r['rule']} (separate)"} for r in try_rows(
+                name, script, wargs, max_steps, folder, args.rounds, args.steps, again)
+                if r["rule"] in switched]
+        for r in rows:
             est = "—" if r.get("estimated_pct") is None else f"{r['estimated_pct']:.1f} %"
             if r.get("measured_pct") is None:
                 meas = (r.get("error") or r.get("reason") or "not run")[:26]
@@ -261,6 +277,8 @@ def try_main(args: argparse.Namespace) -> None:
             phase = f"{r['phase']:.2f}" if r.get("phase") else "—"
             m = r.get("machine") or {}
             ref = f"{m['ratio']:.2f}" + ("*" if m.get("moved") else "") if m.get("ratio") else "—"
+            if r.get("switched"):
+                meas += " sw"
             print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "
                   f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {phase:>7s} "
                   f"{ref:>6s} "
@@ -298,6 +316,9 @@ def main() -> None:
                     "whose cores other jobs share, several threads stall at random")
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     ap.add_argument("--device", default=None, help="passed to every example (default: theirs)")
+    ap.add_argument("--separate-too", action="store_true",
+                    help="with --try: the fixes `try` switched between steps (marked sw) are then "
+                    "measured again on the same run folder with `try --separate`")
     args = ap.parse_args()
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)

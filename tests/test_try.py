@@ -306,9 +306,10 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     name, _, resume = kind.partition("-")
     argv = [script, name, str(work)] + (["30", "resume"] if resume else [])
     write_meta(RunMeta(argv=argv, cwd=str(work), cpu_count=2, wall_time_s=5.0), folder)
-    # Rounds of 12 steps: each saves at steps 5 and 10, over the run's files before the fix.
+    # Rounds of 12 steps: each saves at steps 5 and 10, over the run's files before the fix
+    # (a round of its own for the fix: switched, it would run both sides in longer rounds).
     done = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
-                     "--steps", "12", env={**os.environ, "TMPDIR": str(scratch)})
+                     "--steps", "12", "--separate", env={**os.environ, "TMPDIR": str(scratch)})
     assert done.returncode == 0, done.stderr
     doc = json.loads((folder / "try.json").read_text())
     assert doc["baseline"]["rounds"] == 1 and doc["fixes"][0]["measured_pct"] is not None
@@ -357,9 +358,17 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     (fix,) = doc["fixes"]
     assert fix["rule"] == "optimizer-foreach" and "fused=True" in fix["permanent_fix"]
     assert fix["measured_pct"] is not None and fix["ci_pct"][0] <= fix["ci_pct"][1]
-    # The variant's own steps are kept as the baseline's: what its figure can be scored again from.
-    assert [len(r) for r in fix["step_times_ms"]] == [10] and fix["rounds"] == 1
+    # Switched off and on inside its own round (the script's 40 steps hold one pair of blocks of
+    # 1 + 12 after the warm-up), both sides' steps kept: what its figure can be scored again from.
+    switched = fix["switched"]
+    assert switched["block_steps"] == 12 and switched["transition_steps"] == 1
+    assert [len(r) for r in fix["step_times_ms"]] == [12] and fix["rounds"] == 1
+    assert [len(r) for r in switched["without_step_times_ms"]] == [12]
     assert fix["median_ms"] == pytest.approx(statistics.mean(fix["step_times_ms"][0]), rel=1e-3)
+    without = statistics.mean(switched["without_step_times_ms"][0])
+    assert switched["without_median_ms"] == pytest.approx(without, rel=1e-3)
+    assert fix["measured_pct"] == pytest.approx(100 * (1 - fix["median_ms"] / without), abs=0.1)
+    assert "switched off and on between steps, in blocks of 12 timed steps" in done.stdout
     assert fix["verdict"] in ("confirmed", "smaller", "none", "slower")
     if foreach:
         assert fix["estimated_pct"] == round(foreach[0]["est_saving_pct"], 1)

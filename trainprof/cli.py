@@ -149,6 +149,11 @@ def try_(
     steps: int = typer.Option(
         None, "--steps", help="Steps per round (default: 5 warm-up + about 3 s, 36 to 1000)."
     ),
+    separate: bool = typer.Option(
+        False, "--separate",
+        help="Measure every fix in rounds of its own beside the baseline's, none switched off "
+        "and on in blocks of steps inside one round.",
+    ),
 ) -> None:
     """Re-run RUN's command, profiler off, without and with each fix; measure what each saves."""
     from trainprof.tryfix.command import TryOptions, try_command
@@ -156,7 +161,7 @@ def try_(
     _tolerant_output()
     try:
         code = try_command(TryOptions(run=run_dir, fixes=list(fix or []), rounds=rounds,
-                                      steps=steps))
+                                      steps=steps, separate=separate))
     except TrainprofError as err:
         _fail(err)
     raise typer.Exit(code)

@@ -9,6 +9,7 @@ is exactly what `try` measures.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -33,11 +34,15 @@ def _channels_last(x: Any) -> Any:
     return x
 
 
-def install_autocast(module: torch.nn.Module, device: str) -> bool:
+def install_autocast(
+    module: torch.nn.Module, device: str, enabled: Callable[[], bool] | None = None
+) -> bool:
     """Make `module`'s forward run under bf16 autocast on `device` (an instance attribute: only
     this module), its outputs back in fp32. On a CPU, a module with Conv2d layers also gets its
     parameters converted to channels-last in place (the optimizer keeps the same tensors) and
     its 4-D float inputs converted on each call: oneDNN's bf16 convolutions want that layout.
+    `enabled`, where given, is asked at each call: False runs the plain forward (`trainprof try`
+    switching the fix off between steps, tryfix/switch; the caller restores the layout).
     Returns whether channels-last was applied."""
     forward = module.forward
     cl = device == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
@@ -49,6 +54,8 @@ def install_autocast(module: torch.nn.Module, device: str) -> bool:
 
     @functools.wraps(forward)
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
+        if enabled is not None and not enabled():
+            return forward(*args, **kwargs)
         if cl:
             args = tuple(_channels_last(a) for a in args)
             kwargs = {k: _channels_last(v) for k, v in kwargs.items()}

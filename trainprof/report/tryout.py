@@ -50,7 +50,22 @@ def _ci(ci: list[float] | None) -> str:
 def _measured(f: dict) -> str:
     if f.get("measured_pct") is None:
         return f.get("error") or f.get("reason") or "not run"
-    return f"{_pct(f['measured_pct'])} {_ci(f.get('ci_pct'))}"
+    how = ", switched in blocks" if f.get("switched") else ""
+    return f"{_pct(f['measured_pct'])} {_ci(f.get('ci_pct'))}{how}"
+
+
+def switched_text(f: dict[str, Any]) -> str:
+    """How a fix switched inside its rounds was measured (tryfix/switch)."""
+    sw = f["switched"]
+    n = sw["block_steps"]
+    pairs = sum(len(r) for r in f.get("step_times_ms") or []) // max(n, 1)
+    return (
+        f"switched off and on between steps, in blocks of {n} timed steps (after "
+        f"{sw['transition_steps']} not timed) inside each of its {f.get('rounds', 0)} rounds: "
+        f"{_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent blocks, "
+        f"of the step with the fix over the step without (without: "
+        f"{sw['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
+    )
 
 
 def _header(doc: dict) -> str:
@@ -185,6 +200,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
+        if f.get("switched") and f.get("measured_pct") is not None:
+            lines.append(f"    how:       {switched_text(f)}")
         if f.get("rounds_to_tell"):
             lines.append(f"    note:      {tell_text(f)}")
         if f.get("workers_pct") is not None:

@@ -2,7 +2,8 @@
 
 Each `install_<rule>` patches torch (or TorchMetrics) so that the unmodified script runs with the
 fix; `Applied` collects what was done and what could not be (a compile failure, a fix that does
-not apply to this machine), for the round's result file.
+not apply to this machine), for the round's result file. The fixes of catalog.SWITCHABLE rules
+follow a Switch (tryfix/switch): on, as installed; off, the script's own behaviour.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import inspect
 import os
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +23,7 @@ from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches, edit_init
+from trainprof.tryfix.switch import Switch
 
 
 @dataclass
@@ -32,8 +35,12 @@ class Applied:
     step_of: Callable[[], int] = lambda: 0  # the current step number (set by the round)
 
 
-def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
-    """Install every fix in `specs` ([{"rule": id, "options": {...}}])."""
+def install(
+    specs: list[dict], patches: Patches, applied: Applied, switch: Switch | None = None
+) -> None:
+    """Install every fix in `specs` ([{"rule": id, "options": {...}}]); those of
+    catalog.SWITCHABLE rules follow `switch` (always on without one)."""
+    switch = switch or Switch()
     root = _RootFinder(patches)
     for spec in specs:
         rule, options = spec["rule"], spec.get("options", {})
@@ -46,9 +53,9 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
         elif rule == "pageable-memcpy":
             _pinned(patches, applied)
         elif rule == "zero-grad-not-none":
-            _zero_grad(patches)
+            _zero_grad(patches, switch)
         elif rule == "optimizer-foreach":
-            _optimizer(patches, applied)
+            _optimizer(patches, switch)
         elif rule == "cudnn-benchmark-off":
             _cudnn_benchmark(patches, applied)
         elif rule == "tf32-off":
@@ -56,7 +63,9 @@ def install(specs: list[dict], patches: Patches, applied: Applied) -> None:
         elif rule == "metric-sync":
             _metrics(patches, applied)
         elif rule in ("no-amp", "cpu-bf16"):
-            root.on_root.append(functools.partial(_autocast, rule=rule, applied=applied))
+            root.on_root.append(functools.partial(
+                _autocast, rule=rule, applied=applied, patches=patches, switch=switch
+            ))
         elif rule == "launch-bound":
             root.on_root.append(
                 functools.partial(_compile, applied=applied, mode=options.get("mode"))
@@ -176,11 +185,11 @@ def _to_cuda(args: tuple, kwargs: dict) -> bool:
 
 
 # ----- optimizers ------------------------------------------------------------------------------
-def _zero_grad(patches: Patches) -> None:
+def _zero_grad(patches: Patches, switch: Switch) -> None:
     def make(orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def zero_grad(self: Any, set_to_none: bool = True) -> Any:
-            return orig(self, set_to_none=True)
+            return orig(self, set_to_none=True if switch.on else set_to_none)
 
         return zero_grad
 
@@ -188,7 +197,7 @@ def _zero_grad(patches: Patches) -> None:
     patches.wrap(torch.nn.Module, "zero_grad", make)
 
 
-def _optimizer(patches: Patches, applied: Applied) -> None:
+def _optimizer(patches: Patches, switch: Switch) -> None:
     for name in dir(torch.optim):
         cls = getattr(torch.optim, name)
         if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
@@ -198,14 +207,24 @@ def _optimizer(patches: Patches, applied: Applied) -> None:
         params = inspect.signature(cls.__init__).parameters
         if "foreach" not in params:
             continue
-        patches.wrap(cls, "__init__", functools.partial(_optimizer_init, fused="fused" in params))
+        patches.wrap(cls, "__init__", functools.partial(
+            _optimizer_init, fused="fused" in params, switch=switch,
+            unfixed={k: params[k].default for k in ("foreach", "fused") if k in params},
+        ))
 
 
-def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., None]:
+def _optimizer_init(
+    orig: Callable[..., None], fused: bool, switch: Switch, unfixed: dict[str, Any]
+) -> Callable[..., None]:
+    """`unfixed`: the class's defaults of foreach and fused, what the script's optimizer has
+    where it did not pass them (the flags the switch restores when off)."""
+
     @functools.wraps(orig)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         if kwargs.get("foreach") or kwargs.get("fused") or getattr(self, "_trainprof_fix", 0):
             return orig(self, *args, **kwargs)
+        off = {k: kwargs.get(k, v) for k, v in unfixed.items()}
+        _follow_switch(self, switch, off)
         self._trainprof_fix = 1  # a subclass calling super().__init__ is patched once
         args = tuple(args)
         params = list(args[0]) if args and not isinstance(args[0], torch.Tensor) else None
@@ -222,8 +241,33 @@ def _optimizer_init(orig: Callable[..., None], fused: bool) -> Callable[..., Non
             return orig(self, *args, **{**kwargs, "foreach": True})
         finally:
             self._trainprof_fix = 0
+            if not switch.on:  # made with the fix (fused checked), run as the script made it
+                _optimizer_flags(weakref.ref(self), off, False)
 
     return __init__
+
+
+def _follow_switch(opt: Any, switch: Switch, off: dict[str, Any]) -> None:
+    """The optimizer's foreach/fused flags follow the switch: torch.optim reads them from its
+    param groups at each step()."""
+    ref = weakref.ref(opt)  # the switch does not keep the script's optimizer alive
+    switch.when_changed(lambda on: _optimizer_flags(ref, off, on))
+
+
+def _optimizer_flags(ref: weakref.ref, off: dict[str, Any], on: bool) -> None:
+    opt = ref()
+    if opt is None or not hasattr(opt, "param_groups"):
+        return
+    if not hasattr(opt, "_trainprof_fixed"):  # the flags the fix gave it, read once
+        opt._trainprof_fixed = (
+            {k: opt.defaults.get(k) for k in off},
+            vars(opt).get("_step_supports_amp_scaling", False),  # fused: GradScaler's hand-off
+        )
+    flags, amp = opt._trainprof_fixed
+    flags = flags if on else off
+    for group in [*opt.param_groups, opt.defaults]:
+        group.update(flags)
+    opt._step_supports_amp_scaling = amp if on else bool(flags.get("fused"))
 
 
 # ----- backend flags (CUDA) --------------------------------------------------------------------
@@ -334,7 +378,9 @@ def _device_type(module: torch.nn.Module) -> str:
     return p.device.type if p is not None else "cpu"
 
 
-def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
+def _autocast(
+    module: torch.nn.Module, rule: str, applied: Applied, patches: Patches, switch: Switch
+) -> None:
     device = _device_type(module)
     if device == "cuda" and not torch.cuda.is_bf16_supported():
         applied.skipped[rule] = (
@@ -346,12 +392,57 @@ def _autocast(module: torch.nn.Module, rule: str, applied: Applied) -> None:
         return
     # On a CPU, oneDNN's bf16 convolutions want channels-last (cpu-bf16's fix says so, and its
     # estimate's model probe times the model so): the model's weights and 4-D inputs converted.
-    cl = install_autocast(module, device)
+    was_cl = _channels_last_now(module)
+    cl = install_autocast(module, device, lambda: switch.on)
+    if cl and not was_cl:
+        _layout_follows(module, patches, switch)
     applied.notes.append(
         f"bf16 autocast on {type(module).__name__}.forward ({device})"
         + (", channels-last weights and inputs" if cl else "")
     )
     # the model is kept by the script; undone with the process (rounds are one process each)
+
+
+def _channels_last_now(module: torch.nn.Module) -> bool:
+    """Whether the module's 4-D parameters are all channels-last already (the script's own)."""
+    four = [p for p in module.parameters() if p.dim() == 4]
+    return bool(four) and all(
+        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+        for p in four
+    )
+
+
+def _layout_follows(module: torch.nn.Module, patches: Patches, switch: Switch) -> None:
+    """The fix's channels-last weights follow the switch: off, the module is converted back to
+    the script's layout at the step boundary, on, to channels-last again; and the optimizers'
+    state of those weights (a momentum buffer, Adam's moments) with them, at their next step()
+    (the block's transition step, not timed): left in the other layout, every update would mix
+    the two."""
+    epoch = [0]
+    four = {id(p) for p in module.parameters() if p.dim() == 4}
+
+    def flip(on: bool) -> None:
+        module.to(memory_format=torch.channels_last if on else torch.contiguous_format)
+        epoch[0] += 1
+
+    def convert_state(opt: Any, args: Any, kwargs: Any) -> None:
+        if getattr(opt, "_trainprof_layout", 0) == epoch[0]:
+            return
+        opt._trainprof_layout = epoch[0]
+        fmt = torch.channels_last if switch.on else torch.contiguous_format
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p) if id(p) in four else None
+                for k, t in (state or {}).items():
+                    if isinstance(t, torch.Tensor) and t.shape == p.shape:
+                        state[k] = t.contiguous(memory_format=fmt)
+
+    switch.when_changed(flip)
+    if not switch.on:  # found in a step run without the fix: back to the script's layout
+        flip(False)
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    patches.on_restore(register_optimizer_step_pre_hook(convert_state).remove)
 
 
 def _compile(module: torch.nn.Module, applied: Applied, mode: str | None = None) -> None:

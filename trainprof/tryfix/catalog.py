@@ -46,6 +46,18 @@ EDIT_THE_CODE = {
 # rules whose variants share one model-forward patch: never combined twice
 AUTOCAST_RULES = ("no-amp", "cpu-bf16")
 
+# The rules whose fix a round can switch off and on between two steps (tryfix/switch: a flag
+# read at each call), measured that way unless `trainprof try --separate`.
+SWITCHABLE = frozenset({"zero-grad-not-none", "optimizer-foreach", "cpu-bf16", "no-amp"})
+
+
+def switchable(rule: str, cuda: bool) -> bool:
+    """Whether `rule`'s fix is measured switched in blocks inside one round. Not the optimizer's
+    flags on a GPU: Adam's step counters live on the GPU when fused and on the CPU otherwise
+    (torch.optim makes them at the first step), so the side that did not make them would run
+    with the other's: a sync per step, or a device mismatch."""
+    return rule in SWITCHABLE and not (cuda and rule == "optimizer-foreach")
+
 
 def worker_counts(cores: int, baseline: int | None) -> list[int]:
     """0, 1, 2, 4, ... up to the cores, without the script's own setting."""

@@ -1,7 +1,9 @@
 """`trainprof try RUN`: run the recorded command again, profiler off, without and with each fix,
 interleaved (A B C, then B C A, C A B, ...: each round starts one place further along, so that a
 drifting load does not favour a fixed position), and measure what each fix saves. Writes
-RUN/try.json.
+RUN/try.json. A fix that can be switched off and on between two steps (catalog.switchable) is
+measured inside its own rounds instead, switched in blocks of steps (tryfix/switch): both sides
+under the same machine, seconds apart; its rounds still take their turn in the order.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
@@ -32,13 +34,15 @@ from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
-from trainprof.tryfix import catalog, machine
+from trainprof.tryfix import catalog, machine, switch
 from trainprof.tryfix.measure import (
     MAX_ROUNDS,
     pace,
     per_round,
     rounds_to_tell,
     saving,
+    switched_rounds_to_tell,
+    switched_saving,
     timed_steps,
     verdict,
     within_target,
@@ -54,6 +58,11 @@ MAX_KEPT_STEPS = 1000
 MIN_KEPT_STEPS = 36  # three blocks (tryfix/measure): one a stall fell into is outvoted
 DEFAULT_ROUNDS = 3
 COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
+# A switched round's blocks last about this long (at most BLOCK_STEPS steps, at least
+# MIN_SWITCH_BLOCK): a VM's speed moves in stretches of seconds, and the shorter the blocks,
+# the more of them share one stretch; each costs a transition step, not timed.
+SWITCH_BLOCK_S = 0.25
+MIN_SWITCH_BLOCK = 4
 _TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
 
 
@@ -67,6 +76,10 @@ class Variant:
     evals: list[list[int]] = field(default_factory=list)  # steps holding an evaluation, per round
     ran: list[int] = field(default_factory=list)  # steps each round ran (the script may end first)
     refs: list[float] = field(default_factory=list)  # the reference (s) at kept steps' ends
+    # > 0: measured switched in blocks of this many timed steps inside its own rounds
+    # (tryfix/switch), `switched_off` the steps those rounds ran without the fix, per round
+    block: int = 0
+    switched_off: list[list[float]] = field(default_factory=list)
     error: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -78,6 +91,7 @@ class TryOptions:
     fixes: list[str] = field(default_factory=list)
     rounds: int = DEFAULT_ROUNDS
     steps: int | None = None
+    separate: bool = False  # every fix in rounds of its own, none switched (tryfix/switch)
 
 
 def load_run(run: Path) -> RunMeta:
@@ -166,15 +180,26 @@ def estimates(run: Path) -> RunEstimates:
     return out
 
 
-def default_steps(meta: RunMeta) -> int:
-    """Enough steps for a stable pace: at least MIN_KEPT_STEPS kept steps, and about 3 s of them
-    (at most MAX_KEPT_STEPS)."""
+def run_step(meta: RunMeta) -> float:
+    """The run's median step in s, without its evaluation passes and thread steps (0.1 when it
+    timed none)."""
     aside = meta.altered_steps()  # evaluation passes, steps run with fewer threads
     plain = [t for i, t in enumerate(meta.step_times_s) if i >= 1 and i not in aside]
     times = sorted(plain or meta.step_times_s)
-    med = times[len(times) // 2] if times else 0.1
-    kept = min(MAX_KEPT_STEPS, max(MIN_KEPT_STEPS, math.ceil(3.0 / max(med, 1e-4))))
+    return times[len(times) // 2] if times else 0.1
+
+
+def default_steps(meta: RunMeta) -> int:
+    """Enough steps for a stable pace: at least MIN_KEPT_STEPS kept steps, and about 3 s of them
+    (at most MAX_KEPT_STEPS)."""
+    kept = min(MAX_KEPT_STEPS, max(MIN_KEPT_STEPS, math.ceil(3.0 / max(run_step(meta), 1e-4))))
     return WARMUP_STEPS + kept
+
+
+def switch_block(meta: RunMeta) -> int:
+    """Timed steps per block of a switched round: about SWITCH_BLOCK_S of the run's step."""
+    steps = round(SWITCH_BLOCK_S / max(run_step(meta), 1e-4))
+    return min(BLOCK_STEPS, max(MIN_SWITCH_BLOCK, steps))
 
 
 class Trial:
@@ -184,6 +209,9 @@ class Trial:
         self.meta = meta
         self.cuda = bool(meta.devices) and meta.devices != ["mps"]
         self.steps = opts.steps or default_steps(meta)
+        # A switched round times both sides: about as many steps on each as a plain round keeps.
+        self.block = switch_block(meta)
+        self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.block, WARMUP_STEPS)
         found = estimates(self.run)
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
@@ -238,6 +266,8 @@ class Trial:
             self.by_rule[rule] = [
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
             ]
+            if not self.opts.separate and catalog.switchable(rule, self.cuda) and len(options) == 1:
+                self.by_rule[rule][0].block = self.block
 
     def _optimizer(self) -> str | None:
         """The class of the run's first torch.optim optimizer, for the code change."""
@@ -270,6 +300,11 @@ class Trial:
         off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
+        switched = [v.name for v in todo if v.block]
+        if switched:
+            say(f"switched off and on in blocks of {switch.TRANSITION} + {self.block} steps in "
+                f"rounds of {self.switched_steps} steps (both sides in one process): "
+                + ", ".join(switched))
         try:
             for k in range(self.opts.rounds):
                 # Each round starts one place further along: on a machine whose load drifts,
@@ -321,11 +356,16 @@ class Trial:
         _say(f"round {k + 1}: {v.name}")
         with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
             result_file = Path(tmp) / "result.json"
+            steps = self.switched_steps if v.block else self.steps
             cmd = [
                 self.python(), "-m", "trainprof.tryfix.round",
-                "--fixes", json.dumps(v.specs), "--max-steps", str(self.steps),
-                "--result", str(result_file), "--", *self.meta.argv,
+                "--fixes", json.dumps(v.specs), "--max-steps", str(steps),
+                "--result", str(result_file),
             ]
+            if v.block:  # each round starts with the other side: ABBA, then BAAB
+                cmd += ["--alternate", str(v.block), "--parity", str(k % 2),
+                        "--warmup", str(WARMUP_STEPS)]
+            cmd += ["--", *self.meta.argv]
             compiles = any(spec["rule"] == "launch-bound" for spec in v.specs)
             code = self._spawn(cmd, v.name, COMPILE_TIME_S if compiles else 0.0)
             try:
@@ -360,7 +400,17 @@ class Trial:
             v.error = (f"the script ran {len(times)} steps, not more than the {timed.head} warm-up "
                        "steps" + (" and the recompilations" if timed.recompiles else ""))
             return
-        v.rounds.append(timed.kept)
+        kept = timed.kept
+        if v.block:
+            skip = {s + d for s in timed.recompiles for d in (0, 1)} | set(timed.evals)
+            off, kept = switch.split(times, res.get("fix_on") or [], WARMUP_STEPS, timed.head,
+                                     skip, v.block)
+            if not off or not kept:
+                v.error = (f"the script ran {len(times)} steps, too few for a block of "
+                           f"{v.block} steps with the fix and one without after the warm-up")
+                return
+            v.switched_off.append(off)
+        v.rounds.append(kept)
         v.discarded.append(timed.head)
         v.recompiles.append(timed.recompiles)
         v.evals.append(timed.evals)
@@ -411,7 +461,10 @@ class Trial:
 
     # ----- results -----------------------------------------------------------------------------
     def _base_for(self, v: Variant) -> list[list[float]]:
-        """The baseline rounds `v` ran beside (the combined variant: the last ones)."""
+        """The baseline rounds `v` ran beside (the combined variant: the last ones; a switched
+        variant: its own rounds' steps without the fix)."""
+        if v.block:
+            return v.switched_off
         base = self.base.rounds
         return base[len(base) - len(v.rounds):] if v is self.combined else base
 
@@ -421,10 +474,20 @@ class Trial:
         n = min(len(base), len(v.rounds))
         if not n:
             return None
-        m, lo, hi = saving(base[:n], v.rounds[:n])
-        return {"measured_pct": round(m, 1), "ci_pct": [round(lo, 1), round(hi, 1)],
-                "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n]), 3),
-                "step_times_ms": [[round(1000 * t, 3) for t in r] for r in v.rounds[:n]]}
+        block = v.block or BLOCK_STEPS
+        measure = switched_saving if v.block else saving
+        m, lo, hi = measure(base[:n], v.rounds[:n], block)
+        out = {"measured_pct": round(m, 1), "ci_pct": [round(lo, 1), round(hi, 1)],
+               "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n], block), 3),
+               "step_times_ms": [[round(1000 * t, 3) for t in r] for r in v.rounds[:n]]}
+        if v.block:
+            out["switched"] = {
+                "block_steps": v.block,
+                "transition_steps": switch.TRANSITION,
+                "without_median_ms": round(1000 * pace(base[:n], block), 3),
+                "without_step_times_ms": [[round(1000 * t, 3) for t in r] for r in base[:n]],
+            }
+        return out
 
     def best(self, rule: str) -> tuple[Variant, dict] | None:
         scored = [(v, self.measured(v)) for v in self.by_rule.get(rule, [])
@@ -481,13 +544,15 @@ class Trial:
                 entry.update(measured_pct=m["measured_pct"], ci_pct=m["ci_pct"],
                              rounds=m["rounds"], median_ms=m["median_ms"],
                              step_times_ms=m["step_times_ms"],
+                             **({"switched": m["switched"]} if "switched" in m else {}),
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
                 lo, hi = m["ci_pct"]
                 if entry["verdict"] == "none" and est and lo <= est <= hi:
                     # The rounds cannot tell the estimate from 0: how many could, here.
                     n = m["rounds"]
-                    k = rounds_to_tell(est, per_round(self._base_for(v)[:n], v.rounds[:n]))
+                    k = (switched_rounds_to_tell(est, n, lo, hi) if v.block
+                         else rounds_to_tell(est, per_round(self._base_for(v)[:n], v.rounds[:n])))
                     if k is not None:
                         entry["rounds_to_tell"] = k
                         if k > MAX_ROUNDS:
@@ -543,6 +608,9 @@ class Trial:
             "command": self.meta.argv,
             "cwd": self.meta.cwd or None,
             "steps_per_round": self.steps,
+            # the rounds that switch a fix off and on run both sides: about twice the steps
+            **({"switched_steps_per_round": self.switched_steps}
+               if any(v.block for vs in self.by_rule.values() for v in vs) else {}),
             "warmup_steps_discarded": WARMUP_STEPS,
             "block_steps": BLOCK_STEPS,
             "profiled": False,

@@ -26,11 +26,12 @@ says how many rounds would, at the spread between these rounds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from trainprof.stats import block_means
+from trainprof.stats import BLOCK_STEPS, block_means
 
 RESAMPLES = 2000
 SEED = 0
@@ -38,25 +39,28 @@ REL_TOLERANCE = 0.30
 ABS_TOLERANCE_PTS = 2.0
 
 
-def pace(rounds: list[list[float]]) -> float:
-    """The step of the rounds together (the median of their blocks' means; 0 without steps)."""
-    means = [block_means(r) for r in rounds if len(r)]
+def pace(rounds: list[list[float]], block: int = BLOCK_STEPS) -> float:
+    """The step of the rounds together (the median of their blocks' means; 0 without steps).
+    `block`: steps per block (a round switched in blocks, tryfix/switch: its blocks' length)."""
+    means = [block_means(r, block) for r in rounds if len(r)]
     return float(np.median(np.concatenate(means))) if means else 0.0
 
 
-def _pairs(base: list[list[float]], variant: list[list[float]]) -> list[tuple]:
+def _pairs(base: list[list[float]], variant: list[list[float]], block: int) -> list[tuple]:
     """Each pair of rounds with steps on both sides, as their blocks' means."""
-    return [(block_means(a), block_means(b)) for a, b in zip(base, variant, strict=False)
-            if len(a) and len(b)]
+    return [(block_means(a, block), block_means(b, block))
+            for a, b in zip(base, variant, strict=False) if len(a) and len(b)]
 
 
 def _savings(pairs: list[tuple]) -> list[float]:
     return [100.0 * (1.0 - np.median(b) / np.median(a)) for a, b in pairs]
 
 
-def per_round(base: list[list[float]], variant: list[list[float]]) -> list[float]:
+def per_round(
+    base: list[list[float]], variant: list[list[float]], block: int = BLOCK_STEPS
+) -> list[float]:
     """Each pair of rounds' own saving (%), the samples of the interval's t part."""
-    return _savings(_pairs(base, variant))
+    return _savings(_pairs(base, variant, block))
 
 
 MAX_ROUNDS = 100  # beyond this, `rounds_to_tell` says only that it is beyond
@@ -78,9 +82,13 @@ def rounds_to_tell(estimated: float | None, savings: list[float]) -> int | None:
     return MAX_ROUNDS + 1
 
 
-def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, float, float]:
-    """(measured %, lo %, hi %) from per-round step times (warm-up already dropped)."""
-    pairs = _pairs(base, variant)
+def saving(
+    base: list[list[float]], variant: list[list[float]], block: int = BLOCK_STEPS
+) -> tuple[float, float, float]:
+    """(measured %, lo %, hi %) from per-round step times (warm-up already dropped): round i of
+    `base` ran beside round i of `variant` (in one process, where the round switched the fix
+    in blocks of `block` steps)."""
+    pairs = _pairs(base, variant, block)
     if not pairs:
         raise ValueError("no round with steps on both sides")
     a_all = np.concatenate([a for a, _ in pairs])
@@ -102,6 +110,50 @@ def saving(base: list[list[float]], variant: list[list[float]]) -> tuple[float, 
         hw = _t975(k - 1) * float(np.std(_savings(pairs), ddof=1)) / np.sqrt(k)
         lo, hi = min(lo, point - hw), max(hi, point + hw)
     return float(point), float(min(lo, point)), float(max(hi, point))
+
+
+def _ratios(base: list[float], variant: list[float], block: int) -> np.ndarray:
+    """A switched round's blocks paired in the order they ran (tryfix/switch.split): each
+    pair's mean step with the fix over its mean step without."""
+    a, b = block_means(base, block), block_means(variant, block)
+    n = min(len(a), len(b))
+    return b[:n] / a[:n]
+
+
+def switched_rounds_to_tell(estimated: float, rounds: int, lo: float, hi: float) -> int | None:
+    """`rounds_to_tell` for a switched fix: its interval narrows as the square root of its pairs
+    of blocks, so `rounds` rounds whose interval was [lo, hi] become narrow enough at
+    rounds * (half its width / half the estimate) ** 2. None where it cannot be said."""
+    if estimated <= 0 or hi <= lo or rounds < 1:
+        return None
+    k = math.ceil(rounds * ((hi - lo) / estimated) ** 2)
+    return min(max(k, rounds + 1), MAX_ROUNDS + 1)
+
+
+def switched_saving(
+    base: list[list[float]], variant: list[list[float]], block: int
+) -> tuple[float, float, float]:
+    """(measured %, lo %, hi %) of a fix switched off and on in blocks inside each round
+    (tryfix/switch): round i's steps without the fix in `base[i]`, with it in `variant[i]`,
+    whole blocks of `block` steps paired in the order they ran. The saving is 1 - the median,
+    over every pair of adjacent blocks, of the one with the fix over the one without: a machine
+    whose speed moves in stretches longer than a pair of blocks moves both alike, and the pair's
+    ratio cancels it. Its 95 % interval: a bootstrap of rounds, then of the pairs within each.
+    No round-level t interval as for separate rounds (`saving`): what differs between rounds
+    (the process's memory layout, the machine's phase) is in both blocks of every pair."""
+    rounds = [r for r in (_ratios(a, b, block) for a, b in zip(base, variant, strict=False))
+              if len(r)]
+    if not rounds:
+        raise ValueError("no round with a block on both sides")
+    point = 100.0 * (1.0 - float(np.median(np.concatenate(rounds))))
+    rng = np.random.default_rng(SEED)
+    k = len(rounds)
+    out = np.empty(RESAMPLES)
+    for r in range(RESAMPLES):
+        pick = rng.integers(0, k, k)
+        out[r] = np.median(np.concatenate([rng.choice(rounds[i], len(rounds[i])) for i in pick]))
+    lo, hi = 100.0 * (1.0 - np.percentile(out, [97.5, 2.5]))
+    return point, float(min(lo, point)), float(max(hi, point))
 
 
 # Student's t, 97.5th percentile, by degrees of freedom (1-10; 2.0 beyond, 30+ df is 2.04).

@@ -2,6 +2,8 @@
 
     python -m trainprof.tryfix.round --fixes JSON --max-steps N --result FILE -- SCRIPT ARGS
     python -m trainprof.tryfix.round --fixes JSON --max-steps N --result FILE -- -m MODULE ARGS
+    ... --alternate BLOCK --parity P --warmup W ...: the fixes switched off and on in blocks of
+    steps (tryfix/switch), every step's side in the result (`fix_on`)
 
 The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
@@ -32,6 +34,9 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--fixes", default="[]", help="JSON list of {rule, options}")
     p.add_argument("--max-steps", type=int, default=0)
     p.add_argument("--result", type=Path, required=True)
+    p.add_argument("--alternate", type=int, default=0, help="timed steps per block (0: off)")
+    p.add_argument("--parity", type=int, default=0, help="odd: the fix on in the first block")
+    p.add_argument("--warmup", type=int, default=0, help="steps before the first block")
     return p.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
@@ -47,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainprof.errors import TrainprofError
     from trainprof.tryfix.apply import Applied, install
     from trainprof.tryfix.outputs import hold_profiler_files, redirect_records
+    from trainprof.tryfix.switch import Alternation, Switch
     from trainprof.tryfix.userfiles import keep_user_files
 
     try:
@@ -68,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     # The machine's speed at the step boundaries, as the run timed it (tryfix/machine).
     phase = PhaseRef(lambda: True, cpu_run, lambda: len(stepper.step_times))
     stepper.on_step = phase.after_step
+    switch = Switch()
+    alternation = None
+    if opts.alternate > 0:
+        alternation = Alternation(switch, lambda: len(stepper.step_times), opts.warmup,
+                                  opts.alternate, opts.parity)
+
+        def on_step() -> None:
+            phase.after_step()
+            alternation.after_step()
+
+        stepper.on_step = on_step
     applied = Applied()
     applied.step_of = lambda: len(stepper.step_times)
     error = None
@@ -80,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
             keep_user_files(records, where, leave=[str(opts.result.parent)])
             # The probes, the evaluation passes included (their steps are not timed: measure.py).
             install_probes(patches, stepper, UserCode(target.user_roots))
-            install(specs, patches, applied)
+            install(specs, patches, applied, switch)
             S.reset()
             S.enabled = True
             with running(target) as run:
@@ -109,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
         "phase_ref_s": phase.times,
+        # with --alternate: whether the fixes were on in each step (tryfix/switch)
+        "fix_on": alternation.sides[: len(steps.step_times)] if alternation else None,
         **held.result(),
     }
     opts.result.write_text(json.dumps(result))
