@@ -17,6 +17,11 @@ inside each chosen round, and the pooled medians compared; then widened, where i
 to the t interval of the per-round savings (with 3 rounds a bootstrap of rounds is far too
 narrow). With few rounds the interval is wide, which is the honest answer on a noisy machine.
 
+A fix switched off and on between steps inside its own rounds (tryfix/switch) has both sides
+in each round, in blocks paired in the order they ran: its saving is the median ratio of the
+pairs' blocks (`switched_saving`), which a machine moving between the rounds or during them,
+in stretches longer than a pair, does not reach.
+
 Verdict, against the estimate E (from the run's diagnosis) with measured M and interval [lo, hi]:
 slower (hi < 0), none (the interval holds 0), smaller (M short of E by more than the tolerance:
 30 % of E, at least 2 points), confirmed (otherwise: as large as estimated, or larger). "none"
