@@ -32,7 +32,8 @@ with other jobs the figures move with it. `run/try` is the step the run's saving
 last 5 steps in a slow phase of this VM), the run and the rounds saw the machine at different
 speeds, and the estimate and the measurement do not compare. `ref` is try.json's `machine`: a
 fixed piece of work timed between steps, in the baseline's rounds over the run (CPU runs), with
-`*` where `try` said the rounds ran at a speed the run did not see most of the time.
+`*` where `try` said the rounds ran at a speed the run did not see most of the time, `L` where
+other processes loaded the machine differently during the run and the rounds (`load_differs`).
 
 Predicted: the top finding's `est_saving_pct`; the sum over the findings that the example's
 `--fixed` addresses (FIXED_RULES below, capped at the step), which is the prediction checked
@@ -276,7 +277,8 @@ def try_main(args: argparse.Namespace) -> None:
             target = target_mark(r)
             phase = f"{r['phase']:.2f}" if r.get("phase") else "—"
             m = r.get("machine") or {}
-            ref = f"{m['ratio']:.2f}" + ("*" if m.get("moved") else "") if m.get("ratio") else "—"
+            ref = (f"{m['ratio']:.2f}" + ("*" if m.get("moved") else "") if m.get("ratio")
+                   else "—") + ("L" if m.get("load_differs") else "")
             if r.get("switched"):
                 meas += " sw"
             print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "

@@ -379,6 +379,9 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     assert machine["run_ref_ms"] > 0 and machine["rounds_ref_ms"] > 0
     assert machine["ratio"] == pytest.approx(machine["rounds_ref_ms"] / machine["run_ref_ms"],
                                              rel=0.01)
+    # Other processes' CPU use in the run and (each round's, their median) in the rounds.
+    assert machine["run_other_cpus"] >= 0 and machine["rounds_other_cpus"] >= 0
+    assert isinstance(machine["load_differs"], bool) and machine["cpus"] >= 1
     assert doc["run_step_basis"] == "unprofiled" and doc["run_step_ms"] > 0
     assert "machine: a fixed piece of work between steps took" in done.stdout
     assert 'id="try"' in (folder / "report.html").read_text()

@@ -80,3 +80,34 @@ def test_a_profiled_basis_is_not_set_against_the_rounds() -> None:
 
 def test_older_try_files_show_no_machine_line() -> None:
     assert machine_text({"baseline": {"median_ms": 12.0}}) == []
+
+
+def test_a_run_under_other_load_is_flagged_against_quiet_rounds() -> None:
+    """bench2's try_mlp: 0.56 CPUs of 2 busy elsewhere during the run, none in the rounds, the
+    reference 0.81x (not moved): the fused-Adam estimate was made on a busier machine."""
+    run = [FAST] * 30
+    m = compare(run, [FAST * 0.95] * 10, 0.559, [0.02, 0.01, 0.03, 0.0], cpus=2)
+    assert m is not None and not m["moved"] and m["load_differs"]
+    assert m["run_other_cpus"] == 0.559 and m["rounds_other_cpus"] == 0.015 and m["cpus"] == 2
+    lines = machine_text({"machine": m})
+    assert len(lines) == 2
+    assert lines[1].startswith("other processes kept 0.56 of 2 CPUs busy during the run, "
+                               "0.01 during the rounds: the estimates were made on a busier")
+    # The same load either side, or a tenth of a core apart: not flagged.
+    same = compare(run, [FAST] * 10, 0.3, [0.25, 0.35], cpus=2)
+    assert same is not None and not same["load_differs"]
+    assert len(machine_text({"machine": same})) == 1
+    # On 16 CPUs, 1.6 CPUs is the least that counts (10 %): 1.0 apart is not enough.
+    assert not compare(run, [FAST] * 10, 1.0, [0.0], cpus=16)["load_differs"]
+    assert compare(run, [FAST] * 10, 2.0, [0.0], cpus=16)["load_differs"]
+
+
+def test_load_without_the_reference_still_compares() -> None:
+    """A GPU run times no reference, but its load is known."""
+    m = compare([], [], 0.0, [1.5], cpus=2)
+    assert m == {"run_other_cpus": 0.0, "rounds_other_cpus": 1.5, "cpus": 2,
+                 "load_differs": True}
+    assert machine_text({"machine": m})[0].startswith(
+        "other processes kept 0.00 of 2 CPUs busy during the run, 1.50 during the rounds: "
+        "the estimates were made on a quieter machine")
+    assert compare([], [], None, [1.0]) is None and compare([], [], 0.5, []) is None

@@ -96,7 +96,7 @@ from trainprof import stats
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.diagnose import FAIL_EXIT  # the same exit code as `diagnose --fail-on`
 from trainprof.errors import TrainprofError
-from trainprof.runmeta import META_NAME, RunMeta, read_meta
+from trainprof.runmeta import META_NAME, RunMeta, other_load_differs, read_meta
 
 SCHEMA = 1
 MIN_STEPS = 5  # below this a median's interval means nothing
@@ -473,9 +473,8 @@ def _machine(meta: RunMeta | None) -> Machine | None:
     )
 
 
-# Different load: other processes' busy CPUs apart by more than max(0.5, 10 % of the CPUs);
-# load averages (which count the run's own threads) by more than max(1, 25 % of the CPUs).
-OTHER_CPUS_DIFF, OTHER_CPUS_SHARE = 0.5, 0.10
+# Different load: other processes' busy CPUs as runmeta.other_load_differs says; load averages
+# (which count the run's own threads) apart by more than max(1, 25 % of the CPUs).
 LOADAVG_DIFF, LOADAVG_SHARE = 1.0, 0.25
 
 
@@ -492,7 +491,7 @@ def _load_warning(a: Machine, b: Machine) -> str | None:
     """A sentence when the two runs saw the machine differently loaded, else None."""
     cpus = _cpus(a, b)
     if a.other_cpus is not None and b.other_cpus is not None:
-        if abs(a.other_cpus - b.other_cpus) <= max(OTHER_CPUS_DIFF, OTHER_CPUS_SHARE * cpus):
+        if not other_load_differs(a.other_cpus, b.other_cpus, cpus):
             return None
         what = (
             f"other processes kept {a.other_cpus:.2f} CPUs busy during A, "

@@ -194,6 +194,19 @@ class Load(msgspec.Struct, kw_only=True):
     steal_cpus: float | None = None  # CPU time the hypervisor gave to other virtual machines
 
 
+# Two runs saw the machine differently loaded (`compare`, `try`) when the CPUs other processes
+# kept busy (Load.other_cpus) are apart by more than max(0.5, 10 % of the CPUs): half a core
+# taken by another job slows a two-thread loop, and a fused kernel that splits its work across
+# the intra-op threads more than the single-thread code it replaces (an optimizer probe ran fused
+# Adam at 0.72x the loop with 0.56 CPUs busy elsewhere, 0.48-0.61x on the quiet machine).
+OTHER_CPUS_DIFF, OTHER_CPUS_SHARE = 0.5, 0.10
+
+
+def other_load_differs(a: float, b: float, cpus: int) -> bool:
+    """Other processes' busy CPUs `a` and `b` (Load.other_cpus) of two runs on `cpus` CPUs are
+    far enough apart that the runs did not see the same machine."""
+    return abs(a - b) > max(OTHER_CPUS_DIFF, OTHER_CPUS_SHARE * cpus)
+
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trainprof_version: str = ""

@@ -91,8 +91,9 @@ def _header(doc: dict) -> str:
 
 def machine_text(doc: dict[str, Any]) -> list[str]:
     """The machine's speed in the baseline's rounds against the run's (tryfix/machine), and the
-    baseline's step against the run's; a second sentence where the rounds ran at a speed the
-    run did not see most of the time. Empty where neither was timed (a GPU run, older files)."""
+    baseline's step against the run's; a sentence where the rounds ran at a speed the run did
+    not see most of the time, and one where other processes loaded the machine differently.
+    Empty where neither was timed (a GPU run without load figures, older files)."""
     out = []
     m = doc.get("machine")
     if m and m.get("ratio"):
@@ -118,6 +119,15 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
             f"the rounds saw the machine {'slower' if m['ratio'] > 1 else 'faster'} than the "
             f"run did ({where}): the estimates were made at the run's speed and may not hold at "
             "this one; run and try again when the machine is as it was to compare them"
+        )
+    if m and m.get("load_differs"):
+        run, here = m["run_other_cpus"], m["rounds_other_cpus"]
+        lines.append(
+            f"other processes kept {run:.2f} of {m['cpus']} CPUs busy during the run, "
+            f"{here:.2f} during the rounds: the estimates were made on a "
+            f"{'busier' if run > here else 'quieter'} machine, and what uses every core "
+            "(intra-op threads, fused kernels, DataLoader workers) gains differently with "
+            "cores taken; run and try again under the same load to compare them"
         )
     return lines
 

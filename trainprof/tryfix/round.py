@@ -9,12 +9,12 @@ The script runs in this process like `trainprof run` runs it (capture/launch.py 
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
 steps and the evaluation passes between them, capture/evaluation), the fix patches and, on a
 CPU, the run's reference timed at the step boundaries (capture/phaseref: how fast the machine
-ran, for tryfix/machine). The script's own profiler runs as in the run, writing no file, and
-the script's checkpoints, the frameworks' logs (tryfix/outputs) and what it writes through
-Python's file calls (tryfix/userfiles) go to outputs/ beside the result file. The result file
-gets every step's wall time, the steps that evaluated, those references, how the script ended,
-what the fixes did and what the rounds did not write where the run did. The exit code is the
-script's.
+ran, for tryfix/machine), and the CPUs other processes kept busy meanwhile (capture/loadprobe).
+The script's own profiler runs as in the run, writing no file, and the script's checkpoints, the
+frameworks' logs (tryfix/outputs) and what it writes through Python's file calls
+(tryfix/userfiles) go to outputs/ beside the result file. The result file gets every step's wall
+time, the steps that evaluated, those references, how the script ended, what the fixes did and
+what the rounds did not write where the run did. The exit code is the script's.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 def main(argv: list[str] | None = None) -> int:
     opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
     from trainprof.capture.launch import resolve_target, running, sigterm_guard
+    from trainprof.capture.loadprobe import LoadProbe
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
     from trainprof.capture.probes import install_probes
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     applied = Applied()
     applied.step_of = lambda: len(stepper.step_times)
     error = None
+    load: LoadProbe | None = None
     with sigterm_guard():
         try:
             stepper.install(patches)
@@ -100,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             install(specs, patches, applied, switch)
             S.reset()
             S.enabled = True
+            load = LoadProbe()  # other processes' CPU use while the script runs (tryfix/machine)
             with running(target) as run:
                 exec(run.code, run.namespace)  # from this frame, as `run` does (handoff.py)
             outcome = run.outcome
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             S.enabled = False
             steps = stepper.finish()
+            other = load.finish().other_cpus if load is not None else None
             patches.restore()
     if outcome.message:
         sys.stderr.write(outcome.message)
@@ -126,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
         "phase_ref_s": phase.times,
+        "other_cpus": other,  # CPUs other processes kept busy on average (capture/loadprobe)
         # with --alternate: whether the fixes were on in each step (tryfix/switch)
         "fix_on": alternation.sides[: len(steps.step_times)] if alternation else None,
         **held.result(),
