@@ -15,6 +15,7 @@ from trainprof.analysis.model import (
     severity_rank,
 )
 from trainprof.analysis.queued import gpu_bound
+from trainprof.runmeta import other_load_differs
 from trainprof.trace import intervals as iv
 from trainprof.trace.steps import SOURCE_TEXT
 
@@ -125,7 +126,23 @@ def notes_for(ctx: Context) -> list[str]:
     elif not d.gpu_timeline:
         notes.append("The trace lists GPUs but holds no GPU kernels or copies: GPU idle "
                      "cannot be measured, so GPU costs are not estimated.")
-    return notes + idle_notes(ctx) + eval_notes(ctx)
+    return notes + load_notes(ctx) + idle_notes(ctx) + eval_notes(ctx)
+
+
+def load_notes(ctx: Context) -> list[str]:
+    """Other processes kept the machine busy during the run (capture/loadprobe), as much as
+    `compare` counts a different load from a quiet run: the estimates hold for that load."""
+    meta = ctx.meta
+    other = meta.load.other_cpus if meta is not None and meta.load is not None else None
+    cpus = (meta.cpus_online or meta.cpu_count or 1) if meta is not None else 1
+    if other is None or not other_load_differs(other, 0.0, cpus):
+        return []
+    return [
+        f"Other processes kept {other:.2f} of {cpus} CPUs busy on average during the run: the "
+        "estimates are for a machine that busy. On a quieter one they move, most for fixes "
+        "that use every core (intra-op threads, fused kernels, DataLoader workers); "
+        "`trainprof try` says when its rounds saw another load."
+    ]
 
 
 def idle_notes(ctx: Context) -> list[str]:
