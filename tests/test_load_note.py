@@ -30,3 +30,7 @@ def test_a_run_beside_another_job_says_its_estimates_hold_for_that_load(
     assert notes[0.0] == [] and notes[0.3] == []
     assert notes[0.56] and notes[0.56][0].startswith(
         "Other processes kept 0.56 of 2 CPUs busy on average during the run")
+    # One rank of a distributed run: the other ranks on the node are the other processes.
+    rank = replace(meta, load=Load(interval_s=2.0, other_cpus=1.5), cpus_online=2, world_size=2)
+    (run / "trainprof.json").write_bytes(msgspec.json.encode(rank))
+    assert not [n for n in diagnose_path(run)[0].notes if "Other processes" in n]

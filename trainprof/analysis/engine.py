@@ -131,8 +131,11 @@ def notes_for(ctx: Context) -> list[str]:
 
 def load_notes(ctx: Context) -> list[str]:
     """Other processes kept the machine busy during the run (capture/loadprobe), as much as
-    `compare` counts a different load from a quiet run: the estimates hold for that load."""
+    `compare` counts a different load from a quiet run: the estimates hold for that load. Not
+    for a distributed run: the other ranks on the node count as other processes there."""
     meta = ctx.meta
+    if meta is not None and (meta.world_size or 1) > 1:
+        return []
     other = meta.load.other_cpus if meta is not None and meta.load is not None else None
     cpus = (meta.cpus_online or meta.cpu_count or 1) if meta is not None else 1
     if other is None or not other_load_differs(other, 0.0, cpus):
