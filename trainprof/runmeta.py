@@ -305,6 +305,10 @@ class RunMeta(msgspec.Struct, kw_only=True):
         there = [p for p in self.user_traces if os.path.isfile(p)]
         return there[-1] if there else None
 
+    def machine_cpus(self) -> int:
+        """The machine's CPUs (those this process may use where that is all that is known)."""
+        return self.cpus_online or self.cpu_count or 1
+
     def altered_steps(self) -> set[int]:
         """Steps that are no plain training steps of the run: evaluation passes, steps run with
         another intra-op thread count than the run's (thread_steps), and steps run while a

@@ -134,11 +134,11 @@ def load_notes(ctx: Context) -> list[str]:
     `compare` counts a different load from a quiet run: the estimates hold for that load. Not
     for a distributed run: the other ranks on the node count as other processes there."""
     meta = ctx.meta
-    if meta is not None and (meta.world_size or 1) > 1:
+    load = meta.load if meta is not None else None
+    if load is None or load.other_cpus is None or (meta.world_size or 1) > 1:
         return []
-    other = meta.load.other_cpus if meta is not None and meta.load is not None else None
-    cpus = (meta.cpus_online or meta.cpu_count or 1) if meta is not None else 1
-    if other is None or not other_load_differs(other, 0.0, cpus):
+    other, cpus = load.other_cpus, meta.machine_cpus()
+    if not other_load_differs(other, 0.0, cpus):
         return []
     return [
         f"Other processes kept {other:.2f} of {cpus} CPUs busy on average during the run: the "

@@ -76,7 +76,6 @@ class Variant:
     evals: list[list[int]] = field(default_factory=list)  # steps holding an evaluation, per round
     ran: list[int] = field(default_factory=list)  # steps each round ran (the script may end first)
     refs: list[float] = field(default_factory=list)  # the reference (s) at kept steps' ends
-    others: list[float] = field(default_factory=list)  # CPUs other processes kept busy, per round
     # > 0: measured switched in blocks of this many timed steps inside its own rounds
     # (tryfix/switch), `switched_off` the steps those rounds ran without the fix, per round
     block: int = 0
@@ -223,6 +222,7 @@ class Trial:
         self.by_rule: dict[str, list[Variant]] = {}
         self.edit: list[dict] = []
         self.combined: Variant | None = None
+        self.others: list[float] = []  # CPUs other processes kept busy, each round's (any variant)
         self.combined_note: str | None = None
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
@@ -377,7 +377,7 @@ class Trial:
             seen.update((res or {}).get("script_profiler", {}).get(key) or [])
         self.redirected.update((res or {}).get("redirected") or [])
         if res is not None and res.get("other_cpus") is not None:
-            v.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
+            self.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
         if res is None:
             why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
             v.error = f"the round ended without a result ({why}; see {self.log})"
@@ -634,9 +634,8 @@ class Trial:
             "machine": machine.compare(
                 [t for _, t in self.meta.phase_ref_s], self.base.refs,
                 self.meta.load.other_cpus if self.meta.load else None,
-                [o for v in (self.base, self.combined, *(v for vs in self.by_rule.values()
-                                                          for v in vs)) if v for o in v.others],
-                self.meta.cpus_online or self.meta.cpu_count or 1,
+                self.others,
+                self.meta.machine_cpus(),
             ),
             "script_profiler": (
                 {k: sorted(v) for k, v in self.script_profiler.items()}
