@@ -24,8 +24,9 @@ default try's own: about 3 s of steps, which a fast step needs: 25 kept steps of
 measured fused Adam at +4 % [-22, +24], 295 at +13.7 % [+11.8, +15.6]);
 `--threads N` sets OMP_NUM_THREADS for the runs (recorded, so `try` re-runs with it too).
 The fixes `try` switches off and on between steps inside its rounds (tryfix/switch) are marked
-`sw`; `--separate-too` then measures them again right after, on the same run folder, in rounds
-of their own (`try --separate`), rows marked "(separate)": the two designs side by side. The
+`sw`, those it runs in a process beside the baseline's, the two taking turns (tryfix/turns),
+`tu`; `--separate-too` then measures both again right after, on the same run folder, in rounds
+of their own (`try --separate`), rows marked "(separate)": the designs side by side. The
 load average is printed at the start of the run, of the try and at its end: on a machine shared
 with other jobs the figures move with it. `run/try` is the step the run's savings are shares of
 (its unprofiled steps) over try's baseline step: far from 1 (Lightning's example once 1.50, its
@@ -259,7 +260,8 @@ def try_main(args: argparse.Namespace) -> None:
         if args.only and name not in args.only:
             continue
         rows = try_rows(name, script, wargs, max_steps, folder, args.rounds, args.steps)
-        switched = [r["rule"] for r in rows if r.get("switched")]
+        switched = [r["rule"] for r in rows if (r.get("switched") or r.get("turns"))
+                    and r["rule"] != "(together)"]
         if args.separate_too and switched:
             # The fixes measured switched, then in rounds of their own on the same run folder,
             # right after: the two designs side by side, under the machine of the same minutes.
@@ -281,6 +283,8 @@ def try_main(args: argparse.Namespace) -> None:
                    else "—") + ("L" if m.get("load_differs") else "")
             if r.get("switched"):
                 meas += " sw"
+            elif r.get("turns"):
+                meas += " tu"
             print(f"{name:14s} {r['rule']:22s} {est:>9s} {meas:>26s} "
                   f"{(r.get('verdict') or ''):>10s} {r['baseline_ms'] or 0:8.2f} {phase:>7s} "
                   f"{ref:>6s} "
@@ -319,8 +323,9 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, default=None, help="keep the run folders here")
     ap.add_argument("--device", default=None, help="passed to every example (default: theirs)")
     ap.add_argument("--separate-too", action="store_true",
-                    help="with --try: the fixes `try` switched between steps (marked sw) are then "
-                    "measured again on the same run folder with `try --separate`")
+                    help="with --try: the fixes `try` switched between steps (marked sw) or ran "
+                    "in turns beside the baseline (tu) are then measured again on the same run "
+                    "folder with `try --separate`")
     args = ap.parse_args()
     if args.threads:
         ENV["OMP_NUM_THREADS"] = str(args.threads)

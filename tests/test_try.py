@@ -439,14 +439,19 @@ def test_receiving_round_sets_file_system_for_that_round_only(tmp_path: Path) ->
     trial.kind = {"dataloader-starvation": "receiving"}  # no trace here: the diagnosis' kind
     trial.plan()
     assert trial.execute() == 0
-    # try.log: "===== NAME: command" then that round's output, per round
+    # try.log: "===== NAME: command" then that round's output, per process
     printed = {}
     for part in (folder / "try.log").read_text().split("\n===== ")[1:]:
         name = part.split(":", 1)[0]
         printed[name] = [ln for ln in part.splitlines() if ln.startswith("sharing strategy:")]
     default = torch.multiprocessing.get_sharing_strategy()
     assert default != "file_system"  # Linux: file_descriptor, the hand-shake per tensor
-    assert printed.pop("baseline") == [f"sharing strategy: main={default} worker={default}"]
+    unchanged = [f"sharing strategy: main={default} worker={default}"]
+    assert printed.pop("baseline") == unchanged
+    # measured beside a baseline process, the two taking turns (tryfix/turns), each its own part
+    variant = "dataloader-starvation[sharing_strategy=file_system]"
+    assert printed.pop(f"{variant}, the baseline taking turns") == unchanged
+    assert list(printed) == [f"{variant}, the variant taking turns"]
     (fixed,) = printed.values()
     assert fixed == ["sharing strategy: main=file_system worker=file_system"]
     doc = json.loads((folder / "try.json").read_text())

@@ -120,10 +120,15 @@ def test_switchable_fixes_are_switched_unless_separate(tmp_path: Path) -> None:
                       RunMeta(argv=[SENSOR], step_times_s=[0.05] * 20, cpu_count=2))
         trial.plan()
         blocks = {r: [v.block for v in vs] for r, vs in trial.by_rule.items()}
-        # 0.25 s of 50 ms steps a block; the DataLoader sweep's rounds are the process's own
+        # 0.25 s of 50 ms steps a block, switched in one process; the DataLoader sweep's
+        # variants change the process: each in a process beside the baseline's, taking turns
+        # in blocks as long (tryfix/turns); with --separate, every one in rounds of its own
         want = 0 if separate else 5
         assert blocks["zero-grad-not-none"] == [want] and blocks["optimizer-foreach"] == [want]
-        assert set(blocks["dataloader-starvation"]) == {0}
+        assert set(blocks["dataloader-starvation"]) == {want}
+        turned = {r: {v.turns for v in vs} for r, vs in trial.by_rule.items()}
+        assert turned == {"zero-grad-not-none": {False}, "optimizer-foreach": {False},
+                          "dataloader-starvation": {not separate}}
 
 
 # ----- each switchable fix, off and on in this process -----------------------------------------

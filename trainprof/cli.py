@@ -152,7 +152,8 @@ def try_(
     separate: bool = typer.Option(
         False, "--separate",
         help="Measure every fix in rounds of its own beside the baseline's, none switched off "
-        "and on in blocks of steps inside one round.",
+        "and on in blocks of steps inside one round, none run in turns with a baseline "
+        "process.",
     ),
 ) -> None:
     """Re-run RUN's command, profiler off, without and with each fix; measure what each saves."""

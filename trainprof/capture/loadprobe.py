@@ -51,14 +51,14 @@ def machine_cpu_s() -> tuple[float, float] | None:
     return busy / _ticks(), v[7] / _ticks()
 
 
-def _live_descendants_cpu_s(root: int) -> float:
-    """CPU seconds of the live descendants of `root` (their own and their reaped children's)."""
+def _process_table() -> tuple[dict[int, int], dict[int, float]]:
+    """(parent of each process, its CPU seconds with its reaped children's), from /proc."""
     parent: dict[int, int] = {}
     cpu: dict[int, float] = {}
     try:
         entries = [e for e in os.listdir(_PROC) if e.isdigit()]
     except OSError:
-        return 0.0
+        return parent, cpu
     for e in entries:
         try:
             text = (_PROC / e / "stat").read_text()
@@ -68,15 +68,31 @@ def _live_descendants_cpu_s(root: int) -> float:
             cpu[int(e)] = sum(int(x) for x in rest[11:15]) / _ticks()  # utime stime cutime cstime
         except (OSError, ValueError, IndexError):  # gone meanwhile, or unreadable
             continue
+    return parent, cpu
+
+
+def _descendants(root: int, parent: dict[int, int]) -> list[int]:
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, list(children.get(root, []))
+    out, todo = [], list(children.get(root, []))
     while todo:
         pid = todo.pop()
-        total += cpu.get(pid, 0.0)
+        out.append(pid)
         todo += children.get(pid, [])
-    return total
+    return out
+
+
+def descendants(root: int) -> list[int]:
+    """The live descendants of process `root` (DataLoader workers, compile workers), Linux
+    only (none elsewhere)."""
+    return _descendants(root, _process_table()[0])
+
+
+def _live_descendants_cpu_s(root: int) -> float:
+    """CPU seconds of the live descendants of `root` (their own and their reaped children's)."""
+    parent, cpu = _process_table()
+    return sum(cpu.get(pid, 0.0) for pid in _descendants(root, parent))
 
 
 def own_cpu_s() -> float:

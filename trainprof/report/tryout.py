@@ -50,7 +50,8 @@ def _ci(ci: list[float] | None) -> str:
 def _measured(f: dict) -> str:
     if f.get("measured_pct") is None:
         return f.get("error") or f.get("reason") or "not run"
-    how = ", switched in blocks" if f.get("switched") else ""
+    how = (", switched in blocks" if f.get("switched")
+           else ", taking turns with the baseline" if f.get("turns") else "")
     return f"{_pct(f['measured_pct'])} {_ci(f.get('ci_pct'))}{how}"
 
 
@@ -65,6 +66,21 @@ def switched_text(f: dict[str, Any]) -> str:
         f"{_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent blocks, "
         f"of the step with the fix over the step without (without: "
         f"{sw['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
+    )
+
+
+def turns_text(f: dict[str, Any]) -> str:
+    """How a fix measured in rounds of turns was measured (tryfix/turns)."""
+    tu = f["turns"]
+    n = tu["block_steps"]
+    pairs = sum(len(r) for r in f.get("step_times_ms") or []) // max(n, 1)
+    return (
+        f"in a process beside the baseline's, the two taking turns in blocks of {n} timed steps "
+        f"(after {tu['transition_steps']} not timed), the other stopped with its DataLoader "
+        f"workers meanwhile, in each of its {f.get('rounds', 0)} rounds: "
+        f"{_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent blocks, "
+        f"of the step with the fix over the step without (without: "
+        f"{tu['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
     )
 
 
@@ -212,6 +228,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
             lines.append(f"    measured:  {_measured(f)}")
         if f.get("switched") and f.get("measured_pct") is not None:
             lines.append(f"    how:       {switched_text(f)}")
+        elif f.get("turns") and f.get("measured_pct") is not None:
+            lines.append(f"    how:       {turns_text(f)}")
         if f.get("rounds_to_tell"):
             lines.append(f"    note:      {tell_text(f)}")
         if f.get("workers_pct") is not None:

@@ -3,7 +3,10 @@ interleaved (A B C, then B C A, C A B, ...: each round starts one place further 
 drifting load does not favour a fixed position), and measure what each fix saves. Writes
 RUN/try.json. A fix that can be switched off and on between two steps (catalog.switchable) is
 measured inside its own rounds instead, switched in blocks of steps (tryfix/switch): both sides
-under the same machine, seconds apart; its rounds still take their turn in the order.
+under the same machine, seconds apart; its rounds still take their turn in the order. A fix that
+changes the process runs in a process beside a baseline process, the two taking turns in blocks
+of steps (tryfix/turns), unless --separate. The baseline's own rounds still run: the baseline's
+step and the machine's speed in the rounds (tryfix/machine) are theirs.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
@@ -22,9 +25,9 @@ import json
 import math
 import os
 import signal
-import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,9 +37,10 @@ from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
-from trainprof.tryfix import catalog, machine, switch
+from trainprof.tryfix import catalog, machine, switch, turns
 from trainprof.tryfix.measure import (
     MAX_ROUNDS,
+    Timed,
     pace,
     per_round,
     rounds_to_tell,
@@ -47,6 +51,7 @@ from trainprof.tryfix.measure import (
     verdict,
     within_target,
 )
+from trainprof.tryfix.spawn import Launcher, read_result
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -63,7 +68,6 @@ COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
 # the more of them share one stretch; each costs a transition step, not timed.
 SWITCH_BLOCK_S = 0.25
 MIN_SWITCH_BLOCK = 4
-_TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 @dataclass
@@ -80,6 +84,8 @@ class Variant:
     # (tryfix/switch), `switched_off` the steps those rounds ran without the fix, per round
     block: int = 0
     switched_off: list[list[float]] = field(default_factory=list)
+    # with `block`: in two processes that take turns (tryfix/turns), not switched in one
+    turns: bool = False
     error: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -212,6 +218,9 @@ class Trial:
         # A switched round times both sides: about as many steps on each as a plain round keeps.
         self.block = switch_block(meta)
         self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.block, WARMUP_STEPS)
+        # A round of turns: as many blocks as a switched round, half in each process.
+        self.turn_cycles = turns.cycles_for(self.steps - WARMUP_STEPS, self.block)
+        self.turn_steps = turns.own_steps(self.turn_cycles, self.block, WARMUP_STEPS)
         found = estimates(self.run)
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
@@ -227,6 +236,7 @@ class Trial:
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
+        self.launcher = Launcher(meta, self.log)
         self.clocks: set[str] = set()  # the step clocks the rounds were timed on
         # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the
         # files its exports did not write.
@@ -269,6 +279,9 @@ class Trial:
             ]
             if not self.opts.separate and catalog.switchable(rule, self.cuda) and len(options) == 1:
                 self.by_rule[rule][0].block = self.block
+            for v in self.by_rule[rule]:
+                if not self.opts.separate and not v.block:  # it changes the process
+                    v.turns, v.block = True, self.block
 
     def _optimizer(self) -> str | None:
         """The class of the run's first torch.optim optimizer, for the code change."""
@@ -286,6 +299,10 @@ class Trial:
         v = self.est.get(rule)
         return None if v is None else round(v, 1)
 
+    def _variants(self) -> list[Variant]:
+        return [v for vs in self.by_rule.values() for v in vs] + (
+            [self.combined] if self.combined else [])
+
     def active(self) -> list[Variant]:
         return [v for vs in self.by_rule.values() for v in vs if not v.skipped and not v.error]
 
@@ -301,7 +318,12 @@ class Trial:
         off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
-        switched = [v.name for v in todo if v.block]
+        switched = [v.name for v in todo if v.block and not v.turns]
+        paired = [v.name for v in todo if v.turns]
+        if paired:
+            say(f"run beside the baseline, taking turns in blocks of {switch.TRANSITION} + "
+                f"{self.block} steps (the other process stopped meanwhile), each process "
+                f"{self.turn_steps} steps: " + ", ".join(paired))
         if switched:
             say(f"switched off and on in blocks of {switch.TRANSITION} + {self.block} steps in "
                 f"rounds of {self.switched_steps} steps (both sides in one process): "
@@ -346,55 +368,39 @@ class Trial:
             )
             return
         self.combined = Variant("combined", [s for v, _ in good for s in v.specs])
+        if not self.opts.separate:
+            self.combined.turns, self.combined.block = True, self.block
         _say(f"all fixes together: {', '.join(v.name for v, _ in good)}")
         base_kept = len(self.base.rounds)
         for k in range(self.opts.rounds):
-            self._round(self.base, base_kept + k)
+            if not self.combined.turns:  # in turns, its baseline runs beside it
+                self._round(self.base, base_kept + k)
             self._round(self.combined, k)
             self.save()
 
     def _round(self, v: Variant, k: int) -> None:
+        if v.turns:
+            self._turns_round(v, k)
+            return
         _say(f"round {k + 1}: {v.name}")
         with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
             result_file = Path(tmp) / "result.json"
             steps = self.switched_steps if v.block else self.steps
-            cmd = [
-                self.python(), "-m", "trainprof.tryfix.round",
-                "--fixes", json.dumps(v.specs), "--max-steps", str(steps),
-                "--result", str(result_file),
-            ]
+            cmd = self.launcher.command(v.specs, steps, result_file)
             if v.block:  # each round starts with the other side: ABBA, then BAAB
                 cmd += ["--alternate", str(v.block), "--parity", str(k % 2),
                         "--warmup", str(WARMUP_STEPS)]
             cmd += ["--", *self.meta.argv]
-            compiles = any(spec["rule"] == "launch-bound" for spec in v.specs)
-            code = self._spawn(cmd, v.name, COMPILE_TIME_S if compiles else 0.0)
-            try:
-                res = json.loads(result_file.read_text())
-            except (OSError, ValueError):
-                res = None
-        for key, seen in self.script_profiler.items():
-            seen.update((res or {}).get("script_profiler", {}).get(key) or [])
-        self.redirected.update((res or {}).get("redirected") or [])
+            code = self.launcher.run(cmd, v.name, self._extra_s(v))
+            res = read_result(result_file)
+        self._note_outputs(res)
         if res is not None and res.get("other_cpus") is not None:
             self.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
-        if res is None:
-            why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
-            v.error = f"the round ended without a result ({why}; see {self.log})"
+        error, skipped = self._outcome(res, code, v.specs)
+        if error or skipped:
+            v.error, v.skipped = error, skipped
             return
-        failed = res.get("failed") or {}
-        if failed:
-            v.error = "; ".join(failed.values())
-            return
-        if res.get("exit_code", 0) != 0:
-            v.error = f"the script failed with this fix (exit {res['exit_code']}): " + (
-                res.get("error") or "see " + str(self.log)
-            )
-            return
-        skipped = res.get("skipped") or {}
-        if skipped and len(skipped) == len(v.specs):
-            v.skipped = "; ".join(skipped.values())
-            return
+        assert res is not None
         times, clock = round_times(res)
         self.clocks.add(clock)
         timed = timed_steps(times, res.get("compile_steps") or [], WARMUP_STEPS,
@@ -405,62 +411,112 @@ class Trial:
             return
         kept = timed.kept
         if v.block:
-            skip = {s + d for s in timed.recompiles for d in (0, 1)} | set(timed.evals)
             off, kept = switch.split(times, res.get("fix_on") or [], WARMUP_STEPS, timed.head,
-                                     skip, v.block)
+                                     _not_timed(timed) - set(range(timed.head)), v.block)
             if not off or not kept:
                 v.error = (f"the script ran {len(times)} steps, too few for a block of "
                            f"{v.block} steps with the fix and one without after the warm-up")
                 return
             v.switched_off.append(off)
+        self._keep(v, kept, timed, len(times), res)
+
+    def _turns_round(self, v: Variant, k: int) -> None:
+        """A round of `v` beside a baseline process, the two taking turns (tryfix/turns). The
+        first round that fails so (two processes at once: twice the memory, a port the script
+        binds) leaves `v` to rounds of its own, which say whether the fix itself fails."""
+        from trainprof.capture.loadprobe import LoadProbe
+
+        _say(f"round {k + 1}: {v.name}, taking turns with the baseline")
+        sides = turns.schedule(self.turn_cycles, k % 2)
+        load = LoadProbe()  # this process's tree holds both: their load is not "other"
+        with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
+            # each its own folder: a round's outputs/ is beside its result file
+            files = [Path(tmp) / side / "result.json" for side in ("baseline", "variant")]
+            for f in files:
+                f.parent.mkdir()
+
+            def command(i: int, fds: str) -> list[str]:
+                return [*self.launcher.command(([], v.specs)[i], self.turn_steps, files[i]),
+                        "--turns", fds, "--turn-block", str(v.block),
+                        "--warmup", str(WARMUP_STEPS), "--", *self.meta.argv]
+
+            names = (f"{v.name}, the baseline taking turns", f"{v.name}, the variant taking turns")
+            deadline = time.monotonic() + 2 * self.launcher.timeout(self._extra_s(v))
+            codes, why = turns.run_pair(self.launcher, command, names, sides, deadline, Path(tmp))
+            results = [read_result(f) for f in files]
+        other = load.finish().other_cpus
+        if other is not None:
+            self.others.append(other)
+        for res in results:
+            self._note_outputs(res)
+        error = self._outcome(results[0], codes[0], [])[0]
+        if error:
+            error = "the baseline beside it: " + error
+        verror, skipped = self._outcome(results[1], codes[1], v.specs)
+        if skipped and not error:
+            v.skipped = skipped
+            return
+        error = error or verror
+        if error:
+            if not v.rounds:
+                v.turns, v.block = False, 0
+                v.notes = sorted({*v.notes, f"measured in rounds of its own: run beside the "
+                                  f"baseline, taking turns, it failed ({error})"})
+                self._round(v, k)
+            else:
+                v.error = error
+            return
+        base_res, var_res = results
+        assert base_res is not None and var_res is not None
+        (tb, cb), (tv, cv) = round_times(base_res), round_times(var_res)
+        self.clocks |= {cb, cv}
+        timed = [timed_steps(t, r.get("compile_steps") or [], WARMUP_STEPS,
+                             r.get("eval_steps") or []) for t, r in ((tb, base_res), (tv, var_res))]
+        off, kept = turns.split((tb, tv), sides, WARMUP_STEPS, v.block,
+                                (_not_timed(timed[0]), _not_timed(timed[1])))
+        if not off or not kept:
+            ended = f" ({why})" if why else ""
+            v.error = (f"the script ran {len(tb)} and {len(tv)} steps{ended}: too few for a "
+                       f"block of {v.block} steps in each process after the warm-up")
+            return
+        v.switched_off.append(off)
+        self._keep(v, kept, timed[1], len(tv), var_res)
+
+    def _keep(self, v: Variant, kept: list[float], timed: Timed, ran: int, res: dict) -> None:
         v.rounds.append(kept)
         v.discarded.append(timed.head)
         v.recompiles.append(timed.recompiles)
         v.evals.append(timed.evals)
-        v.ran.append(len(times))
+        v.ran.append(ran)
         v.refs += [t for step, t in res.get("phase_ref_s") or [] if step >= timed.head]
         v.notes = sorted(set(v.notes) | set(res.get("notes") or []))
 
-    def python(self) -> str:
-        """The interpreter that ran the recorded run (it has the script's packages), if it is
-        still there; else this one."""
-        rec = self.meta.executable
-        return rec if rec and os.access(rec, os.X_OK) else sys.executable
+    def _note_outputs(self, res: dict | None) -> None:
+        """What the round's script did with its profiler and its files (tryfix/outputs)."""
+        for key, seen in self.script_profiler.items():
+            seen.update((res or {}).get("script_profiler", {}).get(key) or [])
+        self.redirected.update((res or {}).get("redirected") or [])
 
-    def _spawn(self, cmd: list[str], name: str, extra_s: float = 0.0) -> int:
-        env = dict(os.environ)
-        env.update(self.meta.env)
-        paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-        if _TRAINPROF_ROOT not in paths:  # the round imports trainprof; last, so as not to shadow
-            paths.append(_TRAINPROF_ROOT)
-        env["PYTHONPATH"] = os.pathsep.join(paths)
-        # A round is no run of the user's to track: Weights & Biases (the script's own calls,
-        # and the HF Trainer's and Lightning's loggers) does nothing, instead of a new run in
-        # the user's project per round.
-        env["WANDB_MODE"] = "disabled"
-        cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
-        # A round that finds no step never meets --max-steps: end it after several times the
-        # recorded run's duration.
-        # Generous: a loaded machine can run a round several times slower than the recording.
-        timeout = max(300.0, 10.0 * self.meta.wall_time_s + 120.0) + extra_s
-        with open(self.log, "a") as log:
-            log.write(f"\n===== {name}: {' '.join(cmd)}\n")
-            log.flush()
-            proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=log, stderr=log,
-                                    stdin=subprocess.DEVNULL)
-            try:
-                return proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-                return -signal.SIGKILL
-            except KeyboardInterrupt:
-                proc.send_signal(signal.SIGINT)
-                try:
-                    proc.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                raise
+    def _outcome(self, res: dict | None, code: int, specs: list[dict]
+                 ) -> tuple[str | None, str | None]:
+        """(why the round failed, why its fixes did not apply), each None if not."""
+        if res is None:
+            why = "it ran past its time limit" if code == -signal.SIGKILL else f"exit code {code}"
+            return f"the round ended without a result ({why}; see {self.log})", None
+        failed = res.get("failed") or {}
+        if failed:
+            return "; ".join(failed.values()), None
+        if res.get("exit_code", 0) != 0:
+            return (f"the script failed with this fix (exit {res['exit_code']}): "
+                    + (res.get("error") or "see " + str(self.log))), None
+        skipped = res.get("skipped") or {}
+        if specs and skipped and len(skipped) == len(specs):
+            return None, "; ".join(skipped.values())
+        return None, None
+
+    @staticmethod
+    def _extra_s(v: Variant) -> float:
+        return COMPILE_TIME_S if any(s["rule"] == "launch-bound" for s in v.specs) else 0.0
 
     # ----- results -----------------------------------------------------------------------------
     def _base_for(self, v: Variant) -> list[list[float]]:
@@ -484,7 +540,7 @@ class Trial:
                "rounds": n, "median_ms": round(1000 * pace(v.rounds[:n], block), 3),
                "step_times_ms": [[round(1000 * t, 3) for t in r] for r in v.rounds[:n]]}
         if v.block:
-            out["switched"] = {
+            out["turns" if v.turns else "switched"] = {
                 "block_steps": v.block,
                 "transition_steps": switch.TRANSITION,
                 "without_median_ms": round(1000 * pace(base[:n], block), 3),
@@ -515,6 +571,16 @@ class Trial:
         n = min(len(ctl.rounds), len(v.rounds))
         if mc is None or mv is None or not n:
             return None
+        if v.turns and ctl.turns:
+            # Each beside its own baseline: the points between the two savings are the workers'
+            # part (1 - v/b - (1 - c/b) = (c - v)/b), its interval the two intervals' half-widths
+            # combined as independent.
+            w = mv["measured_pct"] - mc["measured_pct"]
+            (vlo, vhi), (clo, chi) = mv["ci_pct"], mc["ci_pct"]
+            lo = w - math.hypot(mv["measured_pct"] - vlo, chi - mc["measured_pct"])
+            hi = w + math.hypot(vhi - mv["measured_pct"], mc["measured_pct"] - clo)
+            return {"threads_only_pct": mc["measured_pct"], "threads_only_ci_pct": mc["ci_pct"],
+                    "workers_pct": round(w, 1), "workers_ci_pct": [round(lo, 1), round(hi, 1)]}
         base = self.base.rounds[:n]
         c_med, b_med = pace(ctl.rounds[:n]), pace(base)
         if not b_med:
@@ -547,7 +613,7 @@ class Trial:
                 entry.update(measured_pct=m["measured_pct"], ci_pct=m["ci_pct"],
                              rounds=m["rounds"], median_ms=m["median_ms"],
                              step_times_ms=m["step_times_ms"],
-                             **({"switched": m["switched"]} if "switched" in m else {}),
+                             **{k: m[k] for k in ("switched", "turns") if k in m},
                              verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
                              estimate_within_target=within_target(est, m["measured_pct"]))
                 lo, hi = m["ci_pct"]
@@ -613,7 +679,10 @@ class Trial:
             "steps_per_round": self.steps,
             # the rounds that switch a fix off and on run both sides: about twice the steps
             **({"switched_steps_per_round": self.switched_steps}
-               if any(v.block for vs in self.by_rule.values() for v in vs) else {}),
+               if any(v.block and not v.turns for v in self._variants()) else {}),
+            # a round of turns runs two processes, each this many steps
+            **({"turns_steps_per_process": self.turn_steps}
+               if any(v.turns for v in self._variants()) else {}),
             "warmup_steps_discarded": WARMUP_STEPS,
             "block_steps": BLOCK_STEPS,
             "profiled": False,
@@ -649,6 +718,13 @@ class Trial:
     def save(self) -> None:
         doc = self.document()
         write_atomic(self.run / TRY_NAME, json.dumps(doc, indent=2).encode("utf-8"))
+
+
+def _not_timed(timed: Timed) -> set[int]:
+    """A round's steps not timed: the warm-up, each later recompilation's step and the next,
+    the evaluation passes (measure.timed_steps)."""
+    return (set(range(timed.head)) | {s + d for s in timed.recompiles for d in (0, 1)}
+            | set(timed.evals))
 
 
 def round_times(res: dict) -> tuple[list[float], str]:

@@ -4,6 +4,8 @@
     python -m trainprof.tryfix.round --fixes JSON --max-steps N --result FILE -- -m MODULE ARGS
     ... --alternate BLOCK --parity P --warmup W ...: the fixes switched off and on in blocks of
     steps (tryfix/switch), every step's side in the result (`fix_on`)
+    ... --turns GO_FD,DONE_FD --turn-block BLOCK --warmup W ...: one side of a round of turns
+    (tryfix/turns): report after the warm-up and after each block, and wait for the word
 
 The script runs in this process like `trainprof run` runs it (capture/launch.py run_target), with
 only the step timer (capture/stepper.py, without a profiler, and the probes it needs to find
@@ -37,6 +39,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--alternate", type=int, default=0, help="timed steps per block (0: off)")
     p.add_argument("--parity", type=int, default=0, help="odd: the fix on in the first block")
     p.add_argument("--warmup", type=int, default=0, help="steps before the first block")
+    p.add_argument("--turns", default="", help="GO_FD,DONE_FD: take turns (tryfix/turns)")
+    p.add_argument("--turn-block", type=int, default=0, help="timed steps per block of turns")
     return p.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
@@ -54,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainprof.tryfix.apply import Applied, install
     from trainprof.tryfix.outputs import hold_profiler_files, redirect_records
     from trainprof.tryfix.switch import Alternation, Switch
+    from trainprof.tryfix.turns import Turn
     from trainprof.tryfix.userfiles import keep_user_files
 
     try:
@@ -86,6 +91,16 @@ def main(argv: list[str] | None = None) -> int:
             alternation.after_step()
 
         stepper.on_step = on_step
+    elif opts.turns:
+        go_fd, done_fd = (int(x) for x in opts.turns.split(","))
+        turn = Turn(go_fd, done_fd, lambda: len(stepper.step_times), opts.warmup,
+                    opts.turn_block)
+
+        def on_turn() -> None:
+            phase.after_step()
+            turn.after_step()
+
+        stepper.on_step = on_turn
     applied = Applied()
     applied.step_of = lambda: len(stepper.step_times)
     error = None

@@ -1,0 +1,201 @@
+"""`trainprof try`'s rounds of turns (tryfix/turns): a fix that changes the process, run in a
+process beside the baseline's, the two taking turns in blocks of steps, each stopped with its
+helper processes while the other runs. The schedule and the pairs, the turns themselves on two
+real processes, and real rounds of a DataLoader fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from test_run_cli import ROOT, SCRIPTS, trainprof
+
+from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
+from trainprof.tryfix import turns
+from trainprof.tryfix.switch import TRANSITION
+
+STARVED = str(SCRIPTS / "try_turns.py")
+
+
+# ----- the schedule and the pairs ----------------------------------------------------------------
+def test_schedule_is_abba_cycles_and_each_process_runs_half() -> None:
+    assert turns.schedule(2, 0) == [False, True, True, False] * 2
+    assert turns.schedule(1, 1) == [True, False, False, True]  # every other round: BAAB
+    assert turns.cycles_for(kept=25, block=12) == 2  # 4 blocks a cycle, 2 a side: 24 steps
+    assert turns.cycles_for(kept=1, block=12) == 1
+    # warm-up, 4 blocks of its own of 1 + 12 steps, and one after the last report
+    assert turns.own_steps(cycles=2, block=12, warmup=5) == 5 + 4 * 13 + 1
+
+
+def test_split_pairs_each_processs_blocks_in_the_order_they_ran() -> None:
+    warmup, block = 2, 2
+    sides = turns.schedule(2, 0)  # off on on off off on on off: 4 blocks each
+    n = turns.own_steps(2, block, warmup)
+    base = [float(s) for s in range(n)]  # a step's time is its index, the variant's + 100
+    variant = [100.0 + s for s in range(n)]
+    off, on = turns.split((base, variant), sides, warmup, block, (set(), set()))
+    # each block without its first step: the baseline's own blocks 0..3 are global blocks
+    # 0, 3, 4, 7; the variant's 1, 2, 5, 6. Pairs (0, 1), (2, 3), (4, 5), (6, 7).
+    assert off == [3.0, 4.0, 6.0, 7.0, 9.0, 10.0, 12.0, 13.0]
+    assert on == [103.0, 104.0, 106.0, 107.0, 109.0, 110.0, 112.0, 113.0]
+    # A bad step (an evaluation pass) in the variant's second block drops pair (2, 3) whole.
+    off, on = turns.split((base, variant), sides, warmup, block, (set(), {7}))
+    assert off == [3.0, 4.0, 9.0, 10.0, 12.0, 13.0] and len(on) == len(off)
+    # A process that ended early: the pairs it did not finish are left out.
+    off, on = turns.split((base[:8], variant), sides, warmup, block, (set(), set()))
+    assert off == [3.0, 4.0, 6.0, 7.0] and on == [103.0, 104.0, 106.0, 107.0]
+
+
+# ----- the turns, on two real processes --------------------------------------------------------
+def _times(path: Path) -> list[float]:
+    return [float(x) for x in path.read_text().split()] if path.exists() else []
+
+
+def test_each_process_and_its_helpers_stand_still_while_the_other_runs(tmp_path: Path) -> None:
+    """Two processes, each with a helper process writing the time every 2 ms: during each
+    block of steps of one, the other and its helper write nothing."""
+    block, cycles = 4, 2
+    steps = turns.own_steps(cycles, block, warmup=2)
+    procs, go, done, outs = [], [], [], []
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for i in (0, 1):
+        go_r, go_w = os.pipe()
+        done_r, done_w = os.pipe()
+        outs.append(tmp_path / f"side{i}")
+        procs.append(subprocess.Popen(
+            [sys.executable, str(SCRIPTS / "turns_child.py"), str(go_r), str(done_w), str(block),
+             str(steps), str(outs[-1])], env=env, pass_fds=(go_r, done_w)))
+        os.close(go_r)
+        os.close(done_w)
+        go.append(go_w)
+        done.append(done_r)
+    sides = turns.schedule(cycles, 0)
+    pair = turns.Pair((procs[0].pid, procs[1].pid), (go[0], go[1]), (done[0], done[1]))
+    assert pair.take_turns(sides, time.monotonic() + 60) is None
+    assert [p.wait(timeout=30) for p in procs] == [0, 0]
+    ends = [_times(o.with_suffix(".steps")) for o in outs]
+    ticks = [_times(o.with_suffix(".ticks")) for o in outs]
+    assert [len(e) for e in ends] == [steps, steps]
+    assert all(len(t) > 20 for t in ticks)  # the helpers ran, between their turns
+    own = [0, 0]
+    spans = []
+    for s in sides:
+        i = int(s)
+        first = 2 + own[i] * (TRANSITION + block)  # the block's first step
+        own[i] += 1
+        # from the block's first step's start (its end less the 3 ms of work) to its last's end
+        start, end = ends[i][first] - 0.003, ends[i][first + TRANSITION + block - 1]
+        spans.append((start, end))
+        other = 1 - i
+        inside = [t for t in ends[other] + ticks[other] if start < t < end]
+        assert inside == [], f"process {other} ran during a block of process {i}"
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:], strict=False))  # in order
+
+
+def test_a_process_that_ends_early_stops_the_turns_and_leaves_the_other_running(
+    tmp_path: Path,
+) -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    live = subprocess.Popen(
+        [sys.executable, str(SCRIPTS / "turns_child.py"), str(go_r), str(done_w), "4", "40",
+         str(tmp_path / "live")], env=env, pass_fds=(go_r, done_w))
+    os.close(go_r)
+    os.close(done_w)
+    gone_r, gone_w = os.pipe()  # a process that ends without a report: its pipe closes
+    dead_r, dead_w = os.pipe()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"], pass_fds=(gone_r, dead_w))
+    os.close(gone_r)
+    os.close(dead_w)
+    pair = turns.Pair((live.pid, gone.pid), (go_w, gone_w), (done_r, dead_r))
+    why = pair.take_turns(turns.schedule(1, 0), time.monotonic() + 60)
+    assert why == "the variant's process ended before its turns did"
+    assert live.wait(timeout=30) == 0  # released: not left stopped, not waiting for a word
+    assert gone.wait(timeout=5) == 0
+
+
+# ----- real rounds -------------------------------------------------------------------------------
+def _starved(folder: Path, *args: str) -> Path:
+    folder.mkdir()
+    write_meta(RunMeta(argv=[STARVED, *args], cwd=str(ROOT), cpu_count=2, wall_time_s=5.0,
+                       step_times_s=[0.021] * 20, dataloaders=[DataLoaderInfo(num_workers=0)]),
+               folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_workers_measured_in_turns_beside_the_baseline(tmp_path: Path) -> None:
+    """Each sample sleeps 5 ms in the dataset: two workers fetch side by side and halve the
+    step, one does not; measured in rounds of turns, the best variant is two workers."""
+    folder = _starved(tmp_path / "run", "400")
+    done = trainprof("try", str(folder), "--fix", "dataloader-starvation", "--rounds", "1",
+                     "--steps", "30")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    (fix,) = doc["fixes"]
+    # 0.25 s of the run's 21 ms steps: blocks of 12; 25 timed steps a side make 2 ABBA cycles,
+    # 4 blocks of each process: 2 pairs of its own a process... 4 pairs in all, 48 steps a side
+    assert doc["turns_steps_per_process"] == 5 + 4 * 13 + 1
+    assert "switched_steps_per_round" not in doc
+    by_change = {v["change"]: v for v in fix["variants"]}
+    two = next(v for c, v in by_change.items() if "num_workers=2" in c)
+    one = next(v for c, v in by_change.items() if "num_workers=1" in c)
+    for v in (two, one):
+        assert v["turns"]["block_steps"] == 12 and v["turns"]["transition_steps"] == 1
+        assert [len(r) for r in v["step_times_ms"]] == [48]
+        assert [len(r) for r in v["turns"]["without_step_times_ms"]] == [48]
+        # the baseline's process: no workers, 4 samples of 5 ms a step
+        assert min(v["turns"]["without_step_times_ms"][0]) >= 20.0
+    assert two["measured_pct"] > 30.0 and two["ci_pct"][0] > 0.0
+    assert two["measured_pct"] > one["measured_pct"] + 20.0
+    assert fix["measured_pct"] == two["measured_pct"]
+    assert "taking turns" in done.stdout and "taking turns" in done.stderr
+    # the workers' part against the thread change alone, each beside its own baseline
+    assert fix["workers_pct"] == pytest.approx(two["measured_pct"] - fix["threads_only_pct"],
+                                               abs=0.11)
+
+
+@pytest.mark.slow
+def test_a_script_that_cannot_run_twice_at_once_is_measured_in_rounds_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The script binds a fixed port, as one with a hard-coded MASTER_PORT: the variant's
+    process beside the baseline's fails to start, and the fix falls back to rounds of its own,
+    which measure it and say why."""
+    folder = _starved(tmp_path / "run", "60", "--bind")
+    done = trainprof("try", str(folder), "--fix", "dataloader-starvation", "--rounds", "1",
+                     "--steps", "20")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    (fix,) = doc["fixes"]
+    for v in fix["variants"]:
+        assert "turns" not in v and v["measured_pct"] is not None
+    assert any("measured in rounds of its own" in n and "Address already in use" in n
+               for n in fix["notes"])
+    assert "turns_steps_per_process" not in doc
+
+
+@pytest.mark.slow
+def test_fixes_together_take_turns_with_a_baseline_of_their_own(tmp_path: Path) -> None:
+    """Two fixes that each save (the workers, and set_to_none against a 10 ms sleep when the
+    gradients were left in place): measured together in turns too, without more rounds of the
+    baseline alone."""
+    folder = _starved(tmp_path / "run", "400", "--grads")
+    done = trainprof("try", str(folder), "--fix", "dataloader-starvation", "--fix",
+                     "zero-grad-not-none", "--rounds", "1", "--steps", "20")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    by_rule = {f["rule"]: f for f in doc["fixes"]}
+    assert "switched" in by_rule["zero-grad-not-none"]  # a flag: switched in one process
+    assert by_rule["zero-grad-not-none"]["ci_pct"][0] > 0
+    combined = doc["combined"]
+    assert combined["rules"] == ["dataloader-starvation", "zero-grad-not-none"]
+    assert combined["turns"]["block_steps"] == 12  # as every fix's: 0.25 s of the run's step
+    assert combined["measured_pct"] > by_rule["zero-grad-not-none"]["measured_pct"]
+    assert doc["baseline"]["rounds"] == 1  # the combined round's baseline ran beside it
