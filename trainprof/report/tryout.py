@@ -55,32 +55,25 @@ def _measured(f: dict) -> str:
     return f"{_pct(f['measured_pct'])} {_ci(f.get('ci_pct'))}{how}"
 
 
-def switched_text(f: dict[str, Any]) -> str:
-    """How a fix switched inside its rounds was measured (tryfix/switch)."""
-    sw = f["switched"]
-    n = sw["block_steps"]
+def how_text(f: dict[str, Any]) -> str:
+    """How a fix compared with the baseline block by block inside its rounds was measured:
+    switched off and on in one process (tryfix/switch), or in a process beside a baseline
+    process, the two taking turns (tryfix/turns)."""
+    switched = bool(f.get("switched"))
+    sw = f["switched" if switched else "turns"]
+    n, t, rounds = sw["block_steps"], sw["transition_steps"], f.get("rounds", 0)
     pairs = sum(len(r) for r in f.get("step_times_ms") or []) // max(n, 1)
-    return (
-        f"switched off and on between steps, in blocks of {n} timed steps (after "
-        f"{sw['transition_steps']} not timed) inside each of its {f.get('rounds', 0)} rounds: "
-        f"{_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent blocks, "
-        f"of the step with the fix over the step without (without: "
-        f"{sw['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
-    )
-
-
-def turns_text(f: dict[str, Any]) -> str:
-    """How a fix measured in rounds of turns was measured (tryfix/turns)."""
-    tu = f["turns"]
-    n = tu["block_steps"]
-    pairs = sum(len(r) for r in f.get("step_times_ms") or []) // max(n, 1)
-    return (
+    where = (
+        f"switched off and on between steps, in blocks of {n} timed steps (after {t} not timed) "
+        f"inside each of its {rounds} rounds" if switched else
         f"in a process beside the baseline's, the two taking turns in blocks of {n} timed steps "
-        f"(after {tu['transition_steps']} not timed), the other stopped with its DataLoader "
-        f"workers meanwhile, in each of its {f.get('rounds', 0)} rounds: "
-        f"{_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent blocks, "
-        f"of the step with the fix over the step without (without: "
-        f"{tu['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
+        f"(after {t} not timed), the other stopped with its DataLoader workers meanwhile, in "
+        f"each of its {rounds} rounds"
+    )
+    return (
+        f"{where}: {_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent "
+        f"blocks, of the step with the fix over the step without (without: "
+        f"{sw['without_median_ms']:.2f} ms, with: {f.get('median_ms', 0):.2f} ms)"
     )
 
 
@@ -226,10 +219,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
-        if f.get("switched") and f.get("measured_pct") is not None:
-            lines.append(f"    how:       {switched_text(f)}")
-        elif f.get("turns") and f.get("measured_pct") is not None:
-            lines.append(f"    how:       {turns_text(f)}")
+        if (f.get("switched") or f.get("turns")) and f.get("measured_pct") is not None:
+            lines.append(f"    how:       {how_text(f)}")
         if f.get("rounds_to_tell"):
             lines.append(f"    note:      {tell_text(f)}")
         if f.get("workers_pct") is not None:
