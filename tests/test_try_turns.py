@@ -108,14 +108,20 @@ def test_a_process_that_ends_early_stops_the_turns_and_leaves_the_other_running(
          str(tmp_path / "live")], env=env, pass_fds=(go_r, done_w))
     os.close(go_r)
     os.close(done_w)
-    gone_r, gone_w = os.pipe()  # a process that ends without a report: its pipe closes
+    # A process that ends without a report, leaving behind a process of its own that holds its
+    # pipe open (forked: it inherits every descriptor): its end is seen all the same.
+    gone_r, gone_w = os.pipe()
     dead_r, dead_w = os.pipe()
-    gone = subprocess.Popen([sys.executable, "-c", "pass"], pass_fds=(gone_r, dead_w))
+    gone = subprocess.Popen(
+        [sys.executable, "-c", "import os, sys, time\nif os.fork() == 0: time.sleep(20)"],
+        pass_fds=(gone_r, dead_w), stdout=subprocess.PIPE)
     os.close(gone_r)
     os.close(dead_w)
     pair = turns.Pair((live.pid, gone.pid), (go_w, gone_w), (done_r, dead_r))
-    why = pair.take_turns(turns.schedule(1, 0), time.monotonic() + 60)
+    start = time.monotonic()
+    why = pair.take_turns(turns.schedule(1, 0), start + 60)
     assert why == "the variant's process ended before its turns did"
+    assert time.monotonic() - start < 15  # not the deadline's 60 s
     assert live.wait(timeout=30) == 0  # released: not left stopped, not waiting for a word
     assert gone.wait(timeout=5) == 0
 

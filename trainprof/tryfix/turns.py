@@ -108,6 +108,8 @@ class Turn:
     def __init__(self, go_fd: int, done_fd: int, steps_done: Callable[[], int], warmup: int,
                  block: int) -> None:
         self.go_fd, self.done_fd = go_fd, done_fd
+        for fd in (go_fd, done_fd):  # not for the programs the script starts
+            os.set_inheritable(fd, False)
         self.steps_done = steps_done
         self.warmup = warmup
         self.size = TRANSITION + block
@@ -156,18 +158,32 @@ def thaw(pid: int) -> None:
     _signal_tree(pid, signal.SIGCONT)
 
 
-def _report(fd: int, deadline: float) -> bool:
-    """Wait for the process's report: False if it ended (EOF) or the deadline passed."""
-    left = deadline - time.monotonic()
-    if left <= 0:
-        return False
-    ready, _, _ = select.select([fd], [], [], left)
-    if not ready:
-        return False
+def _ended(pid: int) -> bool:
+    """The process has exited (a zombie not yet waited for, or gone), without reaping it: its
+    Popen keeps its exit code. Linux; elsewhere the pipe's end (EOF) tells."""
     try:
-        return bool(os.read(fd, 1))
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return os.path.isdir("/proc/self")
     except OSError:
         return False
+    return stat[stat.rfind(")") + 2 :].startswith(("Z", "X"))
+
+
+def _report(fd: int, pid: int, deadline: float) -> bool:
+    """Wait for the process's report: False if it ended or the deadline passed. Its pipe's end
+    alone does not tell: a process it started (forked, or not closing what it inherits) may
+    hold the pipe open long after it ended."""
+    while (left := deadline - time.monotonic()) > 0:
+        ready, _, _ = select.select([fd], [], [], min(left, 1.0))
+        if ready:
+            try:
+                return bool(os.read(fd, 1))
+            except OSError:
+                return False
+        if _ended(pid):
+            return False
+    return False
 
 
 class Pair:
@@ -183,7 +199,7 @@ class Pair:
         are left running, never stopped, whatever happens (a Ctrl-C included)."""
         try:
             for i in (0, 1):  # both warm up at once (not timed); each stops when it reports
-                if not _report(self.done[i], deadline):
+                if not _report(self.done[i], self.pids[i], deadline):
                     return self._why(i, deadline)
                 freeze(self.pids[i])
             running = None
@@ -198,7 +214,7 @@ class Pair:
                     os.write(self.go[i], b"g")
                 except OSError:
                     return self._why(i, deadline)
-                if not _report(self.done[i], deadline):
+                if not _report(self.done[i], self.pids[i], deadline):
                     return self._why(i, deadline)
             return None
         finally:
