@@ -280,8 +280,13 @@ class Trial:
             if not self.opts.separate and catalog.switchable(rule, self.cuda) and len(options) == 1:
                 self.by_rule[rule][0].block = self.block
             for v in self.by_rule[rule]:
-                if not self.opts.separate and not v.block:  # it changes the process
-                    v.turns, v.block = True, self.block
+                self._turns_unless_switched(v)
+
+    def _turns_unless_switched(self, v: Variant) -> None:
+        """A variant not switched in one process changes the process: in turns beside a
+        baseline process (tryfix/turns), unless --separate."""
+        if not self.opts.separate and not v.block:
+            v.turns, v.block = True, self.block
 
     def _optimizer(self) -> str | None:
         """The class of the run's first torch.optim optimizer, for the code change."""
@@ -368,8 +373,7 @@ class Trial:
             )
             return
         self.combined = Variant("combined", [s for v, _ in good for s in v.specs])
-        if not self.opts.separate:
-            self.combined.turns, self.combined.block = True, self.block
+        self._turns_unless_switched(self.combined)
         _say(f"all fixes together: {', '.join(v.name for v, _ in good)}")
         base_kept = len(self.base.rounds)
         for k in range(self.opts.rounds):
@@ -412,7 +416,7 @@ class Trial:
         kept = timed.kept
         if v.block:
             off, kept = switch.split(times, res.get("fix_on") or [], WARMUP_STEPS, timed.head,
-                                     _not_timed(timed) - set(range(timed.head)), v.block)
+                                     timed.not_timed(), v.block)
             if not off or not kept:
                 v.error = (f"the script ran {len(times)} steps, too few for a block of "
                            f"{v.block} steps with the fix and one without after the warm-up")
@@ -473,7 +477,7 @@ class Trial:
         timed = [timed_steps(t, r.get("compile_steps") or [], WARMUP_STEPS,
                              r.get("eval_steps") or []) for t, r in ((tb, base_res), (tv, var_res))]
         off, kept = turns.split((tb, tv), sides, WARMUP_STEPS, v.block,
-                                (_not_timed(timed[0]), _not_timed(timed[1])))
+                                (timed[0].not_timed(), timed[1].not_timed()))
         if not off or not kept:
             ended = f" ({why})" if why else ""
             v.error = (f"the script ran {len(tb)} and {len(tv)} steps{ended}: too few for a "
@@ -718,13 +722,6 @@ class Trial:
     def save(self) -> None:
         doc = self.document()
         write_atomic(self.run / TRY_NAME, json.dumps(doc, indent=2).encode("utf-8"))
-
-
-def _not_timed(timed: Timed) -> set[int]:
-    """A round's steps not timed: the warm-up, each later recompilation's step and the next,
-    the evaluation passes (measure.timed_steps)."""
-    return (set(range(timed.head)) | {s + d for s in timed.recompiles for d in (0, 1)}
-            | set(timed.evals))
 
 
 def round_times(res: dict) -> tuple[list[float], str]:

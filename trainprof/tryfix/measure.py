@@ -178,6 +178,12 @@ class Timed:
     recompiles: list[int]  # later steps during which torch.compile compiled again (not timed)
     evals: list[int] = field(default_factory=list)  # later steps holding an evaluation pass
 
+    def not_timed(self) -> set[int]:
+        """The round's steps not timed: the warm-up (`head`), each later recompilation's step
+        and the next, the evaluation passes."""
+        return (set(range(self.head)) | {s + d for s in self.recompiles for d in (0, 1)}
+                | set(self.evals))
+
 
 def timed_steps(times: list[float], compile_steps: list[int], warmup: int,
                 eval_steps: list[int] | None = None) -> Timed:
@@ -198,8 +204,8 @@ def timed_steps(times: list[float], compile_steps: list[int], warmup: int,
     head = max(warmup, compiles[0] + 2) if compiles else warmup
     later = [s for s in compiles[1:] if s >= head]
     evals = sorted(s for s in set(eval_steps or []) if head <= s < len(times))
-    skip = {s + d for s in later for d in (0, 1)} | set(evals)
-    kept = [t for i, t in enumerate(times) if i >= head and i not in skip]
+    skip = Timed([], head, later, evals).not_timed()
+    kept = [t for i, t in enumerate(times) if i not in skip]
     return Timed(kept, head, later, evals)
 
 

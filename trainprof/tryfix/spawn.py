@@ -86,16 +86,22 @@ class Launcher:
                     continue
 
 
+def signal_tree(pid: int, sig: int) -> None:
+    """`sig` to `pid` and every process below it (its DataLoader workers), the parent first (a
+    SIGSTOP: it makes no new worker meanwhile)."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, sig)
+        except OSError:  # ended meanwhile
+            pass
+
+
 def wait(proc: subprocess.Popen, deadline: float) -> int:
     """The process's exit code; killed (with what it started) at the deadline: -SIGKILL."""
     try:
         return proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
     except subprocess.TimeoutExpired:
-        for pid in [proc.pid, *descendants(proc.pid)]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
+        signal_tree(proc.pid, signal.SIGKILL)
         proc.wait()
         return -signal.SIGKILL
 

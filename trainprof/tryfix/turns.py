@@ -42,8 +42,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainprof.capture.loadprobe import descendants
-from trainprof.tryfix.spawn import Launcher, interrupt, wait
+from trainprof.tryfix.spawn import Launcher, interrupt, signal_tree, wait
 from trainprof.tryfix.switch import PATTERN, TRANSITION
 
 # ----- schedule --------------------------------------------------------------------------------
@@ -140,22 +139,12 @@ def _sync_device() -> None:
 # ----- the controller --------------------------------------------------------------------------
 
 
-def _signal_tree(pid: int, sig: int) -> None:
-    """`sig` to `pid` and every process below it (SIGSTOP: the parent first, so that it makes no
-    new worker meanwhile)."""
-    for p in [pid, *descendants(pid)]:
-        try:
-            os.kill(p, sig)
-        except OSError:  # ended meanwhile
-            pass
-
-
 def freeze(pid: int) -> None:
-    _signal_tree(pid, signal.SIGSTOP)
+    signal_tree(pid, signal.SIGSTOP)
 
 
 def thaw(pid: int) -> None:
-    _signal_tree(pid, signal.SIGCONT)
+    signal_tree(pid, signal.SIGCONT)
 
 
 def _ended(pid: int) -> bool:
