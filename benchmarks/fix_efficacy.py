@@ -59,6 +59,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -232,6 +233,12 @@ def run_step_ms(folder: Path) -> float | None:
     return basis.get("step_ms") if basis.get("kind") == "unprofiled" else None
 
 
+def _count(change: str) -> str:
+    """"num_workers=N" from a DataLoader variant's change text (else the text's start)."""
+    found = re.search(r"num_workers=\d+", change)
+    return found.group(0) if found else change[:18]
+
+
 def target_mark(r: dict) -> str:
     """yes / NO: the estimate within the target of the measured saving (try.json); "noise":
     outside it, but inside the measurement's 95 % interval, which is wider than the target:
@@ -290,6 +297,16 @@ def try_main(args: argparse.Namespace) -> None:
                   f"{ref:>6s} "
                   f"{target:7s} "
                   f"{r['load']:17s} {r.get('change', ', '.join(r.get('rules', [])))}", flush=True)
+            if r.get("estimate_basis"):
+                print(f"{'':14s} {'  estimated by':22s} {r['estimate_basis']}", flush=True)
+            for v in r.get("variants", []):
+                # Each worker count beside the model's estimate for it (try.json's variants).
+                if v.get("estimated_pct") is None or v.get("measured_pct") is None:
+                    continue
+                vlo, vhi = v["ci_pct"]
+                print(f"{'':14s} {'  · ' + _count(v['change']):22s} {v['estimated_pct']:7.1f} % "
+                      f"{v['measured_pct']:+.1f} % [{vlo:+.1f}, {vhi:+.1f}]".ljust(75)
+                      + ("yes" if v.get("estimate_within_target") else "NO"), flush=True)
             if r.get("workers_pct") is not None:
                 # The worker variant also set the intra-op threads: its two parts (try.json).
                 wlo, whi = r["workers_ci_pct"]

@@ -15,6 +15,7 @@ from trainprof.report.tryout import render_try_markdown, render_try_text, try_ht
 from trainprof.runmeta import RunMeta
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, Variant
+from trainprof.tryfix.estimates import RunEstimates
 
 RULE = "dataloader-starvation"
 
@@ -26,6 +27,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
     t.threads_modelled, t.spread, t.basis = set(), {}, None
+    t.found = RunEstimates(est=t.est)  # no DataLoader model: the rule's estimate throughout
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.script_profiler, t.redirected = {"started": set(), "unwritten": set()}, set()
@@ -131,3 +133,43 @@ def test_cpu_bf16_runs_a_cnn_channels_last():
     assert applied.notes == [
         "bf16 autocast on Sequential.forward (cpu), channels-last weights and inputs"
     ]
+
+
+def test_each_worker_count_is_checked_against_its_own_estimate():
+    """The sweep's best count need not be the one the diagnosis suggested (many_problems: one
+    worker measured best, the estimate was for two): the row's estimate is then the model's for
+    the count measured, the suggestion's beside it, and every count in the sweep carries its
+    own estimate."""
+    t = _trial(30.0, 36.0, 21.0, estimate=37.5)
+    two = Variant("two", [{"rule": RULE, "options": {"num_workers": 2, "threads": 1}}])
+    two.rounds = [[0.0225 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    t.by_rule[RULE].insert(1, two)
+    # The model of a 30 ms step, F = 20 ms, M = 10 ms (16 with one thread), on 2 cores.
+    t.found.loader = {
+        "unprofiled_step_ms": 30.0, "suggested_num_workers": 2, "cores": 2,
+        "model_compute_ms": 10.0, "compute_ms_by_workers": [16.0, 16.0],
+        "worker_fetch_ms": 20.0, "fetches_per_step": 1.0, "receive_ms_per_batch": 0.5,
+        "worker_ms_per_batch": 1.0,
+    }  # fmt: skip
+    t.spread = {RULE: [30.0, 40.0]}  # the suggestion's spread
+    t.threads_modelled = {RULE}  # M timed with one thread: checked against the whole variant
+    (f,) = t.document()["fixes"]
+    assert f["change"].startswith("DataLoader(num_workers=1,")  # 30 % measured against 25
+    assert f["estimated_pct"] == 30.0  # one worker's rate bounds the step: (30 - 21) / 30
+    assert f["suggested_estimated_pct"] == 37.5
+    assert f["suggested_change"].startswith("DataLoader(num_workers=2,")
+    assert "estimated_spread_pct" not in f  # the spread is the suggestion's
+    assert f["verdict"] == "confirmed" and f["estimate_within_target"] is True
+    by_change = {v["change"][:26]: v for v in f["variants"]}
+    assert by_change["DataLoader(num_workers=1, "]["estimated_pct"] == 30.0
+    assert by_change["DataLoader(num_workers=2, "]["estimated_pct"] == 37.5
+    assert "estimated_pct" not in by_change["torch.set_num_threads(1) o"]  # the control
+    text = render_try_text(t.document())
+    assert ("estimated: +30.0 % (the diagnosis's model, for this change; it suggested "
+            "num_workers=2: +37.5 %)") in text
+    assert "(estimated +37.5 %)" in text
+    # The suggestion measured best: its own estimate and spread, nothing beside them.
+    two.rounds = [[0.0165 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    (g,) = t.document()["fixes"]
+    assert g["estimated_pct"] == 37.5 and g["estimated_spread_pct"] == [30.0, 40.0]
+    assert "suggested_estimated_pct" not in g

@@ -204,4 +204,5 @@ def test_fixes_together_take_turns_with_a_baseline_of_their_own(tmp_path: Path) 
     assert combined["rules"] == ["dataloader-starvation", "zero-grad-not-none"]
     assert combined["turns"]["block_steps"] == 12  # as every fix's: 0.25 s of the run's step
     assert combined["measured_pct"] > by_rule["zero-grad-not-none"]["measured_pct"]
+    assert combined["estimated_pct"] is None and "estimate_basis" not in combined  # no trace
     assert doc["baseline"]["rounds"] == 1  # the combined round's baseline ran beside it

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from cpu_trace import record, with_meta
 
-from trainprof.analysis.loader_workers import fixed_step, thread_scale
+from trainprof.analysis.loader_workers import fixed_step, step_with, thread_scale
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
-from trainprof.tryfix.command import estimates
+from trainprof.tryfix.estimates import MODEL, SUM, estimates
 
 # A Python-heavy fetch (per-sample __getitem__ building tensors), num_workers=0.
 LOOP = """
@@ -326,3 +326,48 @@ def test_the_estimates_spread_within_the_run(loop: Path, tmp_path: Path):
     c = _starvation(with_meta(loop, tmp_path / "receives", meta))
     assert c.est_saving_pct == pytest.approx(32.5, abs=0.05)
     assert c.metrics["saving_lo_pct"] < 32.0
+
+
+def test_the_model_is_solved_again_for_other_counts_and_fixes_together(loop: Path, tmp_path: Path):
+    """`trainprof try` measures every worker count of its sweep and all fixes together; their
+    estimates come from the same model, re-solved from the finding's metrics, not from a sum.
+    many_problems on two cores: the estimates summed to 50.5 %, one worker with bf16 autocast
+    measured +30.5 %: a faster model leaves the one worker's rate as the bound."""
+    steps, fetch = [30.0] * 30, [20.0] * 30
+    ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2, model_threads_ms=[[2, 5.0], [1, 8.0]])
+    f = _starvation(with_meta(loop, tmp_path / "run", _meta(steps, fetch, ipc)))
+    m = f.metrics
+    # M = 10 with 2 threads, 16 with one; F = 20, R = 0.5, W = 1, 2 cores.
+    assert m["model_compute_ms"] == pytest.approx(10.0) and m["cores"] == 2
+    assert m["compute_ms_by_workers"] == pytest.approx([16.0, 16.0])
+    # The suggestion (2 workers: the cores bound, (16 + 20 + 1.5) / 2) solved again is itself.
+    assert m["suggested_num_workers"] == 2
+    assert step_with(m, 2) == pytest.approx(m["fixed_step_ms"]) == pytest.approx(18.75)
+    # One worker: its rate, 20 + 1, bounds the step.
+    assert step_with(m, 1) == pytest.approx(21.0)
+    # 5 ms less compute at the run's 2 threads is 8 ms less with one: one worker's rate stays
+    # the bound (21), two workers' cores bound falls to (8 + 20 + 1.5) / 2.
+    assert step_with(m, 1, less_compute_ms=5.0) == pytest.approx(21.0)
+    assert step_with(m, 2, less_compute_ms=5.0) == pytest.approx(14.75)
+    assert step_with(m, 3) is None  # beyond the cores: the model has no such count
+    assert step_with({"kind": "starvation"}, 1) is None  # no CPU model (a GPU trace)
+
+    found = estimates(tmp_path / "run")
+    assert found.loader is not None and found.suggested_workers() == 2
+    dl = "dataloader-starvation"
+    # the suggestion's estimate is the diagnosis's own; the model's for the sweep's other count
+    assert found.for_workers(dl, {"num_workers": 2, "threads": 1}) is None
+    assert found.for_workers(dl, {"num_workers": 1, "threads": 1}) == pytest.approx(30.0)
+    assert found.for_workers(dl, {"threads": 1, "control": True}) is None
+    found.est["cpu-bf16"] = 100 * 5.0 / 30  # 5 ms of the 30 ms step
+    one = [{"rule": dl, "options": {"num_workers": 1, "threads": 1}},
+           {"rule": "cpu-bf16", "options": {}}]
+    assert found.together(one) == (pytest.approx(30.0), MODEL)  # the sum would say 46.7
+    two = [{"rule": dl, "options": {"num_workers": 2, "threads": 1}}, one[1]]
+    assert found.together(two) == (pytest.approx(100 * (30 - 14.75) / 30, abs=0.05), MODEL)
+    # Without the loader's fix, or without its model, the fixes act on separate parts: a sum.
+    found.est["optimizer-foreach"] = 2.0
+    rest = [one[1], {"rule": "optimizer-foreach", "options": {}}]
+    assert found.together(rest) == (pytest.approx(100 * 5 / 30 + 2.0, abs=0.05), SUM)
+    found.loader = None
+    assert found.together(one)[1] == SUM

@@ -15,8 +15,9 @@ trace holds inside the fetches (with_stack); only the waiting part counts as sta
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +135,11 @@ class CpuModel:
     # The saving's spread within the run (% of the step S; `SPREAD` percentiles over resamples
     # of the run's samples): None where nothing was resampled (older metadata).
     spread: tuple[float, float] | None = None
+    # M at the run's threads, and M with the threads each worker count n leaves (index n - 1):
+    # what `step_with` re-solves the model from (another worker count, other fixes together).
+    run_compute: float = 0.0
+    compute_by_workers: list[float] = field(default_factory=list)
+    cores: int = 1
 
     @property
     def saving(self) -> float:
@@ -379,8 +385,36 @@ def _model(
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
-        worker_fetch_source=fetch_source, pace=pace,
+        worker_fetch_source=fetch_source, pace=pace, run_compute=m,
+        compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
     )  # fmt: skip
+
+
+def step_with(
+    metrics: Mapping[str, Any], workers: int, less_compute_ms: float = 0.0
+) -> float | None:
+    """The step (ms, without the profiler) that the CPU model of a `dataloader-starvation`
+    finding gives for `workers` workers, its loop's compute M shorter by `less_compute_ms` (what
+    other fixes save, at the run's threads, taken to scale with the threads as M does: bf16
+    autocast or a fused optimizer shorten the model's own work), re-solved from the finding's
+    metrics. None where the finding holds no CPU model (a GPU trace, older metadata) or that
+    worker count is beyond it. Fixes that shorten M can leave the workers' rate the bound: on
+    two cores with one worker, bf16 autocast saved nothing on top of the worker (many_problems:
+    60.5 ms with the worker alone, 61.1 with both)."""
+    by = metrics.get("compute_ms_by_workers")
+    m = metrics.get("model_compute_ms")
+    if not isinstance(by, list) or not isinstance(m, (int, float)) or not 1 <= workers <= len(by):
+        return None
+    try:
+        fetch, k = float(metrics["worker_fetch_ms"]), float(metrics["fetches_per_step"])
+        r, w = float(metrics["receive_ms_per_batch"]), float(metrics["worker_ms_per_batch"])
+        cores = int(metrics["cores"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    compute = float(by[workers - 1])
+    if m > 0 and less_compute_ms > 0:
+        compute *= max(m - less_compute_ms, 0.0) / m
+    return fixed_step(compute, fetch, k, r, w, cores, workers)
 
 
 def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:

@@ -39,7 +39,9 @@ class Finding(msgspec.Struct, kw_only=True, omit_defaults=False):
     # the code that does it, as file:line, outermost first (`trainer.fit()` at `location` ->
     # ["pytorch_lightning/trainer/trainer.py:584", ".../logger_connector/result.py:470", ...]).
     via: list[str] = []
-    metrics: dict[str, float | int | str] = {}  # the same evidence, machine-readable
+    # The same evidence, machine-readable (a list: one figure per case, as
+    # dataloader-starvation's compute per worker count)
+    metrics: dict[str, float | int | str | list[float]] = {}
     ranks: list[int] | None = None  # multi-rank: ranks where it was found
     # Where it happens on the timeline: [start_us, dur_us] in the trace's own clock, at most
     # MAX_AT occurrences (for annotated traces and the HTML report).

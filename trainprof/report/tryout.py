@@ -3,6 +3,7 @@ section for report.html."""
 
 from __future__ import annotations
 
+import re
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -194,6 +195,15 @@ def _some(paths: list[str]) -> str:
     return paths[0] + (f" and {len(paths) - 1} more" if len(paths) > 1 else "")
 
 
+def _basis(c: dict[str, Any]) -> str:
+    """How the estimate of all fixes together was made (tryfix/estimates)."""
+    if c.get("estimated_pct") is None:
+        return ""
+    if c.get("estimate_basis") == "model":
+        return " (the DataLoader model, the other fixes' savings taken off its compute)"
+    return " (the sum of the estimates)"
+
+
 def render_try_text(doc: dict[str, Any]) -> str:
     """The table `trainprof try` prints."""
     lines = ["", "trainprof try: measured, not estimated — " + _header(doc)]
@@ -216,6 +226,11 @@ def render_try_text(doc: dict[str, Any]) -> str:
         spread = f.get("estimated_spread_pct")
         if spread:
             est += f" ({spread[0]:.1f}-{spread[1]:.1f} % within the run's own noise)"
+        if "suggested_estimated_pct" in f:  # the sweep's best is not the diagnosis's suggestion
+            count = re.search(r"num_workers=\d+", f["suggested_change"])
+            est += (f" (the diagnosis's model, for this change; it suggested "
+                    f"{count.group(0) if count else f['suggested_change']}: "
+                    f"{_pct(f['suggested_estimated_pct'])})")
         lines.append(f"    estimated: {est}")
         if f.get("verdict") != "edit the code":
             lines.append(f"    measured:  {_measured(f)}")
@@ -233,6 +248,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
             )
         for v in f.get("variants", []):
             shown = _measured(v) if "measured_pct" in v or "error" in v else "not run"
+            if v.get("estimated_pct") is not None:
+                shown += f" (estimated {_pct(v['estimated_pct'])})"
             lines.append(f"      · {v['change']}: {shown}")
         for note in f.get("notes", []):
             lines.append(f"    note:      {note}")
@@ -251,7 +268,7 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append("")
         if c.get("rules"):
             lines.append(f"  all together ({', '.join(c['rules'])}): estimated "
-                         f"{_pct(c.get('estimated_pct'))}, measured {_measured(c)}")
+                         f"{_pct(c.get('estimated_pct'))}{_basis(c)}, measured {_measured(c)}")
         else:
             lines.append(f"  all together: {c.get('note', '')}")
     lines.append("")

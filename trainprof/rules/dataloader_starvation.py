@@ -113,6 +113,11 @@ On a CPU trace the workers take the fetch off the loop, but:
   own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
   work spread over the cores, (M(T') min(T', C) + F + k (W + R)) / C (R in full, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
+  The metrics hold what solves the model again (analysis/loader_workers.step_with): M with the
+  run's threads, M with each n's threads, F, R, W, k and C. `trainprof try` estimates each
+  count of its sweep from them, and all fixes together with the others' savings taken off M (a
+  faster model can leave the workers' rate the bound: many_problems, one worker and bf16
+  autocast together measured +30.5 %, their estimates summed to 50.5 %, the model 30.6 %).
 - not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
   siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
   bound said 17.9 (`trainprof try`). In a plain script on a quiet VM, two workers spent 22-33 ms
@@ -450,6 +455,11 @@ def check(ctx: Context) -> list[Finding]:
             # The estimate includes the thread change's effect on the model (timed on a copy):
             # `trainprof try` then checks it against the whole variant, not the workers' part.
             threads_modelled=int(bool(model.run_threads)),  # 1/0: metrics hold numbers
+            # What re-solves the model for another worker count or with other fixes too
+            # (analysis/loader_workers.step_with: `trainprof try`'s sweep and all fixes together)
+            cores=model.cores,
+            model_compute_ms=round(model.run_compute / 1000, 3),  # M with the run's threads
+            compute_ms_by_workers=[round(c / 1000, 3) for c in model.compute_by_workers],
         )
         if model.spread is not None:
             metrics.update(saving_lo_pct=round(model.spread[0], 2),

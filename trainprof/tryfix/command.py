@@ -28,7 +28,6 @@ import signal
 import sys
 import tempfile
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +37,7 @@ from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
+from trainprof.tryfix.estimates import NO_CLAIM, estimates
 from trainprof.tryfix.measure import (
     MAX_ROUNDS,
     Timed,
@@ -118,74 +118,6 @@ def load_run(run: Path) -> RunMeta:
     return meta
 
 
-# Why a rule that has a finding has no estimate (its findings claim nothing).
-NO_CLAIM = {
-    catalog.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
-    "DataLoader workers on a CPU run, or with pin_memory=True already",
-}
-
-
-@dataclass
-class RunEstimates:
-    """What `try` takes from the run's diagnosis, per rule."""
-
-    est: dict[str, float | None] = field(default_factory=dict)  # None: a finding, no claim
-    fix: dict[str, str] = field(default_factory=dict)  # the finding's fix text
-    kind: dict[str, str] = field(default_factory=dict)  # the findings' metrics["kind"], if any
-    # rules whose estimate includes the intra-op thread change the worker variants make
-    # (dataloader-starvation's metrics["threads_modelled"]): checked against the whole variant
-    threads_modelled: set[str] = field(default_factory=set)
-    # [lo, hi] %: the estimate's spread within the run, where the finding gives one (a rule with
-    # one finding: dataloader-starvation's CPU estimate, metrics saving_lo_pct / saving_hi_pct)
-    spread: dict[str, list[float]] = field(default_factory=dict)
-    note: str | None = None  # why there is no diagnosis
-    # the step the estimates are shares of: (ms, "unprofiled" | "profiled"), None: no diagnosis
-    basis: tuple[float, str] | None = None
-
-
-def estimates(run: Path) -> RunEstimates:
-    """Per rule: the estimated saving (% of the step, summed over its findings, at most 100;
-    None where every finding of the rule claims nothing), the fix text and the finding's kind,
-    from the run's diagnosis; and why there is none, if so."""
-    from trainprof.diagnose import diagnose_path
-
-    try:
-        diags = diagnose_path(run)
-    except TrainprofError as err:
-        return RunEstimates(note=f"no diagnosis of {run}: {err}")
-    except Exception as err:  # noqa: BLE001 - measuring does not need the estimates
-        return RunEstimates(note=f"no diagnosis of {run}: {type(err).__name__}: {err}")
-    out = RunEstimates()
-    if diags and diags[0].saving_basis.step_ms > 0:
-        out.basis = (diags[0].saving_basis.step_ms, diags[0].saving_basis.kind)
-    kinds: dict[str, set[str]] = {}
-    for d in diags[:1]:
-        for f in d.findings:
-            kind = f.metrics.get("kind")
-            if isinstance(kind, str):
-                kinds.setdefault(f.rule, set()).add(kind)
-            # A receiving finding with no saving makes no claim (rules/dataloader_starvation.py):
-            # not an estimate of 0.
-            claims = not (kind == catalog.RECEIVING and not f.est_saving_pct)
-            prev = out.est.get(f.rule)
-            if claims:
-                out.est[f.rule] = min(100.0, (prev or 0.0) + f.est_saving_pct)
-            else:
-                out.est.setdefault(f.rule, None)
-            out.fix.setdefault(f.rule, f.fix)
-            if f.metrics.get("threads_modelled") == 1:
-                out.threads_modelled.add(f.rule)
-            lo, hi = f.metrics.get("saving_lo_pct"), f.metrics.get("saving_hi_pct")
-            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
-                out.spread[f.rule] = [lo, hi]
-    # A spread is one finding's: with several findings of a rule, their sum has none here.
-    counts = Counter(f.rule for d in diags[:1] for f in d.findings)
-    out.spread = {r: v for r, v in out.spread.items() if counts[r] == 1}
-    # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
-    out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
-    return out
-
-
 def run_step(meta: RunMeta) -> float:
     """The run's median step in s, without its evaluation passes and thread steps (0.1 when it
     timed none)."""
@@ -221,7 +153,7 @@ class Trial:
         # A round of turns: as many blocks as a switched round, half in each process.
         self.turn_cycles = turns.cycles_for(self.steps - WARMUP_STEPS, self.block)
         self.turn_steps = turns.own_steps(self.turn_cycles, self.block, WARMUP_STEPS)
-        found = estimates(self.run)
+        found = self.found = estimates(self.run)
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
         self.threads_modelled = found.threads_modelled
@@ -303,6 +235,37 @@ class Trial:
     def _est(self, rule: str) -> float | None:
         v = self.est.get(rule)
         return None if v is None else round(v, 1)
+
+    def _est_for(self, rule: str, options: dict[str, Any]) -> float | None:
+        """The estimate for one option set: the DataLoader model's for a worker count other than
+        the suggested one, none for the sweep's thread-only control, else the rule's."""
+        if options.get("control"):
+            return None
+        v = self.found.for_workers(rule, options)
+        return self._est(rule) if v is None else round(v, 1)
+
+    def _suggested_change(self, rule: str) -> str:
+        """The change the diagnosis's estimate is for (the DataLoader's suggested count)."""
+        n = self.found.suggested_workers()
+        opts = next((s["options"] for v in self.by_rule.get(rule, []) for s in v.specs
+                     if s["options"].get("num_workers") == n), None)
+        return catalog.change_text(rule, opts or {"num_workers": n})
+
+    def _variant_entry(self, rule: str, x: Variant) -> dict[str, Any]:
+        """One variant of a sweep in try.json: its change, its estimate (the diagnosis's model
+        for that change, where it has one) and what it measured."""
+        opts = x.specs[0]["options"]
+        est = self._est_for(rule, opts)
+        m = self.measured(x)
+        out = {"change": catalog.change_text(rule, opts),
+               **({"estimated_pct": est} if est is not None else {}), **(m or {}),
+               **({"error": x.error} if x.error else {})}
+        if m is not None and est is not None:
+            # as the row: the workers' part where the estimate leaves the thread change out
+            split = None if rule in self.threads_modelled else self.split_threads(rule, x)
+            measured = split["workers_pct"] if split else m["measured_pct"]
+            out["estimate_within_target"] = within_target(est, measured)
+        return out
 
     def _variants(self) -> list[Variant]:
         return [v for vs in self.by_rule.values() for v in vs] + (
@@ -598,16 +561,21 @@ class Trial:
     def document(self) -> dict[str, Any]:
         fixes = []
         for rule, vs in self.by_rule.items():
-            est = self._est(rule)
             pick = self.best(rule)
             v, m = pick if pick is not None else (vs[0], None)
             options = v.specs[0]["options"] if v.specs else {}
+            # The estimate for the change measured: the diagnosis's for its suggestion, its
+            # model's for another worker count of the sweep (the suggestion's then beside it).
+            est, suggested = self._est_for(rule, options), self._est(rule)
             entry: dict[str, Any] = {
                 "rule": rule,
                 "change": catalog.change_text(rule, options),
                 "estimated_pct": est,
                 **self._no_claim(rule),
-                **({"estimated_spread_pct": self.spread[rule]} if rule in self.spread else {}),
+                **({"estimated_spread_pct": self.spread[rule]}
+                   if rule in self.spread and est == suggested else {}),
+                **({"suggested_change": self._suggested_change(rule),
+                    "suggested_estimated_pct": suggested} if est != suggested else {}),
                 "measured_pct": None,
                 "ci_pct": None,
                 "verdict": None,
@@ -653,23 +621,20 @@ class Trial:
             if any(v.evals):  # evaluation passes: their steps not timed
                 entry["eval_steps"] = v.evals
             if len(vs) > 1:  # a sweep: every variant's figure, the best one above
-                entry["variants"] = [
-                    {"change": catalog.change_text(rule, x.specs[0]["options"]),
-                     **(self.measured(x) or {}),
-                     **({"error": x.error} if x.error else {})}
-                    for x in vs
-                ]
+                entry["variants"] = [self._variant_entry(rule, x) for x in vs]
             fixes.append(entry)
         fixes += self.edit
         combined: dict[str, Any] | None = None
         if self.combined is not None:
             m = self.measured(self.combined)
-            known = [e for e in (self.est.get(s["rule"]) for s in self.combined.specs)
-                     if e is not None]
+            est, basis = self.found.together(self.combined.specs)
             combined = {"rules": [s["rule"] for s in self.combined.specs],
-                        "estimated_pct": round(min(sum(known), 100.0), 1) if known else None}
+                        "estimated_pct": None if est is None else round(est, 1),
+                        **({"estimate_basis": basis} if est is not None else {})}
             if m is not None:
                 combined.update(m)
+                if est is not None:
+                    combined["estimate_within_target"] = within_target(est, m["measured_pct"])
             if self.combined.error:
                 combined["error"] = self.combined.error
         elif self.combined_note:

@@ -1,0 +1,141 @@
+"""What `trainprof try` takes from the run's diagnosis: each rule's estimated saving, its fix
+text and kind; and what the diagnosis's own model says of what `try` runs that the diagnosis did
+not suggest: the DataLoader sweep's other worker counts, and all fixes together.
+
+All fixes together are not the sum of their estimates where a DataLoader model holds the step:
+shortening the model's compute (bf16 autocast, a fused optimizer) can leave the workers' rate
+the bound. many_problems on two cores: the estimates summed to 50.5 %, one worker and bf16
+together measured +30.5 %, the model with bf16's saving in its compute says 30.6 %.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainprof.analysis.loader_workers import step_with
+from trainprof.errors import TrainprofError
+from trainprof.tryfix import catalog
+
+LOADER = "dataloader-starvation"
+
+# Why a rule that has a finding has no estimate (its findings claim nothing).
+NO_CLAIM = {
+    catalog.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
+    "DataLoader workers on a CPU run, or with pin_memory=True already",
+}
+
+# How the estimate of all fixes together was made (try.json: combined.estimate_basis).
+MODEL = "model"  # the DataLoader model, the other fixes' savings taken off its compute
+SUM = "sum"  # the sum of the estimates: fixes that act on separate parts of the step
+
+
+@dataclass
+class RunEstimates:
+    """What `try` takes from the run's diagnosis, per rule."""
+
+    est: dict[str, float | None] = field(default_factory=dict)  # None: a finding, no claim
+    fix: dict[str, str] = field(default_factory=dict)  # the finding's fix text
+    kind: dict[str, str] = field(default_factory=dict)  # the findings' metrics["kind"], if any
+    # rules whose estimate includes the intra-op thread change the worker variants make
+    # (dataloader-starvation's metrics["threads_modelled"]): checked against the whole variant
+    threads_modelled: set[str] = field(default_factory=set)
+    # [lo, hi] %: the estimate's spread within the run, where the finding gives one (a rule with
+    # one finding: dataloader-starvation's CPU estimate, metrics saving_lo_pct / saving_hi_pct)
+    spread: dict[str, list[float]] = field(default_factory=dict)
+    note: str | None = None  # why there is no diagnosis
+    # the step the estimates are shares of: (ms, "unprofiled" | "profiled"), None: no diagnosis
+    basis: tuple[float, str] | None = None
+    # The metrics of the run's one dataloader-starvation finding where they hold its CPU model
+    # (analysis/loader_workers.step_with), else None (a GPU run, several loaders, no finding).
+    loader: dict[str, Any] | None = None
+
+    def suggested_workers(self) -> int | None:
+        """The worker count the diagnosis suggested (its estimate is for that count)."""
+        n = self.loader.get("suggested_num_workers") if self.loader else None
+        return n if isinstance(n, int) else None
+
+    def for_workers(self, rule: str, options: dict[str, Any]) -> float | None:
+        """The CPU model's estimate (%) for one of the DataLoader sweep's worker counts other than
+        the suggested one (the diagnosis's own estimate is for that); None for anything else, or
+        without the model."""
+        n = options.get("num_workers")
+        if rule != LOADER or options.get("control") or not isinstance(n, int) or n < 1:
+            return None
+        return None if n == self.suggested_workers() else self._loader_pct(n, 0.0)
+
+    def together(self, specs: Iterable[dict[str, Any]]) -> tuple[float | None, str]:
+        """The estimate (%) of the fixes in `specs` applied together, and how it was made (MODEL
+        or SUM); None where no fix in it has an estimate."""
+        specs = list(specs)
+        rules = [s["rule"] for s in specs]
+        known = [e for e in (self.est.get(r) for r in rules) if e is not None]
+        loader = next((s for s in specs if s["rule"] == LOADER), None)
+        n = loader["options"].get("num_workers") if loader else None
+        if isinstance(n, int) and n >= 1 and self.loader is not None:
+            step = float(self.loader["unprofiled_step_ms"])
+            others = sum(e for r in rules if r != LOADER and (e := self.est.get(r)) is not None)
+            pct = self._loader_pct(n, others / 100 * step)
+            if pct is not None:
+                return pct, MODEL
+        return (round(min(sum(known), 100.0), 1) if known else None), SUM
+
+    def _loader_pct(self, workers: int, less_compute_ms: float) -> float | None:
+        if self.loader is None:
+            return None
+        step = float(self.loader["unprofiled_step_ms"])
+        fixed = step_with(self.loader, workers, less_compute_ms)
+        if fixed is None or step <= 0:
+            return None
+        return round(max(100 * (step - fixed) / step, 0.0), 1)
+
+
+def estimates(run: Path) -> RunEstimates:
+    """Per rule: the estimated saving (% of the step, summed over its findings, at most 100;
+    None where every finding of the rule claims nothing), the fix text and the finding's kind,
+    from the run's diagnosis; and why there is none, if so."""
+    from trainprof.diagnose import diagnose_path
+
+    try:
+        diags = diagnose_path(run)
+    except TrainprofError as err:
+        return RunEstimates(note=f"no diagnosis of {run}: {err}")
+    except Exception as err:  # noqa: BLE001 - measuring does not need the estimates
+        return RunEstimates(note=f"no diagnosis of {run}: {type(err).__name__}: {err}")
+    out = RunEstimates()
+    if diags and diags[0].saving_basis.step_ms > 0:
+        out.basis = (diags[0].saving_basis.step_ms, diags[0].saving_basis.kind)
+    kinds: dict[str, set[str]] = {}
+    for d in diags[:1]:
+        for f in d.findings:
+            kind = f.metrics.get("kind")
+            if isinstance(kind, str):
+                kinds.setdefault(f.rule, set()).add(kind)
+            # A receiving finding with no saving makes no claim (rules/dataloader_starvation.py):
+            # not an estimate of 0.
+            claims = not (kind == catalog.RECEIVING and not f.est_saving_pct)
+            prev = out.est.get(f.rule)
+            if claims:
+                out.est[f.rule] = min(100.0, (prev or 0.0) + f.est_saving_pct)
+            else:
+                out.est.setdefault(f.rule, None)
+            out.fix.setdefault(f.rule, f.fix)
+            if f.metrics.get("threads_modelled") == 1:
+                out.threads_modelled.add(f.rule)
+            lo, hi = f.metrics.get("saving_lo_pct"), f.metrics.get("saving_hi_pct")
+            if isinstance(lo, (int, float)) and isinstance(hi, (int, float)):
+                out.spread[f.rule] = [lo, hi]
+            if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
+                out.loader = dict(f.metrics)
+    # A spread or a model is one finding's: with several findings of a rule (several loaders),
+    # their sum has neither here.
+    counts = Counter(f.rule for d in diags[:1] for f in d.findings)
+    out.spread = {r: v for r, v in out.spread.items() if counts[r] == 1}
+    if counts[LOADER] != 1:
+        out.loader = None
+    # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
+    out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
+    return out
