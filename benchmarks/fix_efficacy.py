@@ -306,7 +306,7 @@ def try_main(args: argparse.Namespace) -> None:
                 vlo, vhi = v["ci_pct"]
                 print(f"{'':14s} {'  · ' + _count(v['change']):22s} {v['estimated_pct']:7.1f} % "
                       f"{v['measured_pct']:+.1f} % [{vlo:+.1f}, {vhi:+.1f}]".ljust(75)
-                      + ("yes" if v.get("estimate_within_target") else "NO"), flush=True)
+                      + target_mark(v), flush=True)
             if r.get("workers_pct") is not None:
                 # The worker variant also set the intra-op threads: its two parts (try.json).
                 wlo, whi = r["workers_ci_pct"]
