@@ -173,3 +173,27 @@ def test_each_worker_count_is_checked_against_its_own_estimate():
     (g,) = t.document()["fixes"]
     assert g["estimated_pct"] == 37.5 and g["estimated_spread_pct"] == [30.0, 40.0]
     assert "suggested_estimated_pct" not in g
+
+
+def test_all_together_says_how_it_was_estimated():
+    """The estimate of all fixes together is the DataLoader model's or a sum: every rendering
+    says which."""
+    t = _trial(100.0, 40.0, 30.0, estimate=37.5)
+    t.found.est["cpu-bf16"] = 10.0
+    bf16 = {"rule": "cpu-bf16", "options": {}}
+    t.combined = Variant("combined", [t.by_rule[RULE][0].specs[0], bf16])
+    t.combined.rounds = [[0.025 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    doc = t.document()
+    assert doc["combined"]["estimated_pct"] == 47.5 and doc["combined"]["estimate_basis"] == "sum"
+    for text in (render_try_text(doc), render_try_markdown(doc), try_html(doc)):
+        assert "+47.5 % (the sum of the estimates)" in text
+    t.found.loader = {  # one worker's rate (20 + 1 ms) bounds a 30 ms step whatever bf16 saves
+        "unprofiled_step_ms": 30.0, "suggested_num_workers": 1, "cores": 2,
+        "model_compute_ms": 10.0, "compute_ms_by_workers": [16.0, 16.0],
+        "worker_fetch_ms": 20.0, "fetches_per_step": 1.0, "receive_ms_per_batch": 0.5,
+        "worker_ms_per_batch": 1.0,
+    }  # fmt: skip
+    doc = t.document()
+    assert doc["combined"]["estimated_pct"] == 30.0 and doc["combined"]["estimate_basis"] == "model"
+    assert "+30.0 % (the DataLoader model, the other fixes' savings taken off its compute)" in (
+        render_try_text(doc))

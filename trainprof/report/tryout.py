@@ -286,8 +286,8 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
         )
     c = doc.get("combined")
     if c and c.get("rules"):
-        rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))} "
-                    f"| {_measured(c)} | |")
+        rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))}"
+                    f"{_basis(c)} | {_measured(c)} | |")
     machine = "".join(f"\n\n{line}" for line in machine_text(doc) + outputs_text(doc))
     return f"**trainprof try** — {_header(doc)}{machine}\n\n" + "\n".join(rows) + "\n"
 
@@ -307,7 +307,8 @@ def try_html(doc: dict[str, Any]) -> str:
     c = doc.get("combined")
     if c and c.get("rules"):
         rows.append(f"<tr><td>all together</td><td>{e(', '.join(c['rules']))}</td>"
-                    f"<td>{e(_pct(c.get('estimated_pct')))}</td><td>{e(_measured(c))}</td>"
+                    f"<td>{e(_pct(c.get('estimated_pct')) + _basis(c))}</td>"
+                    f"<td>{e(_measured(c))}</td>"
                     "<td></td><td></td></tr>")
     head = ("<tr><th>fix</th><th>change</th><th>estimated</th><th>measured (95 % CI)</th>"
             "<th>verdict</th><th>in code</th></tr>")
