@@ -261,11 +261,17 @@ class Trial:
                **({"estimated_pct": est} if est is not None else {}), **(m or {}),
                **({"error": x.error} if x.error else {})}
         if m is not None and est is not None:
-            # as the row: the workers' part where the estimate leaves the thread change out
-            split = None if rule in self.threads_modelled else self.split_threads(rule, x)
-            measured = split["workers_pct"] if split else m["measured_pct"]
-            out["estimate_within_target"] = within_target(est, measured)
+            out["estimate_within_target"] = self._checked(rule, est, m, self.split_threads(rule, x))
         return out
+
+    def _checked(
+        self, rule: str, est: float | None, m: dict, split: dict | None
+    ) -> bool | None:
+        """Whether `est` is within target of what it estimates: a worker variant's workers' part
+        (`split`, split_threads) where the estimate leaves the thread change out, else the
+        variant's whole measured saving."""
+        part = split is not None and rule not in self.threads_modelled
+        return within_target(est, split["workers_pct"] if part else m["measured_pct"])
 
     def _variants(self) -> list[Variant]:
         return [v for vs in self.by_rule.values() for v in vs] + (
@@ -586,8 +592,7 @@ class Trial:
                              rounds=m["rounds"], median_ms=m["median_ms"],
                              step_times_ms=m["step_times_ms"],
                              **{k: m[k] for k in ("switched", "turns") if k in m},
-                             verdict=verdict(est, m["measured_pct"], *m["ci_pct"]),
-                             estimate_within_target=within_target(est, m["measured_pct"]))
+                             verdict=verdict(est, m["measured_pct"], *m["ci_pct"]))
                 lo, hi = m["ci_pct"]
                 if entry["verdict"] == "none" and est and lo <= est <= hi:
                     # The rounds cannot tell the estimate from 0: how many could, here.
@@ -599,11 +604,10 @@ class Trial:
                         if k > MAX_ROUNDS:
                             entry["rounds_to_tell_beyond"] = True
                 split = self.split_threads(rule, v)
+                entry["estimate_within_target"] = self._checked(rule, est, m, split)
                 if split is not None:
                     entry.update(split)
                     entry["estimate_includes_threads"] = rule in self.threads_modelled
-                    if rule not in self.threads_modelled:  # the estimate is the workers' part
-                        entry["estimate_within_target"] = within_target(est, split["workers_pct"])
                 if v.error:  # a later round failed: the figures are those of the earlier ones
                     entry["error"] = v.error
             elif v.skipped:

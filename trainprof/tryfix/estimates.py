@@ -62,8 +62,8 @@ class RunEstimates:
         """The CPU model's estimate (%) for one of the DataLoader sweep's worker counts other than
         the suggested one (the diagnosis's own estimate is for that); None for anything else, or
         without the model."""
-        n = options.get("num_workers")
-        if rule != LOADER or options.get("control") or not isinstance(n, int) or n < 1:
+        n = options.get("num_workers")  # none in the sweep's thread-only control
+        if rule != LOADER or not isinstance(n, int) or n < 1:
             return None
         return None if n == self.suggested_workers() else self._loader_pct(n, 0.0)
 
