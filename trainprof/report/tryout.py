@@ -64,12 +64,15 @@ def how_text(f: dict[str, Any]) -> str:
     sw = f["switched" if switched else "turns"]
     n, t, rounds = sw["block_steps"], sw["transition_steps"], f.get("rounds", 0)
     pairs = sum(len(r) for r in f.get("step_times_ms") or []) // max(n, 1)
+    shared = [] if switched else sw.get("baseline_shared_with") or []
     where = (
         f"switched off and on between steps, in blocks of {n} timed steps (after {t} not timed) "
         f"inside each of its {rounds} rounds" if switched else
         f"in a process beside the baseline's, the two taking turns in blocks of {n} timed steps "
         f"(after {t} not timed), the other stopped with its DataLoader workers meanwhile, in "
         f"each of its {rounds} rounds"
+        + (f" (the baseline's process shared with {len(shared)} other variant(s), each taking "
+           "its turns with it in the same seconds)" if shared else "")
     )
     return (
         f"{where}: {_pct(f['measured_pct'])} is 1 - the median, over {pairs} pairs of adjacent "

@@ -5,8 +5,9 @@ RUN/try.json. A fix that can be switched off and on between two steps (catalog.s
 measured inside its own rounds instead, switched in blocks of steps (tryfix/switch): both sides
 under the same machine, seconds apart; its rounds still take their turn in the order. A fix that
 changes the process runs in a process beside a baseline process, the two taking turns in blocks
-of steps (tryfix/turns), unless --separate. The baseline's own rounds still run: the baseline's
-step and the machine's speed in the rounds (tryfix/machine) are theirs.
+of steps (tryfix/turns), unless --separate; on a CPU, a fix's variants share one baseline
+process. The baseline's own rounds still run: the baseline's step and the machine's speed in the
+rounds (tryfix/machine) are theirs.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
 folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
@@ -84,8 +85,13 @@ class Variant:
     # (tryfix/switch), `switched_off` the steps those rounds ran without the fix, per round
     block: int = 0
     switched_off: list[list[float]] = field(default_factory=list)
-    # with `block`: in two processes that take turns (tryfix/turns), not switched in one
+    # with `block`: in processes that take turns (tryfix/turns), not switched in one
     turns: bool = False
+    # in turns, beside a baseline process of its own, not one shared with the rule's other
+    # variants (a shared one failed)
+    alone: bool = False
+    # in turns: the changes of the variants its last round shared its baseline process with
+    beside: list[str] = field(default_factory=list)
     error: str | None = None
     skipped: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -152,7 +158,8 @@ class Trial:
         self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.block, WARMUP_STEPS)
         # A round of turns: as many blocks as a switched round, half in each process.
         self.turn_cycles = turns.cycles_for(self.steps - WARMUP_STEPS, self.block)
-        self.turn_steps = turns.own_steps(self.turn_cycles, self.block, WARMUP_STEPS)
+        self.turn_steps = turns.own_steps(
+            turns.own_blocks(turns.schedule(self.turn_cycles, 0), 1), self.block, WARMUP_STEPS)
         found = self.found = estimates(self.run)
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
@@ -295,9 +302,14 @@ class Trial:
         switched = [v.name for v in todo if v.block and not v.turns]
         paired = [v.name for v in todo if v.turns]
         if paired:
-            say(f"run beside the baseline, taking turns in blocks of {switch.TRANSITION} + "
-                f"{self.block} steps (the other process stopped meanwhile), each process "
+            shared = [u for u in self.units(todo) if len(u) > 1]
+            say(f"run beside a baseline process, taking turns in blocks of {switch.TRANSITION} + "
+                f"{self.block} steps (the others stopped meanwhile), each variant's process "
                 f"{self.turn_steps} steps: " + ", ".join(paired))
+            for u in shared:
+                say(f"{u[0].specs[0]['rule']}'s {len(u)} variants share one baseline process "
+                    f"(each compared with it in the same seconds), which runs {len(u)} times "
+                    "their blocks")
         if switched:
             say(f"switched off and on in blocks of {switch.TRANSITION} + {self.block} steps in "
                 f"rounds of {self.switched_steps} steps (both sides in one process): "
@@ -307,12 +319,16 @@ class Trial:
                 # Each round starts one place further along: on a machine whose load drifts,
                 # a fixed order would give the variants run last in every round a steady edge
                 # (or handicap) that the rounds' interval cannot see.
-                order = [self.base, *todo]
+                order = [[self.base], *self.units(todo)]
                 shift = k % len(order)
-                for v in order[shift:] + order[:shift]:
-                    if v.error:
+                for unit in order[shift:] + order[:shift]:
+                    unit = [v for v in unit if not v.error]
+                    if not unit:
                         continue
-                    self._round(v, k)
+                    if unit[0].turns:
+                        self._turns_round(unit, k)
+                    else:
+                        self._round(unit[0], k)
                     if self.base.error and not self.base.rounds:
                         say(f"the script fails without any fix: {self.base.error}")
                         self.save()
@@ -332,6 +348,24 @@ class Trial:
             say(f"interrupted: the rounds done so far are in {self.run / TRY_NAME}")
             return 130
         return 0
+
+    def units(self, todo: list[Variant]) -> list[list[Variant]]:
+        """What each round runs, one after the other: the variants of a rule measured in turns,
+        on a CPU, beside one baseline process (tryfix/turns: each compared with the baseline in
+        the same seconds, and one baseline process instead of one each); any other variant
+        alone."""
+        units: list[list[Variant]] = []
+        shared: dict[str, list[Variant]] = {}
+        for v in todo:
+            if v.turns and not v.alone and not self.cuda and v.specs:
+                rule = v.specs[0]["rule"]
+                if rule not in shared:
+                    shared[rule] = []
+                    units.append(shared[rule])
+                shared[rule].append(v)
+            else:
+                units.append([v])
+        return units
 
     def _combine(self) -> None:
         best = [b for b in (self.best(r) for r in self.by_rule) if b is not None]
@@ -353,7 +387,7 @@ class Trial:
 
     def _round(self, v: Variant, k: int) -> None:
         if v.turns:
-            self._turns_round(v, k)
+            self._turns_round([v], k)
             return
         _say(f"round {k + 1}: {v.name}")
         with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
@@ -393,67 +427,86 @@ class Trial:
             v.switched_off.append(off)
         self._keep(v, kept, timed, len(times), res)
 
-    def _turns_round(self, v: Variant, k: int) -> None:
-        """A round of `v` beside a baseline process, the two taking turns (tryfix/turns). The
-        first round that fails so (two processes at once: twice the memory, a port the script
-        binds) leaves `v` to rounds of its own, which say whether the fix itself fails."""
+    def _turns_round(self, vs: list[Variant], k: int) -> None:
+        """A round of the variants `vs` beside one baseline process, taking turns (tryfix/turns).
+        The first round that fails so (processes at once: the memory of each, a port the script
+        binds) leaves each variant of a shared round to a baseline process of its own, and a
+        variant failing beside its own to rounds of its own, which say whether the fix itself
+        fails."""
         from trainprof.capture.loadprobe import LoadProbe
 
-        _say(f"round {k + 1}: {v.name}, taking turns with the baseline")
-        sides = turns.schedule(self.turn_cycles, k % 2)
-        load = LoadProbe()  # this process's tree holds both: their load is not "other"
+        _say(f"round {k + 1}: {', '.join(v.name for v in vs)}, taking turns with the baseline")
+        sides = turns.schedule(self.turn_cycles, k % 2, len(vs))
+        load = LoadProbe()  # this process's tree holds them all: their load is not "other"
         with tempfile.TemporaryDirectory(prefix="trainprof-try-") as tmp:
             # each its own folder: a round's outputs/ is beside its result file
-            files = [Path(tmp) / side / "result.json" for side in ("baseline", "variant")]
+            files = [Path(tmp) / f"process-{i}" / "result.json" for i in range(len(vs) + 1)]
             for f in files:
                 f.parent.mkdir()
+            specs = [[], *(v.specs for v in vs)]
+            steps = [turns.own_steps(turns.own_blocks(sides, i), self.block, WARMUP_STEPS)
+                     for i in range(len(vs) + 1)]
 
             def command(i: int, fds: str) -> list[str]:
-                return [*self.launcher.command(([], v.specs)[i], self.turn_steps, files[i]),
-                        "--turns", fds, "--turn-block", str(v.block),
+                return [*self.launcher.command(specs[i], steps[i], files[i]),
+                        "--turns", fds, "--turn-block", str(self.block),
                         "--warmup", str(WARMUP_STEPS), "--", *self.meta.argv]
 
-            names = (f"{v.name}, the baseline taking turns", f"{v.name}, the variant taking turns")
-            deadline = time.monotonic() + 2 * self.launcher.timeout(self._extra_s(v))
-            codes, why = turns.run_pair(self.launcher, command, names, sides, deadline, Path(tmp))
+            label = ", ".join(v.name for v in vs)
+            names = [f"{label}, the baseline taking turns",
+                     *(f"{v.name}, the variant taking turns" for v in vs)]
+            deadline = time.monotonic() + (1 + len(vs)) * self.launcher.timeout(
+                max(self._extra_s(v) for v in vs))
+            codes, ran, why = turns.run_group(self.launcher, command, names, sides, deadline,
+                                              Path(tmp))
             results = [read_result(f) for f in files]
         other = load.finish().other_cpus
         if other is not None:
             self.others.append(other)
         for res in results:
             self._note_outputs(res)
-        error = self._outcome(results[0], codes[0], [])[0]
-        if error:
-            error = "the baseline beside it: " + error
-        verror, skipped = self._outcome(results[1], codes[1], v.specs)
-        if skipped and not error:
-            v.skipped = skipped
-            return
-        error = error or verror
-        if error:
-            if not v.rounds:
-                v.turns, v.block = False, 0
-                v.notes = sorted({*v.notes, f"measured in rounds of its own: run beside the "
-                                  f"baseline, taking turns, it failed ({error})"})
-                self._round(v, k)
-            else:
-                v.error = error
-            return
-        base_res, var_res = results
-        assert base_res is not None and var_res is not None
-        (tb, cb), (tv, cv) = round_times(base_res), round_times(var_res)
-        self.clocks |= {cb, cv}
-        timed = [timed_steps(t, r.get("compile_steps") or [], WARMUP_STEPS,
-                             r.get("eval_steps") or []) for t, r in ((tb, base_res), (tv, var_res))]
-        off, kept = turns.split((tb, tv), sides, WARMUP_STEPS, v.block,
-                                (timed[0].not_timed(), timed[1].not_timed()))
-        if not off or not kept:
-            ended = f" ({why})" if why else ""
-            v.error = (f"the script ran {len(tb)} and {len(tv)} steps{ended}: too few for a "
-                       f"block of {v.block} steps in each process after the warm-up")
-            return
-        v.switched_off.append(off)
-        self._keep(v, kept, timed[1], len(tv), var_res)
+        base_error = self._outcome(results[0], codes[0], [])[0]
+        timed = []  # each process's step times, and which of them are timed
+        for res in results:
+            times, clock = round_times(res) if res is not None else ([], "")
+            if res is not None:
+                self.clocks.add(clock)
+            timed.append((times, timed_steps(times, (res or {}).get("compile_steps") or [],
+                                             WARMUP_STEPS, (res or {}).get("eval_steps") or [])))
+        pairs = turns.split([t for t, _ in timed], ran, WARMUP_STEPS, self.block,
+                            [x.not_timed() for _, x in timed])
+        for j, v in enumerate(vs, start=1):
+            error, skipped = self._outcome(results[j], codes[j], v.specs)
+            if skipped and not base_error:
+                v.skipped = skipped
+                continue
+            error = ("the baseline beside it: " + base_error) if base_error else error
+            if error:
+                if v.rounds:
+                    v.error = error
+                elif len(vs) > 1:
+                    v.alone = True
+                    v.notes = sorted({*v.notes, "measured beside a baseline process of its own: "
+                                      f"beside one shared with the rule's other variants, it "
+                                      f"failed ({error})"})
+                    self._turns_round([v], k)
+                else:
+                    v.turns, v.block = False, 0
+                    v.notes = sorted({*v.notes, f"measured in rounds of its own: run beside the "
+                                      f"baseline, taking turns, it failed ({error})"})
+                    self._round(v, k)
+                continue
+            off, kept = pairs[j - 1]
+            if not off or not kept:
+                ended = f" ({why[j] if j in why else why.get(0, '')})" if why else ""
+                v.error = (f"the script ran {len(timed[0][0])} and {len(timed[j][0])} steps"
+                           f"{ended}: too few for a block of {self.block} steps in each process "
+                           "after the warm-up")
+                continue
+            v.switched_off.append(off)
+            v.beside = [catalog.change_text(x.specs[0]["rule"], x.specs[0]["options"])
+                        for x in vs if x is not v]
+            self._keep(v, kept, timed[j][1], len(timed[j][0]), results[j])
 
     def _keep(self, v: Variant, kept: list[float], timed: Timed, ran: int, res: dict) -> None:
         v.rounds.append(kept)
@@ -518,6 +571,7 @@ class Trial:
                 "transition_steps": switch.TRANSITION,
                 "without_median_ms": round(1000 * pace(base[:n], block), 3),
                 "without_step_times_ms": [[round(1000 * t, 3) for t in r] for r in base[:n]],
+                **({"baseline_shared_with": v.beside} if v.turns and v.beside else {}),
             }
         return out
 
@@ -545,9 +599,9 @@ class Trial:
         if mc is None or mv is None or not n:
             return None
         if v.turns and ctl.turns:
-            # Each beside its own baseline: the points between the two savings are the workers'
-            # part (1 - v/b - (1 - c/b) = (c - v)/b), its interval the two intervals' half-widths
-            # combined as independent.
+            # Each beside a baseline: the points between the two savings are the workers' part
+            # (1 - v/b - (1 - c/b) = (c - v)/b), its interval the two intervals' half-widths
+            # combined as independent (wider than need be where they share a baseline process).
             w = mv["measured_pct"] - mc["measured_pct"]
             (vlo, vhi), (clo, chi) = mv["ci_pct"], mc["ci_pct"]
             lo = w - math.hypot(mv["measured_pct"] - vlo, chi - mc["measured_pct"])
@@ -653,7 +707,8 @@ class Trial:
             # the rounds that switch a fix off and on run both sides: about twice the steps
             **({"switched_steps_per_round": self.switched_steps}
                if any(v.block and not v.turns for v in self._variants()) else {}),
-            # a round of turns runs two processes, each this many steps
+            # a round of turns runs a process for each variant, this many steps, beside a
+            # baseline process that runs as many steps for each variant beside it
             **({"turns_steps_per_process": self.turn_steps}
                if any(v.turns for v in self._variants()) else {}),
             "warmup_steps_discarded": WARMUP_STEPS,
