@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from cpu_trace import record, with_meta
 
-from trainprof.analysis.loader_workers import fixed_step, step_with, thread_scale
+from trainprof.analysis.loader_workers import eval_ahead, fixed_step, step_with, thread_scale
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
 from trainprof.tryfix.estimates import MODEL, SUM, estimates
@@ -371,3 +371,43 @@ def test_the_model_is_solved_again_for_other_counts_and_fixes_together(loop: Pat
     assert found.together(rest) == (pytest.approx(100 * 5 / 30 + 2.0, abs=0.05), SUM)
     found.loader = None
     assert found.together(one)[1] == SUM
+
+
+def test_the_workers_fetch_ahead_during_evaluation_passes(loop: Path, tmp_path: Path):
+    """Persistent workers go on fetching the training loader's batches while the loop evaluates,
+    up to prefetch_factor batches each: the Lightning example (a pass every 20 steps) took
+    9.7-12.3 ms a step with one worker, whose own rate is 13.0 ms, the step it took with the
+    passes turned off. The model takes those batches off the workers' part of the steps."""
+    busy = LoaderIpc(receive_ms=0.5, receive_busy_ms=4.0, busy_workers=2, worker_ms=1.0, tensors=2)
+    plain = _meta([40.0] * 30, [30.0] * 30, busy)
+    passes = _meta([200.0 if i in (10, 20) else 40.0 for i in range(30)], [30.0] * 30, busy)
+    passes.eval_steps = [10, 20]
+    once = _meta([200.0 if i == 10 else 40.0 for i in range(30)], [30.0] * 30, busy)
+    once.eval_steps = [10]
+    a = _starvation(with_meta(loop, tmp_path / "plain", plain))
+    b = _starvation(with_meta(loop, tmp_path / "passes", passes))
+    c = _starvation(with_meta(loop, tmp_path / "once", once))
+    assert "eval_every_steps" not in a.metrics and "eval_every_steps" not in c.metrics
+    assert c.metrics["fixed_step_ms"] == a.metrics["fixed_step_ms"]  # one pass: no cadence
+    assert b.metrics["eval_every_steps"] == 10 and b.metrics["eval_extra_ms"] == pytest.approx(160)
+    # M = 10, F = 30, W = 1, R = 4 on 2 cores, a pass every 10 steps 160 ms long: two workers
+    # (31 ms a batch each) could make 10.3 batches in it, two each at most (prefetch_factor 2):
+    # 0.4 a step, 60 % of the workers' work left in the steps.
+    assert eval_ahead(10, 160, 30, 1, 1, n=2, prefetch=2) == pytest.approx(0.4)
+    assert eval_ahead(10, 160, 30, 1, 1, n=1, prefetch=2) == pytest.approx(0.2)
+    assert eval_ahead(0, 160, 30, 1, 1, n=2, prefetch=2) == 0.0
+    share = 0.6
+    cores_bound = (10 + 31 * share + 4) / 2
+    assert b.metrics["fixed_step_ms"] == pytest.approx(max(14.0, cores_bound), abs=0.01)
+    assert b.metrics["fixed_step_ms"] < a.metrics["fixed_step_ms"] == pytest.approx(22.5)
+    # Re-solved with `try`'s prefetch factor (4): 0.8 a step made ahead, the loop's own path
+    # M + R = 14 ms the bound.
+    assert step_with(b.metrics, 2) == pytest.approx(b.metrics["fixed_step_ms"], abs=0.01)
+    assert step_with(b.metrics, 2, prefetch=4) == pytest.approx(14.0, abs=0.01)
+    assert step_with(a.metrics, 2, prefetch=4) == pytest.approx(22.5, abs=0.01)
+    # `try` measures its own prefetch factor: with passes, even the suggested count's estimate
+    # is the model's for that change; without, the diagnosis's own.
+    rule = "dataloader-starvation"
+    assert estimates(tmp_path / "passes").for_workers(rule, {"num_workers": 2}) == pytest.approx(
+        100 * (40 - 14) / 40, abs=0.05)
+    assert estimates(tmp_path / "plain").for_workers(rule, {"num_workers": 2}) is None

@@ -23,6 +23,7 @@ from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches, edit_init
+from trainprof.tryfix.catalog import PREFETCH
 from trainprof.tryfix.switch import Switch
 
 
@@ -95,7 +96,7 @@ def _dataloader(patches: Patches, options: dict) -> None:
         a["num_workers"] = n
         if n:
             a["persistent_workers"] = True
-            a["prefetch_factor"] = 4
+            a["prefetch_factor"] = PREFETCH
         else:  # DataLoader refuses these without workers
             a["persistent_workers"] = False
             a["prefetch_factor"] = None

@@ -9,6 +9,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# The prefetch_factor `try` gives the DataLoader's workers (tryfix/apply): four batches in hand
+# each ride out a slow stretch of the loop's; the DataLoader estimate of each worker count is
+# solved with it (tryfix/estimates), as it bounds what workers make ahead during an evaluation.
+PREFETCH = 4
+
 
 @dataclass(frozen=True)
 class FixInfo:
@@ -141,7 +146,7 @@ def change_text(rule: str, options: dict) -> str:
         n = options.get("num_workers", 0)
         if not n:
             return "DataLoader(num_workers=0)"
-        text = f"DataLoader(num_workers={n}, persistent_workers=True, prefetch_factor=4)"
+        text = f"DataLoader(num_workers={n}, persistent_workers=True, prefetch_factor={PREFETCH})"
         if options.get("threads"):
             text += f" + torch.set_num_threads({options['threads']})"
         return text
@@ -185,7 +190,8 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
         n = options.get("num_workers", 0)
         if not n:
             return "DataLoader(..., num_workers=0)"
-        text = f"DataLoader(..., num_workers={n}, persistent_workers=True, prefetch_factor=4)"
+        text = (f"DataLoader(..., num_workers={n}, persistent_workers=True, "
+                f"prefetch_factor={PREFETCH})")
         if options.get("threads"):
             text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \
                     "the cores)"

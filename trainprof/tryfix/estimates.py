@@ -60,12 +60,17 @@ class RunEstimates:
 
     def for_workers(self, rule: str, options: dict[str, Any]) -> float | None:
         """The CPU model's estimate (%) for one of the DataLoader sweep's worker counts other than
-        the suggested one (the diagnosis's own estimate is for that); None for anything else, or
-        without the model."""
+        the suggested one (the diagnosis's own estimate is for that), and for that one too where
+        the run evaluates every few steps (the workers fetch ahead meanwhile, up to `try`'s
+        prefetch factor); None for anything else, or without the model."""
         n = options.get("num_workers")  # none in the sweep's thread-only control
         if rule != LOADER or not isinstance(n, int) or n < 1:
             return None
-        return None if n == self.suggested_workers() else self._loader_pct(n, 0.0)
+        # The suggestion's own estimate, unless the run evaluates every few steps: then what
+        # the workers make ahead meanwhile depends on the prefetch factor, `try`'s not the
+        # suggestion's.
+        ahead = bool(self.loader and self.loader.get("eval_every_steps"))
+        return None if n == self.suggested_workers() and not ahead else self._loader_pct(n, 0.0)
 
     def together(self, specs: Iterable[dict[str, Any]]) -> tuple[float | None, str]:
         """The estimate (%) of the fixes in `specs` applied together, and how it was made (MODEL
@@ -87,7 +92,7 @@ class RunEstimates:
         if self.loader is None:
             return None
         step = float(self.loader["unprofiled_step_ms"])
-        fixed = step_with(self.loader, workers, less_compute_ms)
+        fixed = step_with(self.loader, workers, less_compute_ms, catalog.PREFETCH)
         if fixed is None or step <= 0:
             return None
         return round(max(100 * (step - fixed) / step, 0.0), 1)
