@@ -156,7 +156,8 @@ class Trial:
         # A switched round times both sides: about as many steps on each as a plain round keeps.
         self.block = switch_block(meta)
         self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.block, WARMUP_STEPS)
-        # A round of turns: as many blocks as a switched round, half in each process.
+        # A round of turns: for each variant as many blocks as a switched round, half in its
+        # process, half in the baseline's.
         self.turn_cycles = turns.cycles_for(self.steps - WARMUP_STEPS, self.block)
         self.turn_steps = turns.own_steps(
             turns.own_blocks(turns.schedule(self.turn_cycles, 0), 1), self.block, WARMUP_STEPS)
