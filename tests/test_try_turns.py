@@ -232,6 +232,7 @@ def test_workers_measured_in_turns_beside_the_baseline(tmp_path: Path) -> None:
         assert sorted(v["turns"]["baseline_shared_with"]) == sorted(
             x["change"] for x in fix["variants"] if x is not v)
     assert "share one baseline process" in done.stderr
+    assert "the baseline's process shared with 2 other variant(s)" in done.stdout
     assert two["turns"]["without_step_times_ms"] != one["turns"]["without_step_times_ms"]
     for v in (two, one):
         assert v["turns"]["block_steps"] == 12 and v["turns"]["transition_steps"] == 1
