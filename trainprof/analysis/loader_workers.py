@@ -193,16 +193,15 @@ def eval_cycle(ctx: Context) -> tuple[float, float] | None:
     None with fewer than two such passes (no cadence to go by)."""
     meta = ctx.meta
     times = meta.step_times_s if meta else []
-    plain = ctx.unprofiled_step_index
-    if not times or len(plain) < 5:
+    plain = ctx.unprofiled_median_us(times) if times else None
+    if plain is None:
         return None
     recorded = set(meta.window.recorded_steps)
     evals = sorted(s for s in set(meta.eval_steps) if s < len(times) and s not in recorded)
     if len(evals) < 2:
         return None
     every = float(np.median(np.diff(evals)))
-    extra = 1e6 * (float(np.median([times[s] for s in evals]))
-                   - float(np.median([times[i] for i in plain])))
+    extra = 1e6 * float(np.median([times[s] for s in evals])) - plain
     return (every, extra) if every >= 1 and extra > 0 else None
 
 

@@ -499,7 +499,8 @@ class Trial:
                 continue
             off, kept = pairs[j - 1]
             if not off or not kept:
-                ended = f" ({why[j] if j in why else why.get(0, '')})" if why else ""
+                reason = why.get(j) or why.get(0)  # its own process's, or the baseline's
+                ended = f" ({reason})" if reason else ""
                 v.error = (f"the script ran {len(timed[0][0])} and {len(timed[j][0])} steps"
                            f"{ended}: too few for a block of {self.block} steps in each process "
                            "after the warm-up")
