@@ -43,6 +43,9 @@ def test_the_probe_times_the_receiving_with_busy_workers(cpus: int):
     assert len(ipc.receive_busy_all_ms) == loaderipc.BUSY_BATCHES
     assert ipc.receive_busy_ms == pytest.approx(statistics.median(ipc.receive_busy_all_ms),
                                                 abs=0.002)
+    # And from one idle worker, each batch after a wait as long as the run's fetch, as the
+    # run's own batches are received between its steps (capture/loaderfetch).
+    assert ipc.receive_waited_ms is not None and ipc.receive_waited_ms > 0
 
 
 def test_no_probe_for_a_tiny_fetch():

@@ -89,12 +89,21 @@ def test_pairs_between_the_steps(tmp_path: Path):
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
     assert ipc.worker_fetch_ms >= 8 * 4.0 and ipc.worker_fetch_ratio > 1.0
     assert [d.num_workers for d in run.meta.dataloaders] == [0]
+    # Each pair's batch came back as a fix's worker hands it over, and the loop's receiving of
+    # it was timed: one figure per pair, and the probe's figure timed the same way after the run.
+    assert len(ipc.receive_run_all_ms) == loaderfetch.PAIRS
+    assert all(t > 0 for t in ipc.receive_run_all_ms)
+    assert ipc.receive_waited_ms is not None and ipc.receive_waited_ms > 0
     # The steps from the fork to SETTLE after the worker stopped: left out of the run's steps,
     # and said so.
     disturbed = run.meta.worker_fetch_steps
     assert len(disturbed) >= 1 + loaderfetch.SKIP + loaderfetch.PAIRS + loaderfetch.SETTLE - 1
     assert disturbed == list(range(disturbed[0], disturbed[-1] + 1))
     assert set(disturbed) <= run.meta.altered_steps()
+    # The worker forks after the thread steps: its pauses come after steps with the run's count,
+    # and beside the thread steps they fell on every step with fewer threads.
+    if run.meta.thread_steps:
+        assert disturbed[0] > max(step for step, _ in run.meta.thread_steps)
     notes = " ".join(run.diagnosis.notes)
     assert f"{len(run.meta.probe_steps()[1])} of {len(run.meta.step_times_s)} steps of the run " \
         "ran while a DataLoader worker timed" in notes
@@ -295,3 +304,47 @@ def test_pairs_with_the_training_loader_after_an_evaluation_pass(tmp_path: Path)
     assert ipc is not None, run.meta.notes
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
     assert ipc.worker_fetch_ms >= 8 * 4.0
+
+
+class Odd:
+    """A batch type a worker's queue may fail to pickle."""
+
+
+class OddBatches(Dataset):
+    def __len__(self) -> int:
+        return 8 * 20
+
+    def __getitem__(self, i: int) -> Odd:
+        return Odd()
+
+
+def test_only_plain_batches_come_back(monkeypatch: pytest.MonkeyPatch):
+    """Tensors, arrays and plain values in lists, tuples and mappings (a BatchEncoding is one)
+    come back to be received; anything else is not sent (the worker's queue could drop a batch
+    that fails to pickle, and the loop would wait for it): the pairs go on without a receive."""
+    from collections import UserDict
+
+    import numpy as np
+
+    assert loaderfetch.sendable({"x": torch.zeros(2), "y": [1, 2.0, "a", None], "z": np.ones(2)})
+    assert loaderfetch.sendable(UserDict(input_ids=torch.zeros(2)))
+    assert loaderfetch.sendable((torch.zeros(1), (torch.zeros(1), b"raw")))
+    assert not loaderfetch.sendable([Odd()])
+    assert not loaderfetch.sendable({"x": {"y": Odd()}})
+    it = iter(DataLoader(OddBatches(), batch_size=None))
+    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
+    monkeypatch.setattr(S, "enabled", True)
+    try:
+        for _ in range(5):
+            boundary(pairs, it)
+    finally:
+        pairs.close()
+    assert len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP and pairs.received == []
+    plain = iter(DataLoader(TwoCosts(0.0, 0.0, 8 * 20), batch_size=8))
+    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (plain, 0.001))
+    try:
+        for _ in range(5):
+            boundary(pairs, plain)
+    finally:
+        pairs.close()
+    assert len(pairs.received) == len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP

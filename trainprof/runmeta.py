@@ -123,6 +123,13 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     receive_busy_ms: float | None = None
     receive_busy_all_ms: list[float] = []  # each batch's, receive_busy_ms their median
     busy_workers: int = 0
+    # The loop's receiving of the script's own batches from the worker of capture/loaderfetch,
+    # between the run's steps (the loop waits out the worker's fetch, then receives one that is
+    # there), ms each; and the same timed after the run on batches like them, each after a wait
+    # as long as the run's fetch (None: not measured). Their ratio is the machine's speed for a
+    # hand-over during the steps over after them.
+    receive_run_all_ms: list[float] = []
+    receive_waited_ms: float | None = None
     tensors: int = 0  # tensors per batch
     batch_bytes: int = 0
     # A DataLoader worker forked from the loop fetching the script's own batches between its

@@ -144,6 +144,40 @@ def test_the_receiving_with_busy_workers_is_what_counts(loop: Path, tmp_path: Pa
     assert "while" not in a.evidence.split("to receive it")[1].split(".")[0]
 
 
+def test_the_runs_own_receiving_is_the_loops_path(loop: Path, tmp_path: Path):
+    """Where the run received its own batches from a worker between its steps
+    (capture/loaderfetch), that median is the loop's R: the same hand-over at the moments of
+    the steps, where the probe's came after the run at another of the VM's speeds. The probe's
+    busy figure, brought to those moments by the ratio of the run's receiving to the probe's
+    timed the same way, is what counts on the cores."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    probe = dict(receive_ms=0.5, receive_busy_ms=4.0, busy_workers=2, worker_ms=1.0, tensors=2,
+                 receive_waited_ms=2.0)
+    ran = LoaderIpc(**probe, receive_run_all_ms=[0.8, 1.0, 1.0, 1.2, 9.0])
+    f = _starvation(with_meta(loop, tmp_path / "ran", _meta(steps, fetch, ran)))
+    assert f.metrics["receive_in_run"] == 1
+    assert f.metrics["receive_ms_per_batch"] == pytest.approx(1.0)  # the median, not the mean
+    assert f.metrics["receive_busy_ms_per_batch"] == pytest.approx(4.0 * 1.0 / 2.0)
+    # M = 10, F = 10, W = 1 on 2 cores: the loop's path M + R = 11, the worker's rate 11, the
+    # cores (10 + 10 + 1 + 2) / 2 = 11.5 with either count: 11.5 ms, where the probe's R = 4
+    # alone made it 14 (test_the_receiving_with_busy_workers_is_what_counts).
+    assert f.metrics["fixed_step_ms"] == pytest.approx(11.5)
+    assert f.est_saving_pct == pytest.approx(100 * (20 - 11.5) / 20, abs=0.05)
+    assert "Timed between the run's steps, the loop took 1.00 ms to receive" in f.evidence
+    assert "takes 2.00 ms while 2 worker(s) fetch the next ones" in f.evidence
+    # `trainprof try` re-solves the model with both figures.
+    assert step_with(f.metrics, 1) == pytest.approx(11.5)
+    # A busy figure under the run's own is raised to it; too few receives: the probe's alone.
+    low = LoaderIpc(**{**probe, "receive_waited_ms": 20.0}, receive_run_all_ms=[1.0] * 3)
+    g = _starvation(with_meta(loop, tmp_path / "low", _meta(steps, fetch, low)))
+    assert g.metrics["receive_busy_ms_per_batch"] == pytest.approx(1.0)
+    few = LoaderIpc(**probe, receive_run_all_ms=[1.0, 1.0])
+    h = _starvation(with_meta(loop, tmp_path / "few", _meta(steps, fetch, few)))
+    assert h.metrics["receive_in_run"] == 0
+    assert h.metrics["receive_ms_per_batch"] == h.metrics["receive_busy_ms_per_batch"] == 4.0
+    assert h.metrics["fixed_step_ms"] == pytest.approx(14.0)
+
+
 def test_the_busy_receiving_counts_on_the_cores(loop: Path, tmp_path: Path):
     """Where the cores bound the fixed step, the receiving from busy workers counts there in
     full, the wait for a worker's hand-shake included: in try_fakedata's and try_jpeg's loops

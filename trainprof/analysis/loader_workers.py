@@ -110,8 +110,8 @@ class CpuModel:
     fetch: float  # F, without the profiler
     removable: float  # the part of F that workers take off the loop (F with num_workers=0)
     measured: bool  # F and S from the run's unprofiled steps (else derived from the trace)
-    receive: float  # R per batch (0: not measured)
-    receive_idle: float  # R from an idle worker (the probe's other figure)
+    receive: float  # R per batch on the loop's path (0: not measured)
+    receive_idle: float  # R from an idle worker as the probe timed it after the run (evidence)
     busy_workers: int  # workers fetching meanwhile when R was timed (0: R is the idle figure)
     worker: float  # W per batch
     startup_ms: float | None  # the workers' start-up, once per run
@@ -144,6 +144,10 @@ class CpuModel:
     # seen): the workers fetch ahead during it (eval_ahead), with the suggested prefetch factor.
     eval_every: float = 0.0
     eval_extra: float = 0.0
+    # R from workers busy fetching (the cores' bound; `receive` where only one was timed), and
+    # whether `receive` is the run's own batches timed between its steps (`receiving`).
+    receive_busy: float = 0.0
+    receive_in_run: bool = False
 
     @property
     def saving(self) -> float:
@@ -151,20 +155,24 @@ class CpuModel:
 
 
 def fixed_step(
-    m: float, f: float, k: float, r: float, w: float, cores: int, n: int, ahead: float = 0.0
+    m: float, f: float, k: float, r: float, w: float, cores: int, n: int, ahead: float = 0.0,
+    r_busy: float | None = None,
 ) -> float:
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
-    on `cores` cores. The receiving counts in full on the cores too, the loop's wait for a busy
-    worker's hand-shake included: the workers do not take up all of the loop's core while it
-    waits (measured: the rule's docstring). `ahead`: the batches per step the workers make during
-    evaluation passes instead (`eval_ahead`), work taken off the training steps."""
+    on `cores` cores. `r` is the loop's path while the workers keep ahead (the worker handing a
+    batch over is idle then); `r_busy` (default `r`), the receiving from workers busy fetching,
+    counts in full on the cores, the loop's wait for a busy worker's hand-shake included: the
+    workers do not take up all of the loop's core while it waits (measured: the rule's
+    docstring). `ahead`: the batches per step the workers make during evaluation passes instead
+    (`eval_ahead`), work taken off the training steps."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
+    busy = r if r_busy is None else r_busy
     return max(
         m + k * r,
         (f + k * w) * share / n,
-        (m * min(threads, cores) + (f + k * w) * share + k * r) / cores,
+        (m * min(threads, cores) + (f + k * w) * share + k * busy) / cores,
     )
 
 
@@ -288,11 +296,47 @@ def step_threads(ctx: Context) -> StepThreads | None:
 
 
 def receive_ms(ipc: LoaderIpc) -> float:
-    """The probe's per-batch receiving (ms) the CPU model uses: timed with workers busy fetching
-    the next batches where the probe did (a busy worker answers the per-tensor hand-shake late:
+    """The probe's per-batch receiving (ms) timed after the run: with workers busy fetching the
+    next batches where the probe did (a busy worker answers the per-tensor hand-shake late:
     try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle one),
     else with an idle worker (older metadata)."""
     return ipc.receive_busy_ms if ipc.receive_busy_ms is not None else ipc.receive_ms
+
+
+MIN_RUN_RECEIVES = 3  # receives of the run's own batches from which they are the loop's figure
+
+
+@dataclass(frozen=True)
+class Receiving:
+    """The loop's receiving per batch (ms) in the CPU model: `idle` from a worker that keeps
+    ahead (the loop's own path), `busy` from workers busy fetching (the cores' bound); `in_run`:
+    `idle` is the run's own batches timed between its steps and `busy` the probe's brought to
+    the steps' moments (else both the probe's, as timed after the run)."""
+
+    idle: float
+    busy: float
+    in_run: bool
+
+
+def receiving(
+    ipc: LoaderIpc, run_ms: float | None = None, busy_ms: float | None = None
+) -> Receiving:
+    """The model's receiving from the probe's figures. Where the run timed the loop receiving
+    its own batches between its steps (capture/loaderfetch: `run_ms`, their median), that is the
+    idle figure: the same hand-over at the moments of the steps, where the probe's came seconds
+    later at another of this VM's speeds (the Hugging Face example: steps of 10.6 ms, the probe's
+    receiving 1.97 ms, the loop's own, timed by hand at that speed, 1.1-1.2 ms). The busy figure
+    is the probe's busy receiving (`busy_ms`, default its median) times the run's over the
+    probe's idle one timed the same way (receive_waited_ms): the busy worker's extra, at the
+    steps' speed. Else both are the probe's (`receive_ms`, older metadata)."""
+    busy = busy_ms if busy_ms is not None else receive_ms(ipc)
+    if run_ms is None and len(ipc.receive_run_all_ms) >= MIN_RUN_RECEIVES:
+        run_ms = float(np.median(ipc.receive_run_all_ms))
+    if run_ms is None or run_ms <= 0:
+        return Receiving(busy, busy, False)
+    waited = ipc.receive_waited_ms
+    ratio = run_ms / waited if waited else 1.0
+    return Receiving(run_ms, max(busy * ratio, run_ms), True)
 
 
 def unprofiled_fetch(ctx: Context) -> float | None:
@@ -317,6 +361,7 @@ class _Draw:
     positions: np.ndarray | None  # which unprofiled steps (into phase.unprofiled); None: all
     threads: dict[int, list[float]] | None  # the thread steps' ratios per count (StepThreads)
     receive: float | None  # the probe's busy receiving, ms per batch (None: the median)
+    receive_run: float | None = None  # the run's own receiving, ms per batch (None: the median)
 
 
 def cpu_model(
@@ -349,6 +394,8 @@ def _spread(
         return None
     ipc = ctx.meta.loader_ipc
     received = ipc.receive_busy_all_ms if ipc and ipc.receive_busy_ms is not None else []
+    in_run = ipc.receive_run_all_ms if ipc else []
+    in_run = in_run if len(in_run) >= MIN_RUN_RECEIVES else []
     rng = np.random.default_rng(0)
     n = len(samples.time)
     savings = []
@@ -357,7 +404,8 @@ def _spread(
         if draw.threads is not None:
             threads = {t: list(rng.choice(v, len(v))) for t, v in draw.threads.items()}
         receive = float(np.median(rng.choice(received, len(received)))) if received else None
-        one = _Draw(rng.integers(0, n, n), threads, receive)
+        run = float(np.median(rng.choice(in_run, len(in_run)))) if in_run else None
+        one = _Draw(rng.integers(0, n, n), threads, receive, run)
         m = solve(one)
         savings.append(100 * m.saving / m.step)
     lo, hi = np.percentile(savings, SPREAD)
@@ -391,8 +439,8 @@ def _model(
     f = min(f, step)
     fw = f * wait_share  # with workers already, the receiving stays the loop's own work
     m = max(step - fw, 1.0)
-    received = draw.receive if draw.receive is not None else receive_ms(ipc) if ipc else 0.0
-    r = 1000 * pace * received
+    got = receiving(ipc, draw.receive_run, draw.receive) if ipc else Receiving(0.0, 0.0, False)
+    r, rb = 1000 * pace * got.idle, 1000 * pace * got.busy
     ri = 1000 * pace * ipc.receive_ms if ipc else 0.0  # with an idle worker (the evidence)
     w = 1000 * pace * ipc.worker_ms if ipc else 0.0
     # M with the threads the fix leaves the model: timed on the run's own steps where it ran
@@ -423,11 +471,12 @@ def _model(
 
     def fixed(n: int) -> float:
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
-        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead)
+        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb)
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
         step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
+        receive_busy=rb, receive_in_run=got.in_run,
         busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
@@ -459,6 +508,7 @@ def step_with(
     try:
         fetch, k = float(metrics["worker_fetch_ms"]), float(metrics["fetches_per_step"])
         r, w = float(metrics["receive_ms_per_batch"]), float(metrics["worker_ms_per_batch"])
+        r_busy = float(metrics.get("receive_busy_ms_per_batch", r))
         cores = int(metrics["cores"])
     except (KeyError, TypeError, ValueError):
         return None
@@ -469,7 +519,7 @@ def step_with(
     extra = metrics.get("eval_extra_ms", 0.0)
     ahead = (eval_ahead(float(every), float(extra), fetch, k, w, workers, prefetch)
              if isinstance(every, (int, float)) and isinstance(extra, (int, float)) else 0.0)
-    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead)
+    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy)
 
 
 def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:

@@ -32,7 +32,8 @@ Modules, one job each:
 * modelprobe a copy of the user's model, fp32 vs the bf16 fix (cpu-bf16), and at the intra-op
              thread counts DataLoader workers would leave it (dataloader-starvation)
 * loaderfetch a DataLoader worker forked from the loop, fetching the script's batches between
-             its steps against the loop's fetch (dataloader-starvation)
+             its steps against the loop's fetch, and the loop's receiving of each batch
+             handed back (dataloader-starvation)
 * bf16fix    the bf16 autocast fix itself (channels-last for CNNs), shared with `trainprof try`
 * optprobe   copies of the run's optimizer, loop vs fused/foreach, timed after the script
 * noise      fd-level stderr filter: profiler noise to trainprof.log

@@ -15,9 +15,10 @@ that seed: try_fakedata's samples took it 29.8 ms per batch, 41.7 after (timed i
 the loop's 27-28.5 ms, `try`'s workers' 35-38.5).
 
 So, on a CPU run whose loader without workers fetches in the steps (the thread steps'
-conditions, capture/threadsteps), once the profiling window is saved, the loader of the latest
-fetch gives its map-style dataset and collate function (`Source`: the stepper keeps only a weak
-reference to the iterator, and this module the Source until the pairs end), and in the loop's
+conditions, capture/threadsteps), once the profiling window is saved and the thread steps are
+done, the loader of the latest fetch gives its map-style dataset and collate function
+(`Source`: the stepper keeps only a weak reference to the iterator, and this module the Source
+until the pairs end), and in the loop's
 next fetch from that dataset one DataLoader worker is forked from the loop's own stack (torch's
 worker loop, one intra-op thread), with the dataset's first batches to fetch: from the fetch
 probe, one frame below the loop, as a worker of the fix forks from iter() there, not from the
@@ -36,9 +37,12 @@ an idle forked child +10-100 % (larger steps move less: try_fakedata's model par
 +0.2-0.9 ms during the pairs). So every step from the fork to SETTLE steps after the worker is
 stopped is recorded (`steps()`, RunMeta.worker_fetch_steps) and left out of the run's
 statistics, and under --max-steps the worker is stopped early enough to leave TIMED_AFTER steps
-after those, which time the step. The thread steps overlap the pairs: their two thread counts
-are disturbed alike (their ratio is what the model takes), and a plain try_fakedata loop's
-fetch and model (15 and 7-12 ms) moved within the noise after a 25 ms wait.
+after those, which time the step. The pairs begin once the thread steps (capture/threadsteps)
+are done: a pair runs only after a step with the run's thread count, so beside the thread steps
+its pause fell on every step with fewer threads and on none of the others. The Hugging Face
+example's model took 1.06-1.12x as long with one thread as with two in six runs with the pairs
+beside the thread steps, 0.97-1.10x (five of six at most 1.03) in six without, and
+`trainprof try` measured the thread change alone at -1.3 to -2.8 %.
 The worker never runs beside a step: a fetch beside another on the same cores is contention,
 not either's cost (an after-the-run probe that let a worker and this process fetch at once gave
 ratios of 0.6-1.9 on one dataset within a minute), and after the run this process's stack is
@@ -53,7 +57,16 @@ absolute figure 2x between identical runs, and they move both sides of a pair al
 the worker's fetch has a core of its own (the loop waits meanwhile); the loop's is what the run
 timed. Up to PAIRS pairs within BUDGET_S of pauses; fewer than MIN_PAIRS (the script ended, the
 worker failed: the reason is kept): no figure. The dataset's __getitem__ and collate run in the
-forked worker as the fix would run them; nothing comes back to the script's process but times.
+forked worker as the fix would run them. Each batch comes back as a fix's worker hands it over
+(shared memory, a file descriptor per tensor), where it is tensors, arrays and plain values in
+lists, tuples and mappings (`sendable`: anything else could fail to pickle in the worker's queue,
+which drops it, and the loop would wait out the timeout); once it is there, the loop's receiving
+of it is timed (`received`) and the batch dropped, never given to the script. That is the
+hand-over at the moments of the steps, with the loop's own process, heap and batches: the probe
+after the run (capture/loaderipc) times batches of the same shapes seconds later, when this VM
+can run at another speed (the Hugging Face example's loop received a batch in 1.1-1.2 ms at the
+speed of a run whose probe said 1.97). The worker is idle then, as one that keeps ahead of the
+loop is when it takes a batch.
 Off with `worker_fetch = false` under [run] in the config.
 """
 
@@ -67,7 +80,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,11 +164,12 @@ class _TimedBatches(torch.utils.data.Dataset):
         self.batches = batches
         self.gate = gate
         self.cpu = cpu
+        self.allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
     def __len__(self) -> int:
         return self.batches
 
-    def __getitem__(self, i: int) -> float:
+    def __getitem__(self, i: int) -> tuple[float, Any]:
         if not self.gate.acquire(timeout=TIMEOUT_S):
             raise TimeoutError("the run never let the worker fetch")
         if self.cpu.value >= 0:
@@ -164,12 +178,37 @@ class _TimedBatches(torch.utils.data.Dataset):
         src = self.src
         t0 = time.perf_counter()
         if src.batch_size is None:
-            src.collate(src.dataset[i])
+            batch = src.collate(src.dataset[i])
         else:
             idx = list(range(i * src.batch_size, (i + 1) * src.batch_size))
             many = getattr(src.dataset, "__getitems__", None)
-            src.collate(many(idx) if many is not None else [src.dataset[j] for j in idx])
-        return time.perf_counter() - t0
+            batch = src.collate(many(idx) if many is not None else [src.dataset[j] for j in idx])
+        took = time.perf_counter() - t0
+        # The hand-over off the loop's CPU again, as a fix's worker's: the queue's feeder thread
+        # and the resource sharer's, started by this thread, would inherit the pin, and a
+        # hand-shake on the loop's own CPU took 4-5 ms a batch where 1.4-2.0 on the other.
+        if self.allowed:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(0, self.allowed)
+        return took, batch if sendable(batch) else None
+
+
+def sendable(batch: Any, depth: int = 0) -> bool:
+    """Whether a batch is tensors, arrays and plain values in lists, tuples and mappings (what
+    default collates make, a BatchEncoding included), which a worker hands over as the fix's
+    would. Anything else is not sent back: a batch that fails to pickle in the worker's queue
+    would be dropped there, and the loop would wait for it until the timeout."""
+    if depth > 8:
+        return False
+    if isinstance(batch, (torch.Tensor, str, bytes, int, float, bool, type(None))):
+        return True
+    if type(batch).__module__ == "numpy":
+        return True
+    if isinstance(batch, Mapping):
+        return all(sendable(v, depth + 1) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        return all(sendable(v, depth + 1) for v in batch)
+    return False
 
 
 def _why(err: BaseException) -> str:
@@ -190,8 +229,9 @@ def _unseen() -> Any:
 
 class WorkerPairs:
     """Times a worker's fetch between the run's steps (see the module doc). `ready()` says when
-    the profiling window is saved; `wanted()`, asked once then, whether the run is one the
-    estimate needs it for (a CPU run fetching in the loop); `last_fetch()` gives the loop's
+    the profiling window is saved and the thread steps are done; `wanted()`, asked once then,
+    whether the run is one the estimate needs it for (a CPU run fetching in the loop);
+    `last_fetch()` gives the loop's
     latest fetch, (its DataLoader iterator or None, seconds). Called at each boundary before the
     thread steps change the count, so the count then is the ended step's."""
 
@@ -212,6 +252,7 @@ class WorkerPairs:
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.pid = os.getpid()
         self.pairs: list[tuple[float, float]] = []  # (the loop's fetch, the worker's) in s
+        self.received: list[float] = []  # the loop's receiving of each pair's batch (s)
         self.first: int | None = None  # the step whose fetch forked the worker
         self.stopped: int | None = None  # the step begun right after the worker was stopped
         self.skipped = ""  # why there are no pairs, or fewer than wanted
@@ -256,8 +297,17 @@ class WorkerPairs:
         try:
             self._cpu.value = this_cpu()
             self._gate.release()  # the worker's turn; the loop waits for its batch
+            # The batch handed over as the fix's workers would: the loop's side of it, timed
+            # on a batch that is there (the wait is the worker's fetch, timed in the worker).
+            ready = getattr(getattr(self._it, "_data_queue", None), "_poll", None)
+            waited = ready(self._timeout) if ready is not None else False
             with _unseen():
-                worker = float(next(self._it))
+                t0 = time.perf_counter()
+                worker, batch = next(self._it)
+                received = time.perf_counter() - t0
+            worker = float(worker)
+            batch_sent = batch is not None
+            del batch
         except Exception as err:  # noqa: BLE001 - the dataset fails in a worker: no more pairs
             self.skipped = f"the worker's fetch failed ({_why(err)})"
             self.close()
@@ -266,6 +316,8 @@ class WorkerPairs:
             self._skip -= 1
             return
         self.pairs.append((loop_s, worker))
+        if waited and batch_sent:
+            self.received.append(received)
         if len(self.pairs) >= self._wanted:
             self.close()
 

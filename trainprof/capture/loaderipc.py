@@ -155,6 +155,34 @@ def receive_busy(
         _shutdown(it)
 
 
+def receive_waited(spec: list[tuple[list[int], str]], wait_s: float) -> list[float] | None:
+    """The loop's receiving of each batch that is there (s), from one idle worker, each after the
+    loop waited `wait_s` (scaled to at most BUSY_CAP): how capture/loaderfetch times the run's own
+    batches between its steps (the loop waits out the worker's fetch, then receives), so that
+    the two set side by side tell the machine's speed then from its speed now. None where it
+    cannot be measured."""
+    wait = min(wait_s, BUSY_CAP)
+    it: Any = None
+    try:
+        it = iter(_loader(spec, 1))
+        next(it)
+        ready = getattr(getattr(it, "_data_queue", None), "_poll", None)
+        times = []
+        for i in range(BUSY_WARM + BUSY_BATCHES):
+            time.sleep(wait)
+            if ready is not None:
+                ready(5.0)
+            t0 = time.perf_counter()
+            next(it)
+            if i >= BUSY_WARM:
+                times.append(time.perf_counter() - t0)
+        return times
+    except Exception:  # noqa: BLE001 - no workers here (a sandbox, /dev/shm full): no figure
+        return None
+    finally:
+        _shutdown(it)
+
+
 def _shutdown(it: Any) -> None:
     """Stop an iterator's workers now (None: iter() itself failed)."""
     shutdown = getattr(it, "_shutdown_workers", None)
@@ -220,4 +248,7 @@ def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc 
         ipc.receive_busy_ms = round(1000 * statistics.median(busy_s), 3)
         ipc.receive_busy_all_ms = [round(1000 * t, 3) for t in busy_s]
         ipc.busy_workers = workers
+    waited = receive_waited(spec, fetch)
+    if waited:
+        ipc.receive_waited_ms = round(1000 * statistics.median(waited), 3)
     return ipc

@@ -317,8 +317,11 @@ class Session:
             usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
         )  # fmt: skip
 
+        def threads_done() -> bool:  # the pairs wait for the thread steps (capture/loaderfetch)
+            return window_done() and threads.state == "done"
+
         pairs = WorkerPairs(
-            window_done,
+            threads_done,
             lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
             stepper.fetched, cfg.worker_fetch, lambda: len(stepper.step_times), stepper.max_steps,
         )  # fmt: skip
@@ -407,6 +410,7 @@ class Session:
                 if worker is not None and ratio is not None:
                     ipc.worker_fetch_ms = round(1e3 * worker, 3)
                     ipc.worker_fetch_ratio = round(ratio, 4)
+                ipc.receive_run_all_ms = [round(1e3 * t, 3) for t in pairs.received]
             if threads.complete and meta.loader_ipc is not None:
                 meta.loader_ipc.model_threads_skipped = "timed on the run's own steps"
             else:

@@ -141,22 +141,22 @@ On a CPU trace the workers take the fetch off the loop, but:
   when other processes kept half a CPU or more busy during the run), and on a machine whose
   cores other jobs share fewer threads can make the model faster, not slower (threads that
   wait for a descheduled peer): `trainprof try` measures the thread change alone beside it.
-The spread: the saving is about F - R - (M(T') - M), a difference of figures each timed on a
-few steps or batches. So the model is also computed on RESAMPLES (400) resamples of the run's
-own samples, seeded: its unprofiled steps (S and F, with their references), each thread count's
-paired ratios, and the probe's busy receives (each of its 9 batches is kept). The 5th and 95th
-percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the evidence and
-beside the estimate in `trainprof try`. The severity stays the estimate's: taken from the low
-end, it flipped Lightning's example between low and high in four identical runs (the low end
-0-25.3 % where the estimates were 11.9-27.3 %, high in all four by the estimate, `trainprof try`
-measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples moves more than
-their median. It does not cover what moves between runs: the Hugging Face Trainer's example
-gave 0 to 14.9 % (high in one run, info in others) in identical runs one session, each spread
-5-19 points wide and not overlapping (the machine moved between them), and 0 % in all sixteen
-runs of the next. Where the spread crosses a severity line, the evidence says so ("That spans low
-to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM that example's
-estimate was 0.2-8.5 % in ten runs (`medium` eight times, `low` twice), `trainprof try`
-measuring +4.5 to +8.7 %.
+The spread: the saving is about F - R - (M(T') - M), a difference of figures each timed on a few
+steps or batches. So the model is also computed on RESAMPLES (400) resamples of the run's own
+samples, seeded: its unprofiled steps (S and F, with their references), each thread count's
+paired ratios, the probe's busy receives (each of its 9 batches is kept) and the run's own. The
+5th and 95th percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the
+evidence and beside the estimate in `trainprof try`. The severity stays the estimate's: taken
+from the low end, it flipped Lightning's example between low and high in four identical runs
+(the low end 0-25.3 % where the estimates were 11.9-27.3 %, high in all four by the estimate,
+`trainprof try` measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples
+moves more than their median. It does not cover what moves between runs: the Hugging Face
+Trainer's example gave 0 to 14.9 % (high in one run, info in others) in identical runs one
+session, each spread 5-19 points wide and not overlapping (the machine moved between them), and
+0 % in all sixteen runs of the next. Where the spread crosses a severity line, the evidence says
+so ("That spans low to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM
+that example's estimate was 0.2-8.5 % in ten runs (`medium` eight times, `low` twice),
+`trainprof try` measuring +4.5 to +8.7 %.
 With workers already, only the waiting part of F is the workers' work in that model (the
 receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
@@ -172,6 +172,23 @@ wall, and the cores idled all the same, 1.6 ms per step (3.1 %) in try_fakedata'
 try` measured on 6 of 7 rows of two benchmarks where the cores bound it (1.10x on average;
 1.04x with R in full), and try_fakedata's estimate was 36.2 % against 25.7 % measured (31.8 %
 with R in full). Older metadata: R = the idle figure.
+The receiving where the workers keep ahead, timed in the run: the probe's figures come seconds
+after the steps, and on this VM the hand-over moved with the machine's speed more than the
+reference says. The Hugging Face example's steps ran 10.6 ms with the probe's receiving at 1.97
+ms: an estimate of 2.1 % where `trainprof try` measured +12-14 % (its fast blocks 10.2 against
+11.6 ms); the Trainer's loop with one worker, run by hand at that speed, received a batch in
+1.1-1.2 ms, and at the slower speed in 1.6-2.2 ms against the probe's 1.5-2.2 in the same
+process and minute. So the worker that times the script's fetch between the steps
+(capture/loaderfetch) hands each of its batches back as a fix's worker would, and the loop's
+receiving of it, once it is there, is timed (up to 12 batches, the worker idle, as a worker
+that keeps ahead is when the loop takes its batch): their median is R on the loop's own path
+(M + k R). On the cores the receiving from busy workers counts: the probe's busy figure times
+the run's receiving over the probe's own timed the same way after the run (each batch after a
+wait as long as the run's fetch, `receive_waited_ms`), at least the run's. Where the run timed
+fewer than 3 (a batch of other types than tensors, arrays and plain values in containers is not
+handed back), both are the probe's as before. On the Hugging Face example in a slow stretch:
+7.7 % with the probe's R 1.90 ms, 9.7 % with the run's 1.61; quickstart 37.7 and 38.3 %;
+try_fakedata, its workers the bound, 25.9 and 25.7 %.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
@@ -214,7 +231,18 @@ def _cpu_evidence(
         f" Without the profiler ({where}) a step takes {ms(model.step)}, {ms(model.fetch)} of it "
         f"fetching."
     )
-    if model.receive or model.worker:
+    if model.receive_in_run:
+        text += (
+            f" Timed between the run's steps, the loop took {ms(model.receive)} to receive one of "
+            f"the script's own batches from a worker. Measured here after the run, a worker hands "
+            f"over a batch like these in {ms(model.worker)}, and the loop's receiving takes "
+            f"{ms(model.receive_busy)} while {max(model.busy_workers, 1)} worker(s) fetch the next "
+            f"ones (brought to the steps' moments by the same receiving timed after the run)"
+        )
+        if model.startup_ms is not None:
+            text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
+        text += "."
+    elif model.receive or model.worker:
         text += (
             f" Measured here after the run, a worker hands over a batch like these in "
             f"{ms(model.worker)} and the loop takes {ms(model.receive)} to receive it"
@@ -227,15 +255,15 @@ def _cpu_evidence(
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
         text += "."
-        if abs(model.pace - 1) >= PACE_SAYS:
-            text += (
-                f" Both are stated at the speed of the steps above: a fixed piece of work took "
-                f"{model.pace:.2f}x as long beside them as it typically did in this run."
-            )
     elif has_workers:  # the probe runs only for loaders without workers
         text += " The cost of handing batches between processes is in those times already."
     else:
         text += " The cost of handing batches between processes was not measured (older run)."
+    if (model.receive or model.worker) and abs(model.pace - 1) >= PACE_SAYS:
+        text += (
+            f" These are stated at the speed of the steps above: a fixed piece of work took "
+            f"{model.pace:.2f}x as long beside them as it typically did in this run."
+        )
     threads_text = (
         f" and torch.set_num_threads({model.threads})" if model.threads < threads else ""
     )
@@ -469,6 +497,8 @@ def check(ctx: Context) -> list[Finding]:
             unprofiled_step_ms=round(model.step / 1000, 3),
             fixed_step_ms=round(model.fixed / 1000, 3),
             receive_ms_per_batch=round(model.receive / 1000, 3),
+            receive_busy_ms_per_batch=round(model.receive_busy / 1000, 3),
+            receive_in_run=int(model.receive_in_run),  # 1/0: R timed between the run's steps
             worker_ms_per_batch=round(model.worker / 1000, 3),
             # R and W as timed after the run times this: the steps' speed against the probe's
             pace=round(model.pace, 4),
