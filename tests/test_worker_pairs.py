@@ -55,6 +55,17 @@ def boundary(pairs: loaderfetch.WorkerPairs, it) -> None:
     pairs.before_fetch(it)
 
 
+def five_boundaries(it) -> loaderfetch.WorkerPairs:
+    """Pairs over `it` through five step boundaries (the fork at the first), then stopped."""
+    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
+    try:
+        for _ in range(5):
+            boundary(pairs, it)
+    finally:
+        pairs.close()
+    return pairs
+
+
 def test_the_source_of_a_loop_without_workers():
     assert loaderfetch.source_of(iter(DataLoader(TwoCosts(0, 0, 8), batch_size=4))).batch_size == 4
     src = loaderfetch.source_of(iter(DataLoader(TwoCosts(0, 0, 8), batch_size=None)))
@@ -214,14 +225,8 @@ def test_the_worker_fetches_on_the_loops_cpu(tmp_path: Path, monkeypatch: pytest
     monkeypatch.setattr(loaderfetch, "this_cpu", lambda: cpu)
     assert loaderfetch.this_cpu() == cpu
     where = tmp_path / "cpus"
-    it = iter(DataLoader(Where(where, 8 * 20), batch_size=8))
-    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
     monkeypatch.setattr(S, "enabled", True)
-    try:
-        for _ in range(5):
-            boundary(pairs, it)
-    finally:
-        pairs.close()
+    pairs = five_boundaries(iter(DataLoader(Where(where, 8 * 20), batch_size=8)))
     assert len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP
     assert set(where.read_text().split()) == {str(cpu)}
 
@@ -331,20 +336,8 @@ def test_only_plain_batches_come_back(monkeypatch: pytest.MonkeyPatch):
     assert loaderfetch.sendable((torch.zeros(1), (torch.zeros(1), b"raw")))
     assert not loaderfetch.sendable([Odd()])
     assert not loaderfetch.sendable({"x": {"y": Odd()}})
-    it = iter(DataLoader(OddBatches(), batch_size=None))
-    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
     monkeypatch.setattr(S, "enabled", True)
-    try:
-        for _ in range(5):
-            boundary(pairs, it)
-    finally:
-        pairs.close()
+    pairs = five_boundaries(iter(DataLoader(OddBatches(), batch_size=None)))
     assert len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP and pairs.received == []
-    plain = iter(DataLoader(TwoCosts(0.0, 0.0, 8 * 20), batch_size=8))
-    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (plain, 0.001))
-    try:
-        for _ in range(5):
-            boundary(pairs, plain)
-    finally:
-        pairs.close()
+    pairs = five_boundaries(iter(DataLoader(TwoCosts(0.0, 0.0, 8 * 20), batch_size=8)))
     assert len(pairs.received) == len(pairs.pairs) == 5 - 1 - loaderfetch.SKIP

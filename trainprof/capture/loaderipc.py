@@ -40,7 +40,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -132,27 +132,7 @@ def receive_busy(
     (`compute_s` of CPU per batch) between receives: the run's loop with the fix, its cores
     shared as they will be. None where it cannot be measured."""
     scale = min(1.0, BUSY_CAP / max(fetch_s, compute_s, 1e-6))
-    it: Any = None
-    try:
-        it = iter(_loader(spec, workers, fetch_s * scale))
-        next(it)
-        # Whether a batch is there already (multiprocessing.Queue._poll): the wait for one that
-        # is not is the workers' pace, timed elsewhere, not the receiving.
-        ready = getattr(getattr(it, "_data_queue", None), "_poll", None)
-        times = []
-        for i in range(BUSY_WARM + BUSY_BATCHES):
-            busy(compute_s * scale)
-            if ready is not None:
-                ready(5.0)
-            t0 = time.perf_counter()
-            next(it)
-            if i >= BUSY_WARM:
-                times.append(time.perf_counter() - t0)
-        return times
-    except Exception:  # noqa: BLE001 - no workers here (a sandbox, /dev/shm full): no figure
-        return None
-    finally:
-        _shutdown(it)
+    return _receives(_loader(spec, workers, fetch_s * scale), lambda: busy(compute_s * scale))
 
 
 def receive_waited(spec: list[tuple[list[int], str]], wait_s: float) -> list[float] | None:
@@ -162,14 +142,22 @@ def receive_waited(spec: list[tuple[list[int], str]], wait_s: float) -> list[flo
     the two set side by side tell the machine's speed then from its speed now. None where it
     cannot be measured."""
     wait = min(wait_s, BUSY_CAP)
+    return _receives(_loader(spec, 1), lambda: time.sleep(wait))
+
+
+def _receives(loader: Any, between: Callable[[], None]) -> list[float] | None:
+    """next() on `loader`'s iterator timed on batches that are there, BUSY_BATCHES of them after
+    BUSY_WARM untimed, `between()` run before each; None where it cannot be measured."""
     it: Any = None
     try:
-        it = iter(_loader(spec, 1))
+        it = iter(loader)
         next(it)
+        # Whether a batch is there already (multiprocessing.Queue._poll): the wait for one that
+        # is not is the workers' pace, timed elsewhere, not the receiving.
         ready = getattr(getattr(it, "_data_queue", None), "_poll", None)
         times = []
         for i in range(BUSY_WARM + BUSY_BATCHES):
-            time.sleep(wait)
+            between()
             if ready is not None:
                 ready(5.0)
             t0 = time.perf_counter()
