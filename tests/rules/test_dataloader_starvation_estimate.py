@@ -164,7 +164,7 @@ def test_the_runs_own_receiving_is_the_loops_path(loop: Path, tmp_path: Path):
     assert f.metrics["fixed_step_ms"] == pytest.approx(11.5)
     assert f.est_saving_pct == pytest.approx(100 * (20 - 11.5) / 20, abs=0.05)
     assert "Timed between the run's steps, the loop took 1.00 ms to receive" in f.evidence
-    assert "takes 2.00 ms while 2 worker(s) fetch the next ones" in f.evidence
+    assert "while 2 worker(s) fetch the next ones the loop's receiving takes 2.00 ms" in f.evidence
     # `trainprof try` re-solves the model with both figures.
     assert step_with(f.metrics, 1) == pytest.approx(11.5)
     # A busy figure under the run's own is raised to it; too few receives: the probe's alone.

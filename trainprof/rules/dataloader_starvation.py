@@ -235,13 +235,15 @@ def _cpu_evidence(
         text += (
             f" Timed between the run's steps, the loop took {ms(model.receive)} to receive one of "
             f"the script's own batches from a worker. Measured here after the run, a worker hands "
-            f"over a batch like these in {ms(model.worker)}, and the loop's receiving takes "
-            f"{ms(model.receive_busy)} while {max(model.busy_workers, 1)} worker(s) fetch the next "
-            f"ones (brought to the steps' moments by the same receiving timed after the run)"
+            f"over a batch like these in {ms(model.worker)}"
         )
         if model.startup_ms is not None:
             text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
-        text += "."
+        text += (
+            f", and while {max(model.busy_workers, 1)} worker(s) fetch the next ones the loop's "
+            f"receiving takes {ms(model.receive_busy)} (the probe's figure, brought to the steps' "
+            f"moments by the same receiving timed after the run)."
+        )
     elif model.receive or model.worker:
         text += (
             f" Measured here after the run, a worker hands over a batch like these in "
