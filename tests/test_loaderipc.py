@@ -48,6 +48,14 @@ def test_the_probe_times_the_receiving_with_busy_workers(cpus: int):
     assert ipc.receive_waited_ms is not None and ipc.receive_waited_ms > 0
 
 
+def test_the_waited_receiving_only_where_the_run_timed_its_own():
+    """Without receives of the run's own batches (capture/loaderfetch) nothing sets the probe's
+    waited figure against them: it is not timed."""
+    ipc = loaderipc.probe(_meta(2), SPEC, waited=False)
+    assert ipc is not None and ipc.receive_busy_ms is not None
+    assert ipc.receive_waited_ms is None
+
+
 def test_no_probe_for_a_tiny_fetch():
     meta = _meta(2)
     meta.fetch_times_s = [0.0001] * 12

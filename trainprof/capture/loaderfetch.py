@@ -42,7 +42,7 @@ are done: a pair runs only after a step with the run's thread count, so beside t
 its pause fell on every step with fewer threads and on none of the others. The Hugging Face
 example's model took 1.06-1.12x as long with one thread as with two in six runs with the pairs
 beside the thread steps, 0.97-1.10x (five of six at most 1.03) in six without, and
-`trainprof try` measured the thread change alone at -1.3 to -2.8 %.
+`trainprof try` measured the thread change alone at -0.5 to -2.8 %.
 The worker never runs beside a step: a fetch beside another on the same cores is contention,
 not either's cost (an after-the-run probe that let a worker and this process fetch at once gave
 ratios of 0.6-1.9 on one dataset within a minute), and after the run this process's stack is

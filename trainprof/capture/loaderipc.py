@@ -220,7 +220,12 @@ def measure(spec: list[tuple[list[int], str]]) -> LoaderIpc | None:
     )
 
 
-def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc | None:
+def probe(
+    meta: RunMeta, spec: list[tuple[list[int], str]] | None, waited: bool = True
+) -> LoaderIpc | None:
+    """The worker's costs for the run's batches (None: not wanted or not measurable). `waited`:
+    also the receiving timed as the run's own batches were (`receive_waited`), needed only
+    where the run timed those (capture/loaderfetch)."""
     if not spec or not wanted(meta, spec):
         return None
     ipc = measure(spec)
@@ -236,7 +241,7 @@ def probe(meta: RunMeta, spec: list[tuple[list[int], str]] | None) -> LoaderIpc 
         ipc.receive_busy_ms = round(1000 * statistics.median(busy_s), 3)
         ipc.receive_busy_all_ms = [round(1000 * t, 3) for t in busy_s]
         ipc.busy_workers = workers
-    waited = receive_waited(spec, fetch)
-    if waited:
-        ipc.receive_waited_ms = round(1000 * statistics.median(waited), 3)
+    times = receive_waited(spec, fetch) if waited else None
+    if times:
+        ipc.receive_waited_ms = round(1000 * statistics.median(times), 3)
     return ipc

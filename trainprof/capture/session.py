@@ -403,7 +403,7 @@ class Session:
                 bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen,
                 root.last_call,
             )  # fmt: skip
-            meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch)
+            meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch, bool(pairs.received))
             if meta.loader_ipc is not None:
                 ipc = meta.loader_ipc
                 worker, ratio, ipc.worker_fetch_batches, ipc.worker_fetch_skipped = pairs.figures()

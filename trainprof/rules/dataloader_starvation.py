@@ -231,18 +231,18 @@ def _cpu_evidence(
         f" Without the profiler ({where}) a step takes {ms(model.step)}, {ms(model.fetch)} of it "
         f"fetching."
     )
+    startup = (
+        f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
+        if model.startup_ms is not None else ""
+    )  # fmt: skip
     if model.receive_in_run:
         text += (
             f" Timed between the run's steps, the loop took {ms(model.receive)} to receive one of "
             f"the script's own batches from a worker. Measured here after the run, a worker hands "
-            f"over a batch like these in {ms(model.worker)}"
-        )
-        if model.startup_ms is not None:
-            text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
-        text += (
-            f", and while {max(model.busy_workers, 1)} worker(s) fetch the next ones the loop's "
-            f"receiving takes {ms(model.receive_busy)} (the probe's figure, brought to the steps' "
-            f"moments by the same receiving timed after the run)."
+            f"over a batch like these in {ms(model.worker)}{startup}, and while "
+            f"{max(model.busy_workers, 1)} worker(s) fetch the next ones the loop's receiving "
+            f"takes {ms(model.receive_busy)} (the probe's figure, brought to the steps' moments by "
+            f"the same receiving timed after the run)."
         )
     elif model.receive or model.worker:
         text += (
@@ -254,9 +254,7 @@ def _cpu_evidence(
                 f" while {model.busy_workers} worker(s) fetch the next ones "
                 f"({ms(model.receive_idle)} from an idle worker)"
             )
-        if model.startup_ms is not None:
-            text += f" (workers start in {model.startup_ms:.0f} ms, once per run when persistent)"
-        text += "."
+        text += f"{startup}."
     elif has_workers:  # the probe runs only for loaders without workers
         text += " The cost of handing batches between processes is in those times already."
     else:
