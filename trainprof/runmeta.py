@@ -14,6 +14,7 @@ from trainprof.fileio import write_atomic
 
 SCHEMA = 1
 META_NAME = "trainprof.json"
+MAX_ITERS_KEPT = 64  # DataLoaderInfo.iter_steps and .left_early keep no more
 TRY_NAME = "try.json"  # `trainprof try`'s results, written into the run folder
 
 
@@ -30,6 +31,12 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     location: str | None = None  # file:line of the constructor call in user code
     instances: int = 1  # objects built by this constructor call with these settings
     iterators: int = 0  # iterators made over it (epochs, usually), all instances together
+    # The training steps done when each iterator was made (the first MAX_ITERS_KEPT), and for
+    # each iterator that a newer one replaced before its end, the batches it still had (-1: its
+    # length unknown). An evaluation loader cut short each pass (Lightning's
+    # limit_val_batches) leaves its workers' prefetched batches unused (analysis/loader_cuts).
+    iter_steps: list[int] = []
+    left_early: list[int] = []
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):

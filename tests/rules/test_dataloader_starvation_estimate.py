@@ -445,3 +445,28 @@ def test_the_workers_fetch_ahead_during_evaluation_passes(loop: Path, tmp_path: 
     assert estimates(tmp_path / "passes").for_workers(rule, {"num_workers": 2}) == pytest.approx(
         100 * (40 - 14) / 40, abs=0.05)
     assert estimates(tmp_path / "plain").for_workers(rule, {"num_workers": 2}) is None
+
+
+def test_batches_fetched_for_iterators_left_early_count_on_the_cores(loop: Path, tmp_path: Path):
+    """An evaluation loader cut short every pass (Lightning's limit_val_batches) leaves the
+    batches its workers requested ahead unused, fetched all the same in the steps after the
+    pass: Lightning's example measured two workers 13 points below one where the model gave
+    both the same step. That work counts on the cores, up to prefetch_factor batches a worker."""
+    busy = LoaderIpc(receive_ms=0.5, receive_busy_ms=4.0, busy_workers=2, worker_ms=1.0, tensors=2)
+    meta = _meta([40.0] * 30, [30.0] * 30, busy)
+    meta.dataloaders.append(DataLoaderInfo(batch_size=16, location="/x/val.py:7",
+                                           iter_steps=[10, 20, 30], left_early=[8, 8]))
+    f = _starvation(with_meta(loop, tmp_path / "cut", meta))
+    assert f.metrics["cut_iterators_per_step"] == [0.1] and f.metrics["cut_batches_left"] == [8]
+    # M = 10, F = 30, W = 1, R = 4 on 2 cores (22.5 ms without the cut:
+    # test_the_busy_receiving_counts_on_the_cores). Two workers, two batches each in hand: 4
+    # of the 8 left fetched every 10 steps, 0.4 batches of 31 ms a step on the cores.
+    assert f.metrics["suggested_num_workers"] == 2
+    assert f.metrics["fixed_step_ms"] == pytest.approx((10 + 31 + 4 + 0.4 * 31) / 2)
+    assert ("Every 10 steps the script stops taking batches from the DataLoader built at "
+            "val.py:7, 8 batches before its end") in " ".join(f.evidence.split())
+    assert "12.4 ms of the workers' time per step with 2 worker(s)" in " ".join(f.evidence.split())
+    # `try`'s prefetch factor (4): all 8 left with two workers, 4 with one (its own rate, 31 ms,
+    # the bound then).
+    assert step_with(f.metrics, 2, prefetch=4) == pytest.approx((10 + 31 + 4 + 0.8 * 31) / 2)
+    assert step_with(f.metrics, 1, prefetch=4) == pytest.approx(31.0)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trainprof.analysis import phase, unprofiled
+from trainprof.analysis import loader_cuts, phase, unprofiled
 from trainprof.analysis.context import Context
 from trainprof.runmeta import LoaderIpc
 from trainprof.trace import intervals as iv
@@ -148,6 +148,10 @@ class CpuModel:
     # whether `receive` is the run's own batches timed between its steps (`receiving`).
     receive_busy: float = 0.0
     receive_in_run: bool = False
+    # Loaders the script leaves before their end (analysis/loader_cuts; only where the loader
+    # has no workers yet), and the workers' CPU per step their unused batches take at `workers`.
+    cuts: list[loader_cuts.Cut] = field(default_factory=list)
+    waste: float = 0.0
 
     @property
     def saving(self) -> float:
@@ -156,7 +160,7 @@ class CpuModel:
 
 def fixed_step(
     m: float, f: float, k: float, r: float, w: float, cores: int, n: int, ahead: float = 0.0,
-    r_busy: float | None = None,
+    r_busy: float | None = None, waste: float = 0.0,
 ) -> float:
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
@@ -165,14 +169,16 @@ def fixed_step(
     counts in full on the cores, the loop's wait for a busy worker's hand-shake included: the
     workers do not take up all of the loop's core while it waits (measured: the rule's
     docstring). `ahead`: the batches per step the workers make during evaluation passes instead
-    (`eval_ahead`), work taken off the training steps."""
+    (`eval_ahead`), work taken off the training steps. `waste`: the workers' CPU per step on
+    batches fetched for iterators the script leaves before their end (analysis/loader_cuts), on
+    the cores only: those are mostly another loader's workers, an evaluation's."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
     busy = r if r_busy is None else r_busy
     return max(
         m + k * r,
         (f + k * w) * share / n,
-        (m * min(threads, cores) + (f + k * w) * share + k * busy) / cores,
+        (m * min(threads, cores) + (f + k * w) * share + k * busy + waste) / cores,
     )
 
 
@@ -468,10 +474,17 @@ def _model(
         return m * scale(max(1, cores - n)) if scale else m
 
     every, extra = eval_cycle(ctx) or (0.0, 0.0)
+    # The evaluation's batches are taken to cost a worker what the training's do: their
+    # fetches are not timed apart.
+    found = loader_cuts.cuts(meta.dataloaders) if workers(ctx) == 0 else []
+    per_batch = fwk / k + w if k > 0 else 0.0
+
+    def waste(n: int) -> float:
+        return loader_cuts.wasted_batches(found, n, SUGGESTED_PREFETCH) * per_batch
 
     def fixed(n: int) -> float:
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
-        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb)
+        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, waste(n))
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
@@ -484,7 +497,7 @@ def _model(
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
         worker_fetch_source=fetch_source, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
-        eval_every=every, eval_extra=extra,
+        eval_every=every, eval_extra=extra, cuts=found, waste=waste(best),
     )  # fmt: skip
 
 
@@ -500,7 +513,8 @@ def step_with(
     worker count is beyond it. Fixes that shorten M can leave the workers' rate the bound: on
     two cores with one worker, bf16 autocast saved nothing on top of the worker (many_problems:
     60.5 ms with the worker alone, 61.1 with both). `prefetch`: the change's prefetch_factor,
-    the most each worker makes ahead during an evaluation pass."""
+    the most each worker makes ahead during an evaluation pass, and has requested when the
+    script leaves an iterator before its end (analysis/loader_cuts)."""
     by = metrics.get("compute_ms_by_workers")
     m = metrics.get("model_compute_ms")
     if not isinstance(by, list) or not isinstance(m, (int, float)) or not 1 <= workers <= len(by):
@@ -519,7 +533,9 @@ def step_with(
     extra = metrics.get("eval_extra_ms", 0.0)
     ahead = (eval_ahead(float(every), float(extra), fetch, k, w, workers, prefetch)
              if isinstance(every, (int, float)) and isinstance(extra, (int, float)) else 0.0)
-    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy)
+    per_batch = fetch / k + w if k > 0 else 0.0
+    waste = loader_cuts.wasted_batches(loader_cuts.from_metrics(metrics), workers, prefetch)
+    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, waste * per_batch)
 
 
 def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:

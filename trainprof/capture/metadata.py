@@ -26,7 +26,14 @@ from trainprof.capture.loadprobe import LoadProbe, cpu_model, cpu_quota, usable_
 from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
-from trainprof.runmeta import DataLoaderInfo, DynamoInfo, Flags, MetricInfo, OptimizerInfo
+from trainprof.runmeta import (
+    MAX_ITERS_KEPT,
+    DataLoaderInfo,
+    DynamoInfo,
+    Flags,
+    MetricInfo,
+    OptimizerInfo,
+)
 
 
 def _qualname(obj: Any) -> str:
@@ -35,6 +42,21 @@ def _qualname(obj: Any) -> str:
 
 def _opt_bool(value: Any) -> bool | None:
     return None if value is None else bool(value)
+
+
+def batches_left(it: Any) -> int | None:
+    """The batches a DataLoader iterator had not yet yielded: 0 at its end, -1 where its length
+    is not known (an iterable dataset that did not end), None where it cannot be told (a
+    sampler without a length)."""
+    fetcher = getattr(it, "_dataset_fetcher", None)
+    if getattr(fetcher, "ended", None) is not None:  # an iterable dataset, in this process
+        return 0 if fetcher.ended else -1
+    yielded = getattr(it, "_num_yielded", None)
+    try:
+        total = len(it)
+    except TypeError:
+        return None
+    return None if yielded is None else max(total - int(yielded), 0)
 
 
 class MetaCollector:
@@ -46,6 +68,11 @@ class MetaCollector:
         self._loader_info: weakref.WeakKeyDictionary[Any, DataLoaderInfo] = (
             weakref.WeakKeyDictionary()
         )
+        # DataLoader object -> its latest iterator: how far it got is read when the next is made
+        # (held for a loader without workers, whose iterator the script may drop when it breaks
+        # out of its loop; only weakly with workers, whose iterator shuts them down when freed).
+        self._last_iter: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        self._step_of: Callable[[], int] = lambda: 0
         self.optimizers: list[OptimizerInfo] = []
         self._metrics: list[tuple[MetricInfo, weakref.ref[Any]]] = []
         self.autocast_used = False
@@ -99,7 +126,8 @@ class MetaCollector:
         )
         for seen in self.dataloaders:  # the same call, same settings: a loader built per epoch
             if msgspec.structs.replace(
-                info, instances=seen.instances, iterators=seen.iterators
+                info, instances=seen.instances, iterators=seen.iterators,
+                iter_steps=seen.iter_steps, left_early=seen.left_early,
             ) == seen:
                 seen.instances += 1
                 info = seen
@@ -111,6 +139,7 @@ class MetaCollector:
     def _wrap_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def __iter__(loader: Any) -> Any:
+            follow = False
             if S.enabled:
                 try:
                     info = self._loader_info.get(loader)
@@ -118,9 +147,32 @@ class MetaCollector:
                     info = None
                 if info is not None:
                     info.iterators += 1
-            return orig(loader)
+                    try:
+                        self._iterating(loader, info)
+                        follow = True
+                    except Exception:  # metadata is best effort; the script must not notice
+                        pass
+            it = orig(loader)
+            if follow:
+                try:
+                    self._last_iter[loader] = it if loader.num_workers == 0 else weakref.ref(it)
+                except TypeError:  # an iterator without weak references: not followed
+                    self._last_iter.pop(loader, None)
+            return it
 
         return __iter__
+
+    def _iterating(self, loader: Any, info: DataLoaderInfo) -> None:
+        """A new iterator over `loader`: when it starts, and how far the one before it got."""
+        if len(info.iter_steps) < MAX_ITERS_KEPT:
+            info.iter_steps.append(int(self._step_of() or 0))
+        prev = self._last_iter.get(loader)
+        if isinstance(prev, weakref.ref):
+            prev = prev()
+        left = None if prev is None else batches_left(prev)
+        if left and len(info.left_early) < MAX_ITERS_KEPT:
+            info.left_early.append(left)
+        self._last_iter[loader] = None
 
     def _optimizer(self, opt: Any, where: str | None) -> None:
         group = opt.param_groups[0] if opt.param_groups else {}
@@ -166,8 +218,10 @@ class MetaCollector:
         return compile
 
     def watch_steps(self, step_of: Callable[[], int]) -> None:
-        """`step_of()`: the number of the step in progress (compiles are placed in steps)."""
+        """`step_of()`: the number of the step in progress (compiles and DataLoader iterators
+        are placed in steps)."""
         self.dynamo.step_of = step_of
+        self._step_of = step_of
 
     # ----- torchmetrics (called by trainprof.capture.metrics) --------------------------------
     def add_metric(self, metric: Any, where: str | None) -> None:

@@ -1,0 +1,37 @@
+"""Training over a DataLoader to its end each epoch, with two evaluations cut short every 4
+steps: a map-style loader left after 2 of its 5 batches (the loop breaks out and drops the
+iterator), and an iterable one left after 1 batch. trainprof.json records where each loader's
+iterators started and how many batches each cut one had left (analysis/loader_cuts)."""
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+torch.manual_seed(0)
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        for _ in range(100):
+            yield torch.randn(8)
+
+
+model = nn.Linear(8, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+train = DataLoader(TensorDataset(torch.randn(128, 8)), batch_size=16)  # TRAIN (8 batches)
+val = DataLoader(TensorDataset(torch.randn(80, 8)), batch_size=16)  # VAL (5 batches)
+stream = DataLoader(Stream(), batch_size=4)  # STREAM
+
+for _epoch in range(3):
+    for i, (x,) in enumerate(train):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if i % 4 == 3:
+            with torch.no_grad():
+                for j, (v,) in enumerate(val):
+                    model(v)
+                    if j == 1:
+                        break
+                model(next(iter(stream)))
+print("done")
