@@ -1,7 +1,9 @@
 """Training over a DataLoader to its end each epoch, with two evaluations cut short every 4
 steps: a map-style loader left after 2 of its 5 batches (the loop breaks out and drops the
-iterator), and an iterable one left after 1 batch. trainprof.json records where each loader's
-iterators started and how many batches each cut one had left (analysis/loader_cuts)."""
+iterator), and an iterable one left after 1 batch (its iterator kept by the script until the
+next pass). trainprof.json records where each loader's iterators started and how many batches
+each cut one had left (analysis/loader_cuts). A third, iterable, is dropped after one batch each
+pass: trainprof must not keep it alive (its generator closes its source when freed)."""
 
 import torch
 from torch import nn
@@ -16,11 +18,24 @@ class Stream(IterableDataset):
             yield torch.randn(8)
 
 
+CLOSED = []
+
+
+class Closing(IterableDataset):
+    def __iter__(self):
+        try:
+            while True:
+                yield torch.randn(8)
+        finally:
+            CLOSED.append(1)
+
+
 model = nn.Linear(8, 1)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 train = DataLoader(TensorDataset(torch.randn(128, 8)), batch_size=16)  # TRAIN (8 batches)
 val = DataLoader(TensorDataset(torch.randn(80, 8)), batch_size=16)  # VAL (5 batches)
 stream = DataLoader(Stream(), batch_size=4)  # STREAM
+closing = DataLoader(Closing(), batch_size=4)
 
 for _epoch in range(3):
     for i, (x,) in enumerate(train):
@@ -33,5 +48,7 @@ for _epoch in range(3):
                     model(v)
                     if j == 1:
                         break
-                model(next(iter(stream)))
-print("done")
+                streamed = iter(stream)  # kept: an iterable's iterator is not held for it
+                model(next(streamed))
+                model(next(iter(closing)))
+print("closed", len(CLOSED))

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 import torch
+from torch.utils.data import IterableDataset
 
 import trainprof
 from trainprof.capture.compat import is_compiling
@@ -69,8 +70,10 @@ class MetaCollector:
             weakref.WeakKeyDictionary()
         )
         # DataLoader object -> its latest iterator: how far it got is read when the next is made
-        # (held for a loader without workers, whose iterator the script may drop when it breaks
-        # out of its loop; only weakly with workers, whose iterator shuts them down when freed).
+        # (held for a map-style loader without workers, whose iterator the script may drop when
+        # it breaks out of its loop; only weakly with workers, whose iterator shuts them down
+        # when freed, and over an iterable dataset, whose own iterator may hold a file or a
+        # connection that freeing it closes).
         self._last_iter: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         self._step_of: Callable[[], int] = lambda: 0
         self.optimizers: list[OptimizerInfo] = []
@@ -155,7 +158,9 @@ class MetaCollector:
             it = orig(loader)
             if follow:
                 try:
-                    self._last_iter[loader] = it if loader.num_workers == 0 else weakref.ref(it)
+                    iterable = isinstance(loader.dataset, IterableDataset)
+                    hold = loader.num_workers == 0 and not iterable
+                    self._last_iter[loader] = it if hold else weakref.ref(it)
                 except TypeError:  # an iterator without weak references: not followed
                     self._last_iter.pop(loader, None)
             return it
