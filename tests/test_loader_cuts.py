@@ -81,3 +81,10 @@ def test_no_cut_without_a_cadence_in_the_training_steps() -> None:
     assert cuts([after, once, whole]) == []
     assert to_metrics([]) == {} and from_metrics({}) == []
     assert wasted_batches([], 2, 4) == 0.0
+
+
+def test_the_report_lists_the_iterators_left_early(ran) -> None:
+    html = (ran[0] / "report.html").read_text()
+    assert "left before the end" in html
+    # The evaluation loader, cut 5 times of its 6 passes: objects / iterators, then the cuts.
+    assert "<td>1 / 6</td><td>5</td>" in html.replace("\n", "")
