@@ -56,11 +56,16 @@ def test_the_run_records_where_iterators_start_and_what_cut_ones_had_left(loader
     assert val.left_early == [3] * 5
     # An iterable dataset that did not end: its length is not known.
     assert stream.left_early == [-1] * 5
+    # A loader built anew for each pass: one entry, its cuts followed from one object to the
+    # next.
+    rebuilt = loaders[line_of("REBUILT")]
+    assert (rebuilt.instances, rebuilt.iterators) == (6, 6)
+    assert rebuilt.left_early == [4] * 5
 
 
 def test_cuts_per_training_step(loaders) -> None:
     found = {c.location: c for c in cuts(list(loaders.values()))}
-    assert len(found) == 2  # the training loader ran to its end every epoch
+    assert len(found) == 3  # the training loader ran to its end every epoch
     val = found[f"{SCRIPT}:{line_of('VAL')}"]
     assert (val.per_step, val.left) == (pytest.approx(5 / 20), 3)
     stream = found[f"{SCRIPT}:{line_of('STREAM')}"]

@@ -3,7 +3,8 @@ steps: a map-style loader left after 2 of its 5 batches (the loop breaks out and
 iterator), and an iterable one left after 1 batch (its iterator kept by the script until the
 next pass). trainprof.json records where each loader's iterators started and how many batches
 each cut one had left (analysis/loader_cuts). A third, iterable, is dropped after one batch each
-pass: trainprof must not keep it alive (its generator closes its source when freed)."""
+pass: trainprof must not keep it alive (its generator closes its source when freed). A fourth is
+built anew for every pass (one entry in trainprof.json) and left after 1 of its 5 batches."""
 
 import torch
 from torch import nn
@@ -36,6 +37,7 @@ train = DataLoader(TensorDataset(torch.randn(128, 8)), batch_size=16)  # TRAIN (
 val = DataLoader(TensorDataset(torch.randn(80, 8)), batch_size=16)  # VAL (5 batches)
 stream = DataLoader(Stream(), batch_size=4)  # STREAM
 closing = DataLoader(Closing(), batch_size=4)
+held_out = TensorDataset(torch.randn(80, 8))
 
 for _epoch in range(3):
     for i, (x,) in enumerate(train):
@@ -51,4 +53,7 @@ for _epoch in range(3):
                 streamed = iter(stream)  # kept: an iterable's iterator is not held for it
                 model(next(streamed))
                 model(next(iter(closing)))
+                for (v,) in DataLoader(held_out, batch_size=16):  # REBUILT
+                    model(v)
+                    break
 print("closed", len(CLOSED))

@@ -69,12 +69,13 @@ class MetaCollector:
         self._loader_info: weakref.WeakKeyDictionary[Any, DataLoaderInfo] = (
             weakref.WeakKeyDictionary()
         )
-        # DataLoader object -> its latest iterator: how far it got is read when the next is made
-        # (held for a map-style loader without workers, whose iterator the script may drop when
-        # it breaks out of its loop; only weakly with workers, whose iterator shuts them down
-        # when freed, and over an iterable dataset, whose own iterator may hold a file or a
-        # connection that freeing it closes).
-        self._last_iter: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # id of a DataLoaderInfo -> the latest iterator over its loaders (a loader rebuilt per
+        # pass is one entry): how far it got is read when the next is made. Held for a
+        # map-style loader without workers, whose iterator the script may drop when it breaks
+        # out of its loop; only weakly with workers, whose iterator shuts them down when freed,
+        # and over an iterable dataset, whose own iterator may hold a file or a connection that
+        # freeing it closes.
+        self._last_iter: dict[int, Any] = {}
         self._step_of: Callable[[], int] = lambda: 0
         self.optimizers: list[OptimizerInfo] = []
         self._metrics: list[tuple[MetricInfo, weakref.ref[Any]]] = []
@@ -151,7 +152,7 @@ class MetaCollector:
                 if info is not None:
                     info.iterators += 1
                     try:
-                        self._iterating(loader, info)
+                        self._iterating(info)
                         follow = True
                     except Exception:  # metadata is best effort; the script must not notice
                         pass
@@ -160,24 +161,25 @@ class MetaCollector:
                 try:
                     iterable = isinstance(loader.dataset, IterableDataset)
                     hold = loader.num_workers == 0 and not iterable
-                    self._last_iter[loader] = it if hold else weakref.ref(it)
+                    self._last_iter[id(info)] = it if hold else weakref.ref(it)
                 except TypeError:  # an iterator without weak references: not followed
-                    self._last_iter.pop(loader, None)
+                    self._last_iter.pop(id(info), None)
             return it
 
         return __iter__
 
-    def _iterating(self, loader: Any, info: DataLoaderInfo) -> None:
-        """A new iterator over `loader`: when it starts, and how far the one before it got."""
+    def _iterating(self, info: DataLoaderInfo) -> None:
+        """A new iterator over a loader of `info`: when it starts, and how far the one before it
+        got."""
         if len(info.iter_steps) < MAX_ITERS_KEPT:
             info.iter_steps.append(int(self._step_of() or 0))
-        prev = self._last_iter.get(loader)
+        prev = self._last_iter.get(id(info))
         if isinstance(prev, weakref.ref):
             prev = prev()
         left = None if prev is None else batches_left(prev)
         if left and len(info.left_early) < MAX_ITERS_KEPT:
             info.left_early.append(left)
-        self._last_iter[loader] = None
+        self._last_iter[id(info)] = None
 
     def _optimizer(self, opt: Any, where: str | None) -> None:
         group = opt.param_groups[0] if opt.param_groups else {}

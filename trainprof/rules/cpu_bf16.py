@@ -53,7 +53,15 @@ quickstart and try_fakedata, 1.07x, +6.6 and +9.5 % measured: 7.1 and 9.9, 6.3 a
 8.5 (one earlier measurement in separate rounds on an AVX512 EPYC, quickstart, had pointed the
 other way: 13.9 % measured, 10.8 % crediting the excess, 8.0 % the ratio). A model that runs
 slower in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x)
-gets no finding. All
+gets no finding. Not
+modelled: the fix shortens the rest of the step a little too. try_fakedata's CNN (a 30-55 ms
+FakeData fetch in the loop; fixed malloc thresholds, blocks of 7 steps alternated by hand): the
+model's forward + backward saved 4.8-5.0 ms a step, as the probe's A - B (4.5-4.7 ms in the
+benchmarks), the whole step 7.4-7.8 ms; 64 samples fetched right after a bf16 channels-last
+forward + backward took 1-3 % less than after an fp32 one (its activations twice the bytes: a
+cold piece of Python 7-8 % slower after fp32), what the fix does to the caches the rest of the
+step runs in. The estimate stays under the measured saving there (6.8 % against +11.2 %): a
+fetch timed after the model, in the probe, would be the script's own fetch run again. All
 figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
 cannot move the severity.
 
