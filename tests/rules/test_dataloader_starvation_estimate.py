@@ -470,3 +470,15 @@ def test_batches_fetched_for_iterators_left_early_count_on_the_cores(loop: Path,
     # the bound then).
     assert step_with(f.metrics, 2, prefetch=4) == pytest.approx((10 + 31 + 4 + 0.8 * 31) / 2)
     assert step_with(f.metrics, 1, prefetch=4) == pytest.approx(31.0)
+    # A second loader, iterable (its length unknown: all the workers requested counts), cut
+    # once in 20 steps: both count, the evidence names the one cut most often.
+    meta.dataloaders.append(DataLoaderInfo(batch_size=4, iter_steps=[5, 25], left_early=[-1]))
+    g = _starvation(with_meta(loop, tmp_path / "two", meta))
+    assert g.metrics["cut_batches_left"] == [8, -1]
+    # Two workers: (10 + 31 + 4 + (0.4 + 0.2) 31) / 2 = 31.8 on the cores; one worker wastes
+    # half as much, its own rate the bound, 31 ms: the suggestion moves to one.
+    assert step_with(g.metrics, 2) == pytest.approx((10 + 31 + 4 + (0.4 + 0.2) * 31) / 2)
+    assert g.metrics["suggested_num_workers"] == 1
+    assert g.metrics["fixed_step_ms"] == pytest.approx(31.0)
+    assert "val.py:7, 8 batches before its end (and 1 other loader(s) likewise)" in " ".join(
+        g.evidence.split())

@@ -348,7 +348,8 @@ def _cuts_evidence(model: CpuModel) -> str:
     cut = max(model.cuts, key=lambda c: c.per_step)
     where = f" built at {os.path.basename(cut.location)}" if cut.location else ""
     left = f", {cut.left} batches before its end" if cut.left >= 0 else " before its end"
-    others = f" (and {len(model.cuts) - 1} more loader(s) so)" if len(model.cuts) > 1 else ""
+    others = (f" (and {len(model.cuts) - 1} other loader(s) likewise)"
+              if len(model.cuts) > 1 else "")
     return (
         f" Every {1 / cut.per_step:.0f} steps the script stops taking batches from the "
         f"DataLoader{where}{left}{others}: its workers would still fetch what they had requested "
