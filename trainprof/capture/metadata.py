@@ -91,6 +91,8 @@ class MetaCollector:
 
         self.patches.wrap(DataLoader, "__init__", lambda orig: self._after_init(orig, self._loader))
         self.patches.wrap(DataLoader, "__iter__", self._wrap_loader_iter)
+        # The iterators held end with the capture: the script's dataset is let go after it.
+        self.patches.on_restore(self._last_iter.clear)
         self.patches.wrap(
             torch.optim.Optimizer, "__init__", lambda orig: self._after_init(orig, self._optimizer)
         )
