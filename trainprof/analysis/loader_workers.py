@@ -158,9 +158,15 @@ class CpuModel:
         return max(self.step - self.fixed, 0.0)
 
 
+def batch_work(f: float, k: float, w: float) -> float:
+    """A worker's work per batch: its fetch `f` per step over `k` batches, plus the hand-over
+    `w` (0 without batches)."""
+    return f / k + w if k > 0 else 0.0
+
+
 def fixed_step(
     m: float, f: float, k: float, r: float, w: float, cores: int, n: int, ahead: float = 0.0,
-    r_busy: float | None = None, waste: float = 0.0,
+    r_busy: float | None = None, wasted: float = 0.0,
 ) -> float:
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
@@ -169,16 +175,18 @@ def fixed_step(
     counts in full on the cores, the loop's wait for a busy worker's hand-shake included: the
     workers do not take up all of the loop's core while it waits (measured: the rule's
     docstring). `ahead`: the batches per step the workers make during evaluation passes instead
-    (`eval_ahead`), work taken off the training steps. `waste`: the workers' CPU per step on
-    batches fetched for iterators the script leaves before their end (analysis/loader_cuts), on
-    the cores only: those are mostly another loader's workers, an evaluation's."""
+    (`eval_ahead`), work taken off the training steps. `wasted`: the batches per step the
+    workers fetch for iterators the script leaves before their end (analysis/loader_cuts), each
+    a batch's work, on the cores only: those are mostly another loader's workers, an
+    evaluation's."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
     busy = r if r_busy is None else r_busy
     return max(
         m + k * r,
         (f + k * w) * share / n,
-        (m * min(threads, cores) + (f + k * w) * share + k * busy + waste) / cores,
+        (m * min(threads, cores) + (f + k * w) * share + k * busy
+         + wasted * batch_work(f, k, w)) / cores,
     )
 
 
@@ -195,7 +203,7 @@ def eval_ahead(every: float, extra: float, f: float, k: float, w: float, n: int,
     batch), up to `prefetch` batches each. 0 without passes. The Lightning example (a pass every
     20 steps, 72 ms): one worker made its batches in 13.0 ms, the model's bound, with the passes
     turned off, and the training steps took 9.7-12.3 ms with them."""
-    per_batch = f / k + w if k > 0 else 0.0
+    per_batch = batch_work(f, k, w)
     if every <= 0 or extra <= 0 or per_batch <= 0:
         return 0.0
     return min(extra * n / per_batch, float(prefetch * n), every * k) / every
@@ -477,14 +485,13 @@ def _model(
     # The evaluation's batches are taken to cost a worker what the training's do: their
     # fetches are not timed apart.
     found = loader_cuts.cuts(meta.dataloaders) if workers(ctx) == 0 else []
-    per_batch = fwk / k + w if k > 0 else 0.0
 
-    def waste(n: int) -> float:
-        return loader_cuts.wasted_batches(found, n, SUGGESTED_PREFETCH) * per_batch
+    def wasted(n: int) -> float:
+        return loader_cuts.wasted_batches(found, n, SUGGESTED_PREFETCH)
 
     def fixed(n: int) -> float:
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
-        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, waste(n))
+        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, wasted(n))
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
@@ -497,7 +504,8 @@ def _model(
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
         worker_fetch_source=fetch_source, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
-        eval_every=every, eval_extra=extra, cuts=found, waste=waste(best),
+        eval_every=every, eval_extra=extra, cuts=found,
+        waste=wasted(best) * batch_work(fwk, k, w),
     )  # fmt: skip
 
 
@@ -533,9 +541,8 @@ def step_with(
     extra = metrics.get("eval_extra_ms", 0.0)
     ahead = (eval_ahead(float(every), float(extra), fetch, k, w, workers, prefetch)
              if isinstance(every, (int, float)) and isinstance(extra, (int, float)) else 0.0)
-    per_batch = fetch / k + w if k > 0 else 0.0
-    waste = loader_cuts.wasted_batches(loader_cuts.from_metrics(metrics), workers, prefetch)
-    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, waste * per_batch)
+    wasted = loader_cuts.wasted_batches(loader_cuts.from_metrics(metrics), workers, prefetch)
+    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, wasted)
 
 
 def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:
