@@ -3,13 +3,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from trainprof.analysis.loader_cuts import Cut, cuts, from_metrics, to_metrics, wasted_batches
+from trainprof.analysis.loader_cuts import (
+    EVAL_PREFETCH,
+    Cut,
+    cuts,
+    evaluation_loader,
+    evaluation_locations,
+    from_metrics,
+    to_metrics,
+    wasted_batches,
+)
 from trainprof.runmeta import DataLoaderInfo, read_meta
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,6 +71,8 @@ def test_the_run_records_where_iterators_start_and_what_cut_ones_had_left(loader
     rebuilt = loaders[line_of("REBUILT")]
     assert (rebuilt.instances, rebuilt.iterators) == (6, 6)
     assert rebuilt.left_early == [4] * 5
+    # The evaluations' iterators were made under torch.no_grad(), the training's not.
+    assert (train.grad_off_iters, val.grad_off_iters, stream.grad_off_iters) == (0, 6, 6)
 
 
 def test_cuts_per_training_step(loaders) -> None:
@@ -70,12 +82,43 @@ def test_cuts_per_training_step(loaders) -> None:
     assert (val.per_step, val.left) == (pytest.approx(5 / 20), 3)
     stream = found[f"{SCRIPT}:{line_of('STREAM')}"]
     assert (stream.per_step, stream.left) == (pytest.approx(5 / 20), -1)
-    # Two workers with 2 batches each in hand: the map-style loader had only 3 left to fetch,
-    # the iterable one up to all 4 requested.
+    # All three are evaluations' (iterators made with autograd off): the fix gives them
+    # prefetch_factor=1, named by where they are built.
+    assert all(c.evaluation for c in found.values())
+    assert evaluation_locations(list(found.values())) == sorted(found)
+    # Two workers with 1 batch each in hand: the map-style loader's 3 left hold both, the
+    # iterable one's too.
+    assert EVAL_PREFETCH == 1
+    assert wasted_batches([val], 2, 2) == pytest.approx(0.25 * 2)
+    assert wasted_batches([val, stream], 2, 4) == pytest.approx(0.25 * 2 + 0.25 * 2)
+    # A loader cut that is not an evaluation's keeps the training prefetch_factor: with 2 each
+    # the map-style one had only 3 left to fetch, the iterable one up to all 4 requested.
+    val, stream = (dataclasses.replace(c, evaluation=False) for c in (val, stream))
     assert wasted_batches([val], 2, 2) == pytest.approx(0.25 * 3)
     assert wasted_batches([val], 1, 2) == pytest.approx(0.25 * 2)
     assert wasted_batches([val, stream], 2, 2) == pytest.approx(0.25 * 3 + 0.25 * 4)
-    assert from_metrics(to_metrics([val, stream])) == [Cut(0.25, 3), Cut(0.25, -1)]
+    assert evaluation_locations([val, stream]) == []
+    evaluated = dataclasses.replace(stream, evaluation=True)
+    assert from_metrics(to_metrics([val, evaluated])) == [val, evaluated]
+    # A finding's metrics from before the locations were kept: cuts at the training's prefetch.
+    assert from_metrics({"cut_iterators_per_step": [0.25], "cut_batches_left": [3]}) == [
+        Cut(0.25, 3)]
+
+
+def test_an_evaluation_loader_is_one_a_fix_can_tell_apart() -> None:
+    evaluation = DataLoaderInfo(location="t.py:9", iterators=6, grad_off_iters=6)
+    training = DataLoaderInfo(location="t.py:8", iterators=3, grad_off_iters=0)
+    assert evaluation_loader(evaluation, [training, evaluation])
+    assert not evaluation_loader(training, [training, evaluation])
+    # Most iterators made with grad on: a training loader cut each epoch (limit_train_batches),
+    # where prefetch_factor=1 would let the loop wait.
+    mixed = DataLoaderInfo(location="t.py:9", iterators=6, grad_off_iters=3)
+    assert not evaluation_loader(mixed, [mixed])
+    # Built at the same user line as a training loader (a library building both, HF Trainer):
+    # a fix by location would change the training loader too.
+    shared = DataLoaderInfo(location="t.py:8", iterators=6, grad_off_iters=6)
+    assert not evaluation_loader(shared, [training, shared])
+    assert not evaluation_loader(DataLoaderInfo(iterators=6, grad_off_iters=6), [])
 
 
 def test_no_cut_without_a_cadence_in_the_training_steps() -> None:

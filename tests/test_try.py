@@ -65,6 +65,35 @@ def test_fixes_apply_and_are_undone() -> None:
     assert model.weight.grad is not None
 
 
+def _evaluation_loader() -> DataLoader:
+    return DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2)
+
+
+def test_an_evaluation_loader_left_early_gets_one_batch_a_worker() -> None:
+    """The evaluation loader the run saw cut short, found by where the script builds it (as
+    `run` records it), gets prefetch_factor=1; the others try's 4."""
+    code = _evaluation_loader.__code__
+    where = f"{code.co_filename}:{code.co_firstlineno + 1}"
+    spec = {"rule": "dataloader-starvation",
+            "options": {"num_workers": 2, "evaluation_loaders": [where]}}
+    patches, applied = Patches(), Applied()
+    install([spec], patches, applied)
+    try:
+        assert _evaluation_loader().prefetch_factor == 1
+        assert DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=2).prefetch_factor == 4
+    finally:
+        patches.restore()
+    assert applied.notes == [
+        f"prefetch_factor=1 for the evaluation DataLoader built at {Path(where).name}"]
+    opts = catalog.variants_for("dataloader-starvation", 2, False, 0, evaluation=[where])
+    assert [o.get("evaluation_loaders") for o in opts] == [[where], [where], None]
+    assert catalog.change_text("dataloader-starvation", opts[1]) == (
+        "DataLoader(num_workers=2, persistent_workers=True, prefetch_factor=4) + prefetch_factor=1 "
+        f"for the evaluation loader built at {Path(where).name} + torch.set_num_threads(1)")
+    assert f"DataLoader(..., prefetch_factor=1) for the evaluation loader built at " \
+        f"{Path(where).name}" in catalog.permanent_text("dataloader-starvation", opts[1])
+
+
 def test_no_workers_variant_drops_worker_only_arguments() -> None:
     patches = Patches()
     install([{"rule": "dataloader-starvation", "options": {"num_workers": 0}}], patches, Applied())

@@ -37,6 +37,9 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     # limit_val_batches) leaves its workers' prefetched batches unused (analysis/loader_cuts).
     iter_steps: list[int] = []
     left_early: list[int] = []
+    # Iterators made with autograd off (torch.no_grad, inference_mode): an evaluation's, as
+    # Lightning's validation loop and a plain `with torch.no_grad(): for x in val:` make them.
+    grad_off_iters: int = 0
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):

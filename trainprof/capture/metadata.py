@@ -134,6 +134,7 @@ class MetaCollector:
             if msgspec.structs.replace(
                 info, instances=seen.instances, iterators=seen.iterators,
                 iter_steps=seen.iter_steps, left_early=seen.left_early,
+                grad_off_iters=seen.grad_off_iters,
             ) == seen:
                 seen.instances += 1
                 info = seen
@@ -175,6 +176,8 @@ class MetaCollector:
         got."""
         if len(info.iter_steps) < MAX_ITERS_KEPT:
             info.iter_steps.append(int(self._step_of() or 0))
+        if not torch.is_grad_enabled():  # inference_mode too
+            info.grad_off_iters += 1
         prev = self._last_iter.get(id(info))
         if isinstance(prev, weakref.ref):
             prev = prev()

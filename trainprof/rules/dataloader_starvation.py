@@ -141,6 +141,15 @@ On a CPU trace the workers take the fetch off the loop, but:
   the passes took all 16 batches; `trainprof try` measured two workers 13 points below one in
   two benchmarks where the model gave both the same step (39.9 %, two measuring +30.0 %). With
   the cuts: 35.9 % for both, measured +40.3 % and +32.7 % (without them 42.2 and 48.2 %).
+  An evaluation loader among them (most of its iterators made with autograd off, as Lightning's
+  validation loop and a `with torch.no_grad():` loop make them, and built at a line of the
+  script no other loader shares) gets prefetch_factor=1 in the fix, the suggestion's and
+  `trainprof try`'s (which finds it by that line): c min(n, L) batches a step. The training
+  loader keeps its prefetch_factor: one cut each epoch (limit_train_batches) wastes little, and
+  fewer batches in hand let the loop wait. Lightning's example, six alternated runs of each by
+  hand, the median training step with the evaluation loader at 4 and at 1: one worker 7.4-12.9
+  ms (median 10.4) against 7.8-10.0 (8.8); two 9.2-11.6 (10.8) against 9.0-11.5 (10.5), the
+  workers' CPU 1.21-1.26 against 1.05-1.12 cores.
 - not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
   siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
   bound said 17.9 (`trainprof try`). In a plain script on a quiet VM, two workers spent 22-33 ms
@@ -350,13 +359,27 @@ def _cuts_evidence(model: CpuModel) -> str:
     left = f", {cut.left} batches before its end" if cut.left >= 0 else " before its end"
     others = (f" (and {len(model.cuts) - 1} other loader(s) likewise)"
               if len(model.cuts) > 1 else "")
-    return (
-        f" Every {1 / cut.per_step:.0f} steps the script stops taking batches from the "
-        f"DataLoader{where}{left}{others}: its workers would still fetch what they had requested "
-        f"ahead, up to prefetch_factor ({SUGGESTED_PREFETCH}) x num_workers batches, "
-        f"{ms(model.waste)} of the workers' time per step with {model.workers} worker(s), "
-        "counted on the cores (a smaller prefetch_factor for that loader wastes less)."
-    )
+    text = (f" Every {1 / cut.per_step:.0f} steps the script stops taking batches from the "
+            f"DataLoader{where}{left}{others}: its workers would still fetch the batches they "
+            "had requested ahead, prefetch_factor x num_workers at most.")
+    cost = (f"{ms(model.waste)} of the workers' time per step with {model.workers} worker(s), "
+            "counted on the cores")
+    if cut.evaluation:
+        return (f"{text} The fix gives that evaluation loader prefetch_factor="
+                f"{loader_cuts.EVAL_PREFETCH}, one batch a worker: {cost}.")
+    return (f"{text} At the suggested prefetch_factor ({SUGGESTED_PREFETCH}): {cost} (a smaller "
+            "prefetch_factor for that loader wastes less).")
+
+
+def _evaluation_fix(model: CpuModel | None) -> str:
+    """The fix's line for the evaluation loaders the script leaves before their end
+    (analysis/loader_cuts.EVAL_PREFETCH), empty without."""
+    places = loader_cuts.evaluation_locations(model.cuts) if model is not None else []
+    if not places:
+        return ""
+    named = ", ".join(os.path.basename(p) for p in places)
+    return (f"\nDataLoader(..., prefetch_factor={loader_cuts.EVAL_PREFETCH}) for the evaluation "
+            f"loader built at {named}: the script leaves its iterators before their end")
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:
@@ -513,6 +536,7 @@ def check(ctx: Context) -> list[Finding]:
         if model is not None and threads and model.threads < threads:
             fix += f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
+        fix += _evaluation_fix(model)
     else:
         have = f"num_workers={n_workers}" if n_workers is not None else "worker processes"
         title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"

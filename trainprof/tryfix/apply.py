@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -19,10 +20,12 @@ from typing import Any
 
 import torch
 
+from trainprof.analysis.loader_cuts import EVAL_PREFETCH
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches, edit_init
+from trainprof.capture.userframe import UserCode
 from trainprof.tryfix.catalog import PREFETCH
 from trainprof.tryfix.switch import Switch
 
@@ -37,11 +40,14 @@ class Applied:
 
 
 def install(
-    specs: list[dict], patches: Patches, applied: Applied, switch: Switch | None = None
+    specs: list[dict], patches: Patches, applied: Applied, switch: Switch | None = None,
+    user: UserCode | None = None,
 ) -> None:
     """Install every fix in `specs` ([{"rule": id, "options": {...}}]); those of
-    catalog.SWITCHABLE rules follow `switch` (always on without one)."""
+    catalog.SWITCHABLE rules follow `switch` (always on without one). `user`: which code is the
+    script's, to tell where a DataLoader is built."""
     switch = switch or Switch()
+    user = user or UserCode()
     root = _RootFinder(patches)
     for spec in specs:
         rule, options = spec["rule"], spec.get("options", {})
@@ -50,7 +56,7 @@ def install(
         elif rule == "dataloader-starvation" and options.get("pin_memory"):
             _pinned(patches, applied, rule, copies=False)
         elif rule == "dataloader-starvation":
-            _dataloader(patches, options)
+            _dataloader(patches, options, user, applied)
         elif rule == "pageable-memcpy":
             _pinned(patches, applied)
         elif rule == "zero-grad-not-none":
@@ -84,11 +90,14 @@ def _dataloader_init(patches: Patches, change: Callable[[dict], None]) -> None:
     edit_init(patches, DataLoader, change)
 
 
-def _dataloader(patches: Patches, options: dict) -> None:
+def _dataloader(patches: Patches, options: dict, user: UserCode, applied: Applied) -> None:
     if options.get("control"):  # the thread change alone
         torch.set_num_threads(int(options["threads"]))
         return
     n = int(options.get("num_workers", 0))
+    # Evaluation loaders the script leaves before their end, by where they are built (the
+    # location as `run` recorded it: capture/metadata)
+    evaluation = set(options.get("evaluation_loaders") or ())
 
     def change(a: dict) -> None:
         if a.get("batch_sampler") is None and a.get("batch_size", 1) is None:
@@ -97,6 +106,13 @@ def _dataloader(patches: Patches, options: dict) -> None:
         if n:
             a["persistent_workers"] = True
             a["prefetch_factor"] = PREFETCH
+            where = user.location(sys._getframe()) if evaluation else None
+            if where in evaluation:
+                a["prefetch_factor"] = EVAL_PREFETCH
+                note = (f"prefetch_factor={EVAL_PREFETCH} for the evaluation DataLoader built at "
+                        f"{os.path.basename(str(where))}")
+                if note not in applied.notes:
+                    applied.notes.append(note)
         else:  # DataLoader refuses these without workers
             a["persistent_workers"] = False
             a["prefetch_factor"] = None

@@ -6,8 +6,11 @@ A variant is a list of fix specs `{"rule": id, "options": {...}}` passed to a ro
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
+
+from trainprof.analysis.loader_cuts import EVAL_PREFETCH
 
 # The prefetch_factor `try` gives the DataLoader's workers (tryfix/apply): four batches in hand
 # each ride out a slow stretch of the loop's; the DataLoader estimate of each worker count is
@@ -92,11 +95,14 @@ def variants_for(
     threads: int | None = None,
     kind: str | None = None,
     pinned: bool = False,
+    evaluation: list[str] | None = None,
 ) -> list[dict]:
     """The option sets to measure for `rule` (several: a sweep, the best one kept). `threads`:
     the run's intra-op threads (None: unknown). `kind`: the kind of the run's finding for `rule`
     (dataloader-starvation: "receiving" measures that finding's own fixes, not more workers);
-    `pinned`: the run's DataLoaders already use pin_memory=True."""
+    `pinned`: the run's DataLoaders already use pin_memory=True; `evaluation`: where the
+    evaluation loaders the script leaves before their end are built (file:line), given
+    prefetch_factor EVAL_PREFETCH with workers (analysis/loader_cuts)."""
     if rule == "launch-bound" and cuda:
         # The estimate is the launch gaps of the model's forward and backward, which CUDA graphs
         # remove; the default mode fuses element-wise chains but launches each kernel it keeps
@@ -116,6 +122,8 @@ def variants_for(
         lowered: list[int] = []
         for n in worker_counts(cores, baseline_workers):
             opts: dict[str, Any] = {"num_workers": n}
+            if n and evaluation:
+                opts["evaluation_loaders"] = list(evaluation)
             if n and not cuda:
                 # On a CPU run the workers and the model's intra-op threads share the cores:
                 # oversubscribed OpenMP threads spin and make the step slower than no workers.
@@ -147,6 +155,9 @@ def change_text(rule: str, options: dict) -> str:
         if not n:
             return "DataLoader(num_workers=0)"
         text = f"DataLoader(num_workers={n}, persistent_workers=True, prefetch_factor={PREFETCH})"
+        if options.get("evaluation_loaders"):
+            text += (f" + prefetch_factor={EVAL_PREFETCH} for the evaluation loader built at "
+                     f"{_places(options['evaluation_loaders'])}")
         if options.get("threads"):
             text += f" + torch.set_num_threads({options['threads']})"
         return text
@@ -167,6 +178,11 @@ def change_text(rule: str, options: dict) -> str:
         "(numerics change)",
         "launch-bound": "torch.compile of the root module (compile time not timed)",
     }.get(rule, rule)
+
+
+def _places(locations: list[str]) -> str:
+    """file:line locations by their file's name."""
+    return ", ".join(os.path.basename(str(p)) for p in locations)
 
 
 FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
@@ -192,6 +208,10 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
             return "DataLoader(..., num_workers=0)"
         text = (f"DataLoader(..., num_workers={n}, persistent_workers=True, "
                 f"prefetch_factor={PREFETCH})")
+        if options.get("evaluation_loaders"):
+            text += (f"; DataLoader(..., prefetch_factor={EVAL_PREFETCH}) for the evaluation "
+                     f"loader built at {_places(options['evaluation_loaders'])} (the script "
+                     "leaves its iterators before their end)")
         if options.get("threads"):
             text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \
                     "the cores)"

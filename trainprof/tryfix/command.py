@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainprof.analysis import loader_cuts
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
@@ -213,6 +214,7 @@ class Trial:
                 rule, cores, self.cuda, workers, self.meta.torch_threads,
                 kind=self.kind.get(rule),
                 pinned=bool(loaders) and all(d.pin_memory for d in loaders),
+                evaluation=loader_cuts.evaluation_locations(loader_cuts.cuts(loaders)),
             )
             self.by_rule[rule] = [
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
@@ -764,7 +766,10 @@ def round_times(res: dict) -> tuple[list[float], str]:
 def _name(rule: str, options: dict) -> str:
     if not options:
         return rule
-    return f"{rule}[" + ",".join(f"{k}={v}" for k, v in options.items()) + "]"
+    def shown(v: Any) -> str:  # lists of file:line places by their file's name
+        return "+".join(os.path.basename(str(x)) for x in v) if isinstance(v, list) else str(v)
+
+    return f"{rule}[" + ",".join(f"{k}={shown(v)}" for k, v in options.items()) + "]"
 
 
 def _say(text: str) -> None:

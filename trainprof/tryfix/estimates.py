@@ -66,10 +66,11 @@ class RunEstimates:
         n = options.get("num_workers")  # none in the sweep's thread-only control
         if rule != LOADER or not isinstance(n, int) or n < 1:
             return None
-        # The suggestion's own estimate, unless the run evaluates every few steps: then what
-        # the workers make ahead meanwhile depends on the prefetch factor, `try`'s not the
-        # suggestion's.
-        ahead = bool(self.loader and self.loader.get("eval_every_steps"))
+        # The suggestion's own estimate, unless the run evaluates every few steps or leaves
+        # iterators before their end: then what the workers make ahead meanwhile depends on the
+        # prefetch factor, `try`'s not the suggestion's.
+        ahead = bool(self.loader and (self.loader.get("eval_every_steps")
+                                      or self.loader.get("cut_iterators_per_step")))
         return None if n == self.suggested_workers() and not ahead else self._loader_pct(n, 0.0)
 
     def together(self, specs: Iterable[dict[str, Any]]) -> tuple[float | None, str]:

@@ -113,8 +113,9 @@ def main(argv: list[str] | None = None) -> int:
             # ... and what it writes through open(), os.replace... (not this round's result file)
             keep_user_files(records, where, leave=[str(opts.result.parent)])
             # The probes, the evaluation passes included (their steps are not timed: measure.py).
-            install_probes(patches, stepper, UserCode(target.user_roots))
-            install(specs, patches, applied, switch)
+            user = UserCode(target.user_roots)
+            install_probes(patches, stepper, user)
+            install(specs, patches, applied, switch, user)
             S.reset()
             S.enabled = True
             load = LoadProbe()  # other processes' CPU use while the script runs (tryfix/machine)
