@@ -26,7 +26,8 @@ saw larger differences than these, on a machine whose speed moved between them.)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,11 @@ def evaluation_locations(found: Sequence[Cut]) -> list[str]:
     """Where the cut evaluation loaders are built (file:line), those the fix gives
     EVAL_PREFETCH."""
     return sorted({c.location for c in found if c.evaluation and c.location})
+
+
+def place_names(locations: Iterable[str], sep: str = ", ") -> str:
+    """file:line places by their file's name (a fix's text names the loaders so)."""
+    return sep.join(os.path.basename(str(p)) for p in locations)
 
 
 def wasted_batches(found: Sequence[Cut], workers: int, prefetch: int) -> float:

@@ -377,9 +377,9 @@ def _evaluation_fix(model: CpuModel | None) -> str:
     places = loader_cuts.evaluation_locations(model.cuts) if model is not None else []
     if not places:
         return ""
-    named = ", ".join(os.path.basename(p) for p in places)
     return (f"\nDataLoader(..., prefetch_factor={loader_cuts.EVAL_PREFETCH}) for the evaluation "
-            f"loader built at {named}: the script leaves its iterators before their end")
+            f"loader built at {loader_cuts.place_names(places)}: the script leaves its iterators "
+            "before their end")
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from trainprof.analysis.loader_cuts import EVAL_PREFETCH
+from trainprof.analysis.loader_cuts import EVAL_PREFETCH, place_names
 from trainprof.capture.bf16fix import install_autocast
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
@@ -110,7 +110,7 @@ def _dataloader(patches: Patches, options: dict, user: UserCode, applied: Applie
             if where in evaluation:
                 a["prefetch_factor"] = EVAL_PREFETCH
                 note = (f"prefetch_factor={EVAL_PREFETCH} for the evaluation DataLoader built at "
-                        f"{os.path.basename(str(where))}")
+                        f"{place_names([str(where)])}")
                 if note not in applied.notes:
                     applied.notes.append(note)
         else:  # DataLoader refuses these without workers

@@ -6,11 +6,10 @@ A variant is a list of fix specs `{"rule": id, "options": {...}}` passed to a ro
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
-from trainprof.analysis.loader_cuts import EVAL_PREFETCH
+from trainprof.analysis.loader_cuts import EVAL_PREFETCH, place_names
 
 # The prefetch_factor `try` gives the DataLoader's workers (tryfix/apply): four batches in hand
 # each ride out a slow stretch of the loop's; the DataLoader estimate of each worker count is
@@ -157,7 +156,7 @@ def change_text(rule: str, options: dict) -> str:
         text = f"DataLoader(num_workers={n}, persistent_workers=True, prefetch_factor={PREFETCH})"
         if options.get("evaluation_loaders"):
             text += (f" + prefetch_factor={EVAL_PREFETCH} for the evaluation loader built at "
-                     f"{_places(options['evaluation_loaders'])}")
+                     f"{place_names(options['evaluation_loaders'])}")
         if options.get("threads"):
             text += f" + torch.set_num_threads({options['threads']})"
         return text
@@ -178,11 +177,6 @@ def change_text(rule: str, options: dict) -> str:
         "(numerics change)",
         "launch-bound": "torch.compile of the root module (compile time not timed)",
     }.get(rule, rule)
-
-
-def _places(locations: list[str]) -> str:
-    """file:line locations by their file's name."""
-    return ", ".join(os.path.basename(str(p)) for p in locations)
 
 
 FUSED_CLASSES = ("Adam", "AdamW", "SGD", "Adagrad")
@@ -210,7 +204,7 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
                 f"prefetch_factor={PREFETCH})")
         if options.get("evaluation_loaders"):
             text += (f"; DataLoader(..., prefetch_factor={EVAL_PREFETCH}) for the evaluation "
-                     f"loader built at {_places(options['evaluation_loaders'])} (the script "
+                     f"loader built at {place_names(options['evaluation_loaders'])} (the script "
                      "leaves its iterators before their end)")
         if options.get("threads"):
             text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \

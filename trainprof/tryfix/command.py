@@ -767,7 +767,7 @@ def _name(rule: str, options: dict) -> str:
     if not options:
         return rule
     def shown(v: Any) -> str:  # lists of file:line places by their file's name
-        return "+".join(os.path.basename(str(x)) for x in v) if isinstance(v, list) else str(v)
+        return loader_cuts.place_names(v, "+") if isinstance(v, list) else str(v)
 
     return f"{rule}[" + ",".join(f"{k}={shown(v)}" for k, v in options.items()) + "]"
 
