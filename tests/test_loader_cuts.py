@@ -134,5 +134,7 @@ def test_no_cut_without_a_cadence_in_the_training_steps() -> None:
 def test_the_report_lists_the_iterators_left_early(ran) -> None:
     html = (ran[0] / "report.html").read_text()
     assert "left before the end" in html
-    # The evaluation loader, cut 5 times of its 6 passes: objects / iterators, then the cuts.
-    assert "<td>1 / 6</td><td>5</td>" in html.replace("\n", "")
+    # The evaluation loader, cut 5 times of its 6 passes, all 6 made under torch.no_grad():
+    # objects / iterators, the cuts, those made with autograd off.
+    assert "<td>1 / 6</td><td>5</td><td>6</td>" in html.replace("\n", "")
+    assert "made with autograd off" in html

@@ -355,10 +355,11 @@ def meta_html(meta: RunMeta) -> str:
         parts.append("<h3>DataLoaders</h3>")
         parts.append(_table(
             ("dataset", "batch size", "num_workers", "pin_memory", "persistent_workers",
-             "prefetch_factor", "created at", "objects / iterators", "left before the end"),
+             "prefetch_factor", "created at", "objects / iterators", "left before the end",
+             "made with autograd off"),
             ((d.dataset or "-", d.batch_size, d.num_workers, _yn(d.pin_memory),
               _yn(d.persistent_workers), d.prefetch_factor, d.location,
-              f"{d.instances} / {d.iterators}", len(d.left_early))
+              f"{d.instances} / {d.iterators}", len(d.left_early), d.grad_off_iters)
              for d in meta.dataloaders),
         ))
     if meta.optimizers:
