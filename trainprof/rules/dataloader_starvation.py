@@ -150,6 +150,12 @@ On a CPU trace the workers take the fetch off the loop, but:
   hand, the median training step with the evaluation loader at 4 and at 1: one worker 7.4-12.9
   ms (median 10.4) against 7.8-10.0 (8.8); two 9.2-11.6 (10.8) against 9.0-11.5 (10.5), the
   workers' CPU 1.21-1.26 against 1.05-1.12 cores.
+- not modelled: that a worker fetching batch after batch on a core of its own keeps its caches
+  warm, where the forked worker that times the fetch fetches one batch between two of the
+  loop's steps, cold. One worker's estimate runs low on every workload: 6.8 points under the
+  measurement on average over 17 benchmark runs (benchmarks/rediagnose_try.py), the step
+  measured a median 0.88 of the worker's rate bound; by hand, a worker's second batch straight
+  after its first took 0.93-0.98 of it (docs/fix-efficacy.md). The estimate errs low there.
 - not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
   siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
   bound said 17.9 (`trainprof try`). In a plain script on a quiet VM, two workers spent 22-33 ms
