@@ -90,8 +90,9 @@ def test_an_evaluation_loader_left_early_gets_one_batch_a_worker() -> None:
     assert catalog.change_text("dataloader-starvation", opts[1]) == (
         "DataLoader(num_workers=2, persistent_workers=True, prefetch_factor=4) + prefetch_factor=1 "
         f"for the evaluation loader built at {Path(where).name} + torch.set_num_threads(1)")
-    assert f"DataLoader(..., prefetch_factor=1) for the evaluation loader built at " \
-        f"{Path(where).name}" in catalog.permanent_text("dataloader-starvation", opts[1])
+    assert ("DataLoader(..., num_workers=2, persistent_workers=True, prefetch_factor=1) for the "
+            f"evaluation loader built at {Path(where).name}"
+            in catalog.permanent_text("dataloader-starvation", opts[1]))
 
 
 def test_no_workers_variant_drops_worker_only_arguments() -> None:

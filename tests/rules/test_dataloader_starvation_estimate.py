@@ -504,7 +504,7 @@ def test_an_evaluation_loader_left_early_gets_one_batch_a_worker(loop: Path, tmp
     text = " ".join(f.evidence.split())
     assert ("The fix gives that evaluation loader prefetch_factor=1, one batch a worker: 6.20 ms "
             "of the workers' time per step with 2 worker(s)") in text
-    assert ("DataLoader(..., prefetch_factor=1) for the evaluation loader built at val.py:7"
-            in f.fix)
+    assert ("DataLoader(..., num_workers=2, persistent_workers=True, prefetch_factor=1) for the "
+            "evaluation loader built at val.py:7" in f.fix)
     # `try`'s prefetch factor (4) is the training loader's: the evaluation's waste is the same.
     assert step_with(f.metrics, 2, prefetch=4) == pytest.approx(f.metrics["fixed_step_ms"])

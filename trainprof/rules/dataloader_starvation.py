@@ -377,15 +377,16 @@ def _cuts_evidence(model: CpuModel) -> str:
             "prefetch_factor for that loader wastes less).")
 
 
-def _evaluation_fix(model: CpuModel | None) -> str:
+def _evaluation_fix(model: CpuModel | None, workers: int) -> str:
     """The fix's line for the evaluation loaders the script leaves before their end
-    (analysis/loader_cuts.EVAL_PREFETCH), empty without."""
+    (analysis/loader_cuts.EVAL_PREFETCH), empty without. It names the workers too: DataLoader
+    refuses a prefetch_factor without them."""
     places = loader_cuts.evaluation_locations(model.cuts) if model is not None else []
     if not places:
         return ""
-    return (f"\nDataLoader(..., prefetch_factor={loader_cuts.EVAL_PREFETCH}) for the evaluation "
-            f"loader built at {loader_cuts.place_names(places)}: the script leaves its iterators "
-            "before their end")
+    return (f"\nDataLoader(..., num_workers={workers}, persistent_workers=True, prefetch_factor="
+            f"{loader_cuts.EVAL_PREFETCH}) for the evaluation loader built at "
+            f"{loader_cuts.place_names(places)}: the script leaves its iterators before their end")
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:
@@ -542,7 +543,7 @@ def check(ctx: Context) -> list[Finding]:
         if model is not None and threads and model.threads < threads:
             fix += f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
-        fix += _evaluation_fix(model)
+        fix += _evaluation_fix(model, suggest)
     else:
         have = f"num_workers={n_workers}" if n_workers is not None else "worker processes"
         title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"

@@ -203,9 +203,10 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
         text = (f"DataLoader(..., num_workers={n}, persistent_workers=True, "
                 f"prefetch_factor={PREFETCH})")
         if options.get("evaluation_loaders"):
-            text += (f"; DataLoader(..., prefetch_factor={EVAL_PREFETCH}) for the evaluation "
-                     f"loader built at {place_names(options['evaluation_loaders'])} (the script "
-                     "leaves its iterators before their end)")
+            text += (f"; DataLoader(..., num_workers={n}, persistent_workers=True, "
+                     f"prefetch_factor={EVAL_PREFETCH}) for the evaluation loader built at "
+                     f"{place_names(options['evaluation_loaders'])} (the script leaves its "
+                     "iterators before their end)")
         if options.get("threads"):
             text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \
                     "the cores)"
