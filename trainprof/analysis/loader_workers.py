@@ -387,9 +387,11 @@ def cpu_model(
     if ctx.unprofiled_step_us is None:
         return None
     timed = step_threads(ctx)
+    # Loaders the script leaves before their end: the run's record, the same for every draw
+    found = loader_cuts.cuts(ctx.meta.dataloaders) if workers(ctx) == 0 else []
 
     def solve(draw: _Draw) -> CpuModel:
-        return _model(ctx, draw, fetch, k, cores, wait_share, timed)
+        return _model(ctx, draw, fetch, k, cores, wait_share, timed, found)
 
     draw = _Draw(None, timed.ratios if timed else None, None)
     model = solve(draw)
@@ -428,7 +430,7 @@ def _spread(
 
 def _model(
     ctx: Context, draw: _Draw, fetch: float, k: float, cores: int, wait_share: float,
-    timed: StepThreads | None,
+    timed: StepThreads | None, found: list[loader_cuts.Cut],
 ) -> CpuModel:  # fmt: skip
     """The model's figures from one draw of the run's samples (see `cpu_model`)."""
     meta = ctx.meta
@@ -484,8 +486,6 @@ def _model(
     every, extra = eval_cycle(ctx) or (0.0, 0.0)
     # The evaluation's batches are taken to cost a worker what the training's do: their
     # fetches are not timed apart.
-    found = loader_cuts.cuts(meta.dataloaders) if workers(ctx) == 0 else []
-
     def wasted(n: int) -> float:
         return loader_cuts.wasted_batches(found, n, SUGGESTED_PREFETCH)
 

@@ -198,6 +198,7 @@ class Trial:
         cores = self.meta.cpu_count or os.cpu_count() or 1
         loaders = self.meta.dataloaders
         workers = max((d.num_workers for d in loaders), default=None) if loaders else None
+        evaluation = loader_cuts.evaluation_locations(loader_cuts.cuts(loaders))
         for rule in rules:
             if rule in catalog.EDIT_THE_CODE:
                 self.edit.append({"rule": rule, "change": catalog.EDIT_THE_CODE[rule],
@@ -214,7 +215,7 @@ class Trial:
                 rule, cores, self.cuda, workers, self.meta.torch_threads,
                 kind=self.kind.get(rule),
                 pinned=bool(loaders) and all(d.pin_memory for d in loaders),
-                evaluation=loader_cuts.evaluation_locations(loader_cuts.cuts(loaders)),
+                evaluation=evaluation,
             )
             self.by_rule[rule] = [
                 Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
