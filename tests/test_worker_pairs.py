@@ -18,7 +18,7 @@ import torch
 from tiny_train import train_linear
 from torch.utils.data import DataLoader, Dataset, IterableDataset, get_worker_info
 
-from trainprof.analysis.loader_workers import StepThreads, worker_ratio
+from trainprof.analysis.loader_workers import StepThreads, warm_ratio, worker_ratio
 from trainprof.capture import loaderfetch
 from trainprof.capture.loaderipc import busy
 from trainprof.capture.state import S
@@ -85,6 +85,11 @@ def test_the_models_ratio():
     assert worker_ratio(LoaderIpc(worker_fetch_ratio=0.9), steps) == (1.0, "worker")
     assert worker_ratio(LoaderIpc(), steps) == (1.3, "threads")
     assert worker_ratio(None, None) == (1.0, "")
+    # The warm ratio: at most 1 (a warm worker is not slower), 1 where not timed
+    assert warm_ratio(LoaderIpc(worker_fetch_warm_ratio=0.93)) == 0.93
+    assert warm_ratio(LoaderIpc(worker_fetch_warm_ratio=1.04)) == 1.0
+    assert warm_ratio(LoaderIpc()) == warm_ratio(None) == 1.0
+    assert warm_ratio(LoaderIpc(worker_fetch_warm_ratio=0.93), drawn=0.9) == 0.9
 
 
 @pytest.mark.slow
@@ -99,6 +104,9 @@ def test_pairs_between_the_steps(tmp_path: Path):
     assert ipc is not None, run.meta.notes
     assert ipc.worker_fetch_skipped == "" and ipc.worker_fetch_batches == loaderfetch.PAIRS
     assert ipc.worker_fetch_ms >= 8 * 4.0 and ipc.worker_fetch_ratio > 1.0
+    # Each pair's worker fetched the next batch straight after too: the warm ratio recorded
+    assert len(ipc.worker_fetch_warm_all) == loaderfetch.PAIRS
+    assert ipc.worker_fetch_warm_ratio is not None and ipc.worker_fetch_warm_ratio > 0
     assert [d.num_workers for d in run.meta.dataloaders] == [0]
     # Each pair's batch came back as a fix's worker hands it over, and the loop's receiving of
     # it was timed: one figure per pair, and the probe's figure timed the same way after the run.
@@ -206,6 +214,43 @@ def test_pairs_only_after_steps_with_the_runs_threads(monkeypatch: pytest.Monkey
     worker, ratio, n, why = pairs.figures()
     assert why == "" and n == loaderfetch.PAIRS
     assert worker >= 8 * 0.0005 and ratio == pytest.approx(worker / 0.001)
+
+
+class EvenOdd(Dataset):
+    """In a worker, `even_s` of CPU per sample of an even batch of 8, half that in an odd one."""
+
+    def __init__(self, even_s: float, n: int) -> None:
+        self.even_s, self.n = even_s, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if get_worker_info() is not None:
+            busy(self.even_s if (i // 8) % 2 == 0 else self.even_s / 2)
+        return torch.zeros(4), i % 2
+
+
+def test_the_worker_fetches_a_second_batch_straight_after(monkeypatch: pytest.MonkeyPatch):
+    """Each pair's worker fetches a batch (timed against the loop's) and the next one straight
+    after it, warm: the figure is the first, the warm ratio the second over the first, one per
+    pair; no batch is fetched twice."""
+    data = EvenOdd(even_s=0.001, n=8 * 40)
+    it = iter(DataLoader(data, batch_size=8))
+    pairs = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (it, 0.001))
+    monkeypatch.setattr(S, "enabled", True)
+    try:
+        for _ in range(loaderfetch.PAIRS + 4):
+            boundary(pairs, it)
+    finally:
+        pairs.close()
+    assert len(pairs.pairs) == len(pairs.warm) == loaderfetch.PAIRS
+    worker, _, _, why = pairs.figures()
+    assert why == "" and worker >= 8 * 0.001  # the even (first) batch: 8 ms of CPU at least
+    warm = pairs.warm_ratio()
+    assert warm is not None and warm < 0.9  # the odd one spins half as long
+    # Twice as many batches as items: 40 batches leave 20 items, WARM + SKIP of them untimed.
+    assert pairs._wanted == min(loaderfetch.PAIRS, 40 // 2 - loaderfetch.WARM - loaderfetch.SKIP)
 
 
 class Where(InWorker):

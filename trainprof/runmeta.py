@@ -150,6 +150,11 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     worker_fetch_ratio: float | None = None
     worker_fetch_batches: int = 0
     worker_fetch_skipped: str = ""
+    # The same worker's next batch, fetched straight after each timed one, over it (median, and
+    # each pair's): a worker fetching batch after batch on a core of its own, caches warm, where
+    # the timed batch came after the loop's step (None: not measured; older metadata).
+    worker_fetch_warm_ratio: float | None = None
+    worker_fetch_warm_all: list[float] = []
     # One fp32 forward + backward of a copy of the model at intra-op thread counts, wall ms
     # (capture/modelprobe.thread_times): [[threads, ms], ...], the run's own count among them;
     # empty: not measured (`model_threads_skipped` says why).

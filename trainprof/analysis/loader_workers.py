@@ -129,6 +129,9 @@ class CpuModel:
     # between its steps), "threads" (the run's steps with one thread), "" (neither).
     worker_fetch: float = 0.0
     worker_fetch_source: str = ""
+    # That worker's next batch, fetched straight after, over it (capture/loaderfetch; at most 1,
+    # 1 where not timed): a worker of the fix fetching batch after batch on a core of its own.
+    warm: float = 1.0
     # How much slower the steps S and F come from ran than the run's typical speed, by a fixed
     # piece of work timed at the step boundaries (1: not timed); R and W are scaled by it.
     pace: float = 1.0
@@ -166,7 +169,7 @@ def batch_work(f: float, k: float, w: float) -> float:
 
 def fixed_step(
     m: float, f: float, k: float, r: float, w: float, cores: int, n: int, ahead: float = 0.0,
-    r_busy: float | None = None, wasted: float = 0.0,
+    r_busy: float | None = None, wasted: float = 0.0, warm: float = 1.0,
 ) -> float:
     """The step with `n` workers (µs): compute `m` (with the fix's max(1, cores - n) torch
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
@@ -178,13 +181,16 @@ def fixed_step(
     (`eval_ahead`), work taken off the training steps. `wasted`: the batches per step the
     workers fetch for iterators the script leaves before their end (analysis/loader_cuts), each
     a batch's work, on the cores only: those are mostly another loader's workers, an
-    evaluation's."""
+    evaluation's. `warm`: a worker's fetch batch after batch over `f` (timed cold, between the
+    loop's steps), taken in the workers' rate where each has a core of its own (n < cores); on
+    the cores they share them with the model's threads, and `f` stands."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
     busy = r if r_busy is None else r_busy
+    own = warm if n < cores else 1.0
     return max(
         m + k * r,
-        (f + k * w) * share / n,
+        (f * own + k * w) * share / n,
         (m * min(threads, cores) + (f + k * w) * share + k * busy
          + wasted * batch_work(f, k, w)) / cores,
     )
@@ -376,6 +382,7 @@ class _Draw:
     threads: dict[int, list[float]] | None  # the thread steps' ratios per count (StepThreads)
     receive: float | None  # the probe's busy receiving, ms per batch (None: the median)
     receive_run: float | None = None  # the run's own receiving, ms per batch (None: the median)
+    warm: float | None = None  # the worker's warm ratio (None: the median)
 
 
 def cpu_model(
@@ -412,6 +419,7 @@ def _spread(
     received = ipc.receive_busy_all_ms if ipc and ipc.receive_busy_ms is not None else []
     in_run = ipc.receive_run_all_ms if ipc else []
     in_run = in_run if len(in_run) >= MIN_RUN_RECEIVES else []
+    warm = ipc.worker_fetch_warm_all if ipc and ipc.worker_fetch_warm_ratio is not None else []
     rng = np.random.default_rng(0)
     n = len(samples.time)
     savings = []
@@ -421,7 +429,8 @@ def _spread(
             threads = {t: list(rng.choice(v, len(v))) for t, v in draw.threads.items()}
         receive = float(np.median(rng.choice(received, len(received)))) if received else None
         run = float(np.median(rng.choice(in_run, len(in_run)))) if in_run else None
-        one = _Draw(rng.integers(0, n, n), threads, receive, run)
+        hot = float(np.median(rng.choice(warm, len(warm)))) if warm else None
+        one = _Draw(rng.integers(0, n, n), threads, receive, run, hot)
         m = solve(one)
         savings.append(100 * m.saving / m.step)
     lo, hi = np.percentile(savings, SPREAD)
@@ -476,6 +485,7 @@ def _model(
     # faster on the run's threads, large tensor ops in the transform, costs a worker more).
     ratio, fetch_source = worker_ratio(ipc, timed)
     fwk = fw * ratio
+    warm = warm_ratio(ipc, draw.warm)
     if scale is None and ipc is not None:
         scale = thread_scale(ipc.model_threads_ms, run_threads)
         source = "copy" if scale else ""
@@ -491,7 +501,7 @@ def _model(
 
     def fixed(n: int) -> float:
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
-        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, wasted(n))
+        return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, wasted(n), warm)
 
     best = min(range(1, max(cores, 1) + 1), key=fixed)
     return CpuModel(
@@ -502,7 +512,7 @@ def _model(
         threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
-        worker_fetch_source=fetch_source, pace=pace, run_compute=m,
+        worker_fetch_source=fetch_source, warm=warm, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
         eval_every=every, eval_extra=extra, cuts=found,
         waste=wasted(best) * batch_work(fwk, k, w),
@@ -531,6 +541,7 @@ def step_with(
         fetch, k = float(metrics["worker_fetch_ms"]), float(metrics["fetches_per_step"])
         r, w = float(metrics["receive_ms_per_batch"]), float(metrics["worker_ms_per_batch"])
         r_busy = float(metrics.get("receive_busy_ms_per_batch", r))
+        warm = float(metrics.get("worker_warm_ratio", 1.0))
         cores = int(metrics["cores"])
     except (KeyError, TypeError, ValueError):
         return None
@@ -542,7 +553,7 @@ def step_with(
     ahead = (eval_ahead(float(every), float(extra), fetch, k, w, workers, prefetch)
              if isinstance(every, (int, float)) and isinstance(extra, (int, float)) else 0.0)
     wasted = loader_cuts.wasted_batches(loader_cuts.from_metrics(metrics), workers, prefetch)
-    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, wasted)
+    return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, wasted, warm)
 
 
 def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:
@@ -555,6 +566,17 @@ def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[floa
     if timed is not None and 1 in timed.fetch_ms:
         return timed.fetch_ratio(), "threads"
     return 1.0, ""
+
+
+def warm_ratio(ipc: LoaderIpc | None, drawn: float | None = None) -> float:
+    """A worker's fetch batch after batch over its fetch between the loop's steps: the probe's
+    median ratio (`drawn`: a resample's), at most 1 (above is the noise between two fetches: a
+    worker that keeps its caches warm does not fetch slower for it); 1 where not timed."""
+    if drawn is not None:
+        return min(drawn, 1.0)
+    if ipc is None or ipc.worker_fetch_warm_ratio is None:
+        return 1.0
+    return min(ipc.worker_fetch_warm_ratio, 1.0)
 
 
 @dataclass(frozen=True)

@@ -153,15 +153,17 @@ def this_cpu() -> int:
 
 
 class _TimedBatches(torch.utils.data.Dataset):
-    """Item i: the wall time (s) to fetch batch i of the source and collate it, as a fetcher
-    does (`__getitems__` where the dataset has it), each fetch after the main process releases
+    """Item i: the wall times (s) to fetch batch 2i of the source and collate it, as a fetcher
+    does (`__getitems__` where the dataset has it), and batch 2i + 1 straight after it (warm),
+    with the first batch; each item after the main process releases
     `gate` (it waits meanwhile), on the CPU `cpu` names (the one the loop's step just ran on: a
     VM's vCPUs can differ in speed for seconds at a time, try_jpeg's worker measuring 1.7-1.9x
     and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
-    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any) -> None:
+    def __init__(self, src: Source, batches: int, total: int, gate: Any, cpu: Any) -> None:
         self.src = src
         self.batches = batches
+        self.total = total  # the source's batches (each item fetches two of them)
         self.gate = gate
         self.cpu = cpu
         self.allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
@@ -169,28 +171,36 @@ class _TimedBatches(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return self.batches
 
-    def __getitem__(self, i: int) -> tuple[float, Any]:
+    def __getitem__(self, i: int) -> tuple[float, float, Any]:
         if not self.gate.acquire(timeout=TIMEOUT_S):
             raise TimeoutError("the run never let the worker fetch")
         if self.cpu.value >= 0:
             with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
                 os.sched_setaffinity(0, {self.cpu.value})
-        src = self.src
         t0 = time.perf_counter()
-        if src.batch_size is None:
-            batch = src.collate(src.dataset[i])
-        else:
-            idx = list(range(i * src.batch_size, (i + 1) * src.batch_size))
-            many = getattr(src.dataset, "__getitems__", None)
-            batch = src.collate(many(idx) if many is not None else [src.dataset[j] for j in idx])
+        batch = self._fetch((2 * i) % self.total)
         took = time.perf_counter() - t0
+        # The next batch straight after, as a fix's worker fetches batch after batch on a core
+        # of its own (its caches warm), where the first came after the loop's step (cold).
+        t0 = time.perf_counter()
+        self._fetch((2 * i + 1) % self.total)
+        warm = time.perf_counter() - t0
         # The hand-over off the loop's CPU again, as a fix's worker's: the queue's feeder thread
         # and the resource sharer's, started by this thread, would inherit the pin, and a
         # hand-shake on the loop's own CPU took 4-5 ms a batch where 1.4-2.0 on the other.
         if self.allowed:
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.allowed)
-        return took, batch if sendable(batch) else None
+        return took, warm, batch if sendable(batch) else None
+
+    def _fetch(self, i: int) -> Any:
+        """Batch i of the source, collated as a fetcher does."""
+        src = self.src
+        if src.batch_size is None:
+            return src.collate(src.dataset[i])
+        idx = list(range(i * src.batch_size, (i + 1) * src.batch_size))
+        many = getattr(src.dataset, "__getitems__", None)
+        return src.collate(many(idx) if many is not None else [src.dataset[j] for j in idx])
 
 
 def sendable(batch: Any, depth: int = 0) -> bool:
@@ -252,6 +262,7 @@ class WorkerPairs:
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.pid = os.getpid()
         self.pairs: list[tuple[float, float]] = []  # (the loop's fetch, the worker's) in s
+        self.warm: list[float] = []  # each pair's worker's next batch over its first
         self.received: list[float] = []  # the loop's receiving of each pair's batch (s)
         self.first: int | None = None  # the step whose fetch forked the worker
         self.stopped: int | None = None  # the step begun right after the worker was stopped
@@ -265,6 +276,7 @@ class WorkerPairs:
         self._timeout = TIMEOUT_S
         self._skip = 0  # pairs still to leave out (SKIP)
         self._threads = 0  # the run's intra-op threads when the worker was forked
+        self._total = 0  # the source's batches
 
     def after_step(self) -> None:
         """Called at every step boundary, outside the step times (capture/stepper on_step)."""
@@ -303,9 +315,9 @@ class WorkerPairs:
             waited = ready(self._timeout) if ready is not None else False
             with _unseen():
                 t0 = time.perf_counter()
-                worker, batch = next(self._it)
+                worker, warm, batch = next(self._it)
                 received = time.perf_counter() - t0
-            worker = float(worker)
+            worker, warm = float(worker), float(warm)
             batch_sent = batch is not None
             del batch
         except Exception as err:  # noqa: BLE001 - the dataset fails in a worker: no more pairs
@@ -316,6 +328,8 @@ class WorkerPairs:
             self._skip -= 1
             return
         self.pairs.append((loop_s, worker))
+        if worker > 0:
+            self.warm.append(warm / worker)
         if waited and batch_sent:
             self.received.append(received)
         if len(self.pairs) >= self._wanted:
@@ -361,10 +375,12 @@ class WorkerPairs:
             self.skipped = f"the dataset's length is not known ({_why(err)})"
             return
         fetch = max(last[1], 1e-6)
-        self._wanted = min(PAIRS, batches - WARM - SKIP, int(BUDGET_S / (WORKER_COST * fetch)))
+        items = batches // 2 - WARM - SKIP  # two batches each, none fetched twice
+        self._wanted = min(PAIRS, items, int(BUDGET_S / (2 * WORKER_COST * fetch)))
+        self._total = batches
         if self._wanted < MIN_PAIRS:
             self.skipped = (
-                "the dataset holds too few batches" if batches - WARM - SKIP < MIN_PAIRS
+                "the dataset holds too few batches" if items < MIN_PAIRS
                 else f"a fetch takes {fetch:.2f} s, too long to repeat"
             )  # fmt: skip
             return
@@ -390,7 +406,9 @@ class WorkerPairs:
             self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
             with _unseen():
                 self._it = iter(torch.utils.data.DataLoader(
-                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu),
+                    _TimedBatches(
+                        src, WARM + SKIP + self._wanted, self._total, self._gate, self._cpu
+                    ),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=self._timeout,
@@ -429,3 +447,8 @@ class WorkerPairs:
             return None, None, len(ratios), why
         worker = statistics.median(w for _, w in self.pairs)
         return worker, statistics.median(ratios), len(ratios), ""
+
+    def warm_ratio(self) -> float | None:
+        """The median of each pair's worker's next batch, fetched straight after, over its first
+        (None with fewer than MIN_PAIRS)."""
+        return statistics.median(self.warm) if len(self.warm) >= MIN_PAIRS else None

@@ -410,6 +410,9 @@ class Session:
                 if worker is not None and ratio is not None:
                     ipc.worker_fetch_ms = round(1e3 * worker, 3)
                     ipc.worker_fetch_ratio = round(ratio, 4)
+                    warm = pairs.warm_ratio()
+                    ipc.worker_fetch_warm_ratio = round(warm, 4) if warm is not None else None
+                    ipc.worker_fetch_warm_all = [round(r, 4) for r in pairs.warm]
                 ipc.receive_run_all_ms = [round(1e3 * t, 3) for t in pairs.received]
             if threads.complete and meta.loader_ipc is not None:
                 meta.loader_ipc.model_threads_skipped = "timed on the run's own steps"

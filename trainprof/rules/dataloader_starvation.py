@@ -249,6 +249,7 @@ RECEIVE_SHARE = 2 * MIN_SHARE
 BUSY_CPUS = 0.5  # CPUs other processes kept busy during the run from which the evidence says so
 PACE_SAYS = 0.05  # the probe's figures scaled by this much or more: the evidence says so
 WORKER_FETCH_SAYS = 1.05  # a worker's fetch this much slower than the loop's: the evidence says so
+WARM_SAYS = 0.01  # a worker's warm fetch this much faster than its cold one: the evidence says so
 
 
 def _cpu_evidence(
@@ -309,7 +310,8 @@ def _cpu_evidence(
             f" The rest of the step, {ms(model.step - model.removable)} with {threads} threads, "
             f"would take about {ms(model.compute)} with {model.threads} ({how})."
         )
-    if model.worker_fetch > WORKER_FETCH_SAYS * model.removable:
+    slower = model.worker_fetch > WORKER_FETCH_SAYS * model.removable
+    if slower:
         if model.worker_fetch_source == "worker":
             text += (
                 f" A DataLoader worker forked from the loop, fetching the script's own batches "
@@ -322,6 +324,16 @@ def _cpu_evidence(
                 f"thread, as a worker runs it, against {ms(model.removable)} with {threads}: a "
                 "worker's work per batch."
             )
+    if model.warm <= 1 - WARM_SAYS and model.workers < model.cores:
+        who = (
+            "It" if slower and model.worker_fetch_source == "worker"
+            else "A DataLoader worker forked from the loop"
+        )  # fmt: skip
+        text += (
+            f" {who} fetched a batch straight after one taken between the run's steps in "
+            f"{model.warm:.2f}x the time: with a core of its own, a worker of the fix fetches "
+            "batch after batch, its caches warm."
+        )
     if model.eval_every:
         text += (
             f" The run evaluates every {model.eval_every:.0f} steps, a pass "
@@ -572,6 +584,7 @@ def check(ctx: Context) -> list[Finding]:
             suggested_threads=model.threads,
             compute_ms_with_fix=round(model.compute / 1000, 3),  # M with the fix's threads
             worker_fetch_ms=round(model.worker_fetch / 1000, 3),  # a worker's fetch, one thread
+            worker_warm_ratio=round(model.warm, 4),  # its fetch batch after batch over that
             # The estimate includes the thread change's effect on the model (timed on a copy):
             # `trainprof try` then checks it against the whole variant, not the workers' part.
             threads_modelled=int(bool(model.run_threads)),  # 1/0: metrics hold numbers
