@@ -249,8 +249,14 @@ def test_the_worker_fetches_a_second_batch_straight_after(monkeypatch: pytest.Mo
     assert why == "" and worker >= 8 * 0.001  # the even (first) batch: 8 ms of CPU at least
     warm = pairs.warm_ratio()
     assert warm is not None and warm < 0.9  # the odd one spins half as long
-    # Twice as many batches as items: 40 batches leave 20 items, WARM + SKIP of them untimed.
-    assert pairs._wanted == min(loaderfetch.PAIRS, 40 // 2 - loaderfetch.WARM - loaderfetch.SKIP)
+    # Two batches a pause and none fetched twice: 9 batches leave 4 pauses, WARM + SKIP of them
+    # untimed, too few to time.
+    small = iter(DataLoader(EvenOdd(even_s=0.0, n=8 * 9), batch_size=8))
+    few = loaderfetch.WorkerPairs(lambda: True, lambda: True, lambda: (small, 0.001))
+    for _ in range(3):
+        boundary(few, small)
+    few.close()
+    assert few.figures()[3] == "the dataset holds too few batches"
 
 
 class Where(InWorker):

@@ -55,8 +55,15 @@ What the model takes is the RATIO of the worker's fetch to the loop's, pair by p
 median), applied to the run's own fetch time: a shared machine's slow stretches moved the
 absolute figure 2x between identical runs, and they move both sides of a pair alike. Wall time:
 the worker's fetch has a core of its own (the loop waits meanwhile); the loop's is what the run
-timed. Up to PAIRS pairs within BUDGET_S of pauses; fewer than MIN_PAIRS (the script ended, the
-worker failed: the reason is kept): no figure. The dataset's __getitem__ and collate run in the
+timed. In each pause the worker then fetches the next batch straight after (`warm`: each pair's
+second fetch over its first; no batch fetched twice). The timed batch comes after the loop's
+step, as the loop's own does, its caches cold; a worker of the fix that keeps a core of its own
+fetches batch after batch, warm. One worker's estimate ran a mean 6.8 points under what `trainprof
+try` measured over 17 benchmark runs, the measured step a median 0.88 of the worker's rate bound
+and 0.95 of the probe's fetch alone; by hand a second batch straight after the first took
+0.93-0.98 of it. Up to PAIRS pairs within BUDGET_S of pauses (each pause two of the worker's
+fetches); fewer than MIN_PAIRS (the script ended, the worker failed: the reason is kept): no
+figure. The dataset's __getitem__ and collate run in the
 forked worker as the fix would run them. Each batch comes back as a fix's worker hands it over
 (shared memory, a file descriptor per tensor), where it is tensors, arrays and plain values in
 lists, tuples and mappings (`sendable`: anything else could fail to pickle in the worker's queue,
@@ -90,7 +97,7 @@ from trainprof.capture.config import TIMED_AFTER
 from trainprof.capture.state import S
 from trainprof.errors import one_line
 
-WARM = 1  # batches the worker fetches first, untimed, when it is forked (imports, first faults)
+WARM = 1  # items (two batches each) the worker fetches first, untimed (imports, first faults)
 # Pairs not kept after the fork: in the first step after it the loop's fetch pays copy-on-write
 # faults on the pages it writes (try_fakedata: 25-31 ms against 21.5 in the later pairs)
 SKIP = 1

@@ -110,8 +110,9 @@ On a CPU trace the workers take the fetch off the loop, but:
   2 threads and 15.0 ms with one.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
-  own work M(T') + k R (k fetches per step), the workers' rate (F + k W) / n, and all the CPU
-  work spread over the cores, (M(T') min(T', C) + F + k (W + R)) / C (R in full, below).
+  own work M(T') + k R (k fetches per step), the workers' rate (F h + k W) / n (h below, 1
+  where n = C), and all the CPU work spread over the cores, (M(T') min(T', C) + F + k (W + R))
+  / C (R in full, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
   The metrics hold what solves the model again (analysis/loader_workers.step_with): M with the
   run's threads, M with each n's threads, F, R, W, k and C. `trainprof try` estimates each
@@ -150,12 +151,21 @@ On a CPU trace the workers take the fetch off the loop, but:
   hand, the median training step with the evaluation loader at 4 and at 1: one worker 7.4-12.9
   ms (median 10.4) against 7.8-10.0 (8.8); two 9.2-11.6 (10.8) against 9.0-11.5 (10.5), the
   workers' CPU 1.21-1.26 against 1.05-1.12 cores.
-- not modelled: that a worker fetching batch after batch on a core of its own keeps its caches
-  warm, where the forked worker that times the fetch fetches one batch between two of the
-  loop's steps, cold. One worker's estimate runs low on every workload: 6.8 points under the
-  measurement on average over 17 benchmark runs (benchmarks/rediagnose_try.py), the step
-  measured a median 0.88 of the worker's rate bound; by hand, a worker's second batch straight
-  after its first took 0.93-0.98 of it (docs/fix-efficacy.md). The estimate errs low there.
+- a worker fetching batch after batch on a core of its own keeps its caches warm, where the
+  forked worker above fetches one batch between two of the loop's steps, cold, as the loop's own
+  fetch is. So in each pause it fetches the next batch straight after the timed one
+  (capture/loaderfetch), and h is the median of each pause's second fetch over its first, at
+  most 1, in the workers' rate where each has a core of its own (n < C); on the cores (n = C)
+  they share them with the model's threads, and F stands. Before, one worker's estimate ran 6.8
+  points under the measurement on average over 17 benchmark runs (benchmarks/rediagnose_try.py),
+  the step measured a median 0.88 of the worker's rate bound; by hand a second batch straight
+  after the first took 0.93-0.98 of it. The runs' h on another VM (2026-11-29, stop 48):
+  0.96-0.98 on six workloads, 0.93 on the Hugging Face example; one worker's estimate moved up
+  1.1-3.1 points where the workers' rate bound it (try_jpeg 10.8 to 13.9 % against +11.0 %
+  measured, quickstart 20.4 to 22.6 against +24.8, many_problems 35.1 to 36.6 against +33.7,
+  dataloader_starved 32.3 to 33.4 against +28.3). On that VM those four were not low before
+  (a mean error of +0.2 points, +2.2 after; all within target both ways): the fix's worker also
+  shares the last-level cache and memory with the loop's model, which neither probe fetch sees.
 - not modelled: that two processes on two vCPUs may not get twice one's throughput (SMT
   siblings, a host's other guests). try_fakedata's fix measured a 21.8 ms step where the cores'
   bound said 17.9 (`trainprof try`). In a plain script on a quiet VM, two workers spent 22-33 ms
