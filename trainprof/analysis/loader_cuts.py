@@ -88,6 +88,13 @@ def place_names(locations: Iterable[str], sep: str = ", ") -> str:
     return sep.join(os.path.basename(str(p)) for p in locations)
 
 
+def evaluation_fix(workers: int, locations: Iterable[str]) -> str:
+    """The fix for the evaluation loaders built at `locations`: EVAL_PREFETCH batches a worker.
+    It names the workers too: DataLoader refuses a prefetch_factor without them."""
+    return (f"DataLoader(..., num_workers={workers}, persistent_workers=True, prefetch_factor="
+            f"{EVAL_PREFETCH}) for the evaluation loader built at {place_names(locations)}")
+
+
 def wasted_batches(found: Sequence[Cut], workers: int, prefetch: int) -> float:
     """Batches per training step that `workers` workers fetch for iterators the script then
     leaves: what each cut had requested ahead (`prefetch` batches per worker, EVAL_PREFETCH for

@@ -167,10 +167,9 @@ class _TimedBatches(torch.utils.data.Dataset):
     VM's vCPUs can differ in speed for seconds at a time, try_jpeg's worker measuring 1.7-1.9x
     and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
-    def __init__(self, src: Source, batches: int, total: int, gate: Any, cpu: Any) -> None:
+    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any) -> None:
         self.src = src
-        self.batches = batches
-        self.total = total  # the source's batches (each item fetches two of them)
+        self.batches = batches  # items: the source holds at least twice as many batches
         self.gate = gate
         self.cpu = cpu
         self.allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
@@ -185,12 +184,12 @@ class _TimedBatches(torch.utils.data.Dataset):
             with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
                 os.sched_setaffinity(0, {self.cpu.value})
         t0 = time.perf_counter()
-        batch = self._fetch((2 * i) % self.total)
+        batch = self._fetch(2 * i)
         took = time.perf_counter() - t0
         # The next batch straight after, as a fix's worker fetches batch after batch on a core
         # of its own (its caches warm), where the first came after the loop's step (cold).
         t0 = time.perf_counter()
-        self._fetch((2 * i + 1) % self.total)
+        self._fetch(2 * i + 1)
         warm = time.perf_counter() - t0
         # The hand-over off the loop's CPU again, as a fix's worker's: the queue's feeder thread
         # and the resource sharer's, started by this thread, would inherit the pin, and a
@@ -283,7 +282,6 @@ class WorkerPairs:
         self._timeout = TIMEOUT_S
         self._skip = 0  # pairs still to leave out (SKIP)
         self._threads = 0  # the run's intra-op threads when the worker was forked
-        self._total = 0  # the source's batches
 
     def after_step(self) -> None:
         """Called at every step boundary, outside the step times (capture/stepper on_step)."""
@@ -384,7 +382,6 @@ class WorkerPairs:
         fetch = max(last[1], 1e-6)
         items = batches // 2 - WARM - SKIP  # two batches each, none fetched twice
         self._wanted = min(PAIRS, items, int(BUDGET_S / (2 * WORKER_COST * fetch)))
-        self._total = batches
         if self._wanted < MIN_PAIRS:
             self.skipped = (
                 "the dataset holds too few batches" if items < MIN_PAIRS
@@ -413,9 +410,7 @@ class WorkerPairs:
             self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
             with _unseen():
                 self._it = iter(torch.utils.data.DataLoader(
-                    _TimedBatches(
-                        src, WARM + SKIP + self._wanted, self._total, self._gate, self._cpu
-                    ),
+                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=self._timeout,

@@ -401,14 +401,12 @@ def _cuts_evidence(model: CpuModel) -> str:
 
 def _evaluation_fix(model: CpuModel | None, workers: int) -> str:
     """The fix's line for the evaluation loaders the script leaves before their end
-    (analysis/loader_cuts.EVAL_PREFETCH), empty without. It names the workers too: DataLoader
-    refuses a prefetch_factor without them."""
+    (analysis/loader_cuts.evaluation_fix), empty without."""
     places = loader_cuts.evaluation_locations(model.cuts) if model is not None else []
     if not places:
         return ""
-    return (f"\nDataLoader(..., num_workers={workers}, persistent_workers=True, prefetch_factor="
-            f"{loader_cuts.EVAL_PREFETCH}) for the evaluation loader built at "
-            f"{loader_cuts.place_names(places)}: the script leaves its iterators before their end")
+    return (f"\n{loader_cuts.evaluation_fix(workers, places)}: the script leaves its iterators "
+            "before their end")
 
 
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:

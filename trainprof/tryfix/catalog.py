@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from trainprof.analysis.loader_cuts import EVAL_PREFETCH, place_names
+from trainprof.analysis.loader_cuts import EVAL_PREFETCH, evaluation_fix, place_names
 
 # The prefetch_factor `try` gives the DataLoader's workers (tryfix/apply): four batches in hand
 # each ride out a slow stretch of the loop's; the DataLoader estimate of each worker count is
@@ -203,10 +203,8 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
         text = (f"DataLoader(..., num_workers={n}, persistent_workers=True, "
                 f"prefetch_factor={PREFETCH})")
         if options.get("evaluation_loaders"):
-            text += (f"; DataLoader(..., num_workers={n}, persistent_workers=True, "
-                     f"prefetch_factor={EVAL_PREFETCH}) for the evaluation loader built at "
-                     f"{place_names(options['evaluation_loaders'])} (the script leaves its "
-                     "iterators before their end)")
+            text += (f"; {evaluation_fix(n, options['evaluation_loaders'])} (the script leaves "
+                     "its iterators before their end)")
         if options.get("threads"):
             text += f"; torch.set_num_threads({options['threads']}) (workers and model share " \
                     "the cores)"
