@@ -71,3 +71,23 @@ def test_busy_workers_spend_the_fetch_on_the_cpu():
     x, y = data[0]
     assert time.thread_time() - t0 >= 0.01
     assert tuple(x.shape) == (8, 1, 4, 4) and tuple(y.shape) == (8,)
+
+
+def _stuck(self, i: int) -> None:
+    time.sleep(3600)
+
+
+@pytest.mark.slow
+def test_a_worker_that_hangs_is_given_up(monkeypatch):
+    """A forked worker can hang (a lock another thread held at the fork): the probe gives up
+    after TIMEOUT_S and records nothing, so the script's process still ends."""
+    import threading
+
+    monkeypatch.setattr(loaderipc, "TIMEOUT_S", 0.5)
+    monkeypatch.setattr(loaderipc.Batches, "__getitem__", _stuck)  # the fork inherits it
+    got: list[object] = []
+    probing = threading.Thread(target=lambda: got.append(loaderipc.probe(_meta(2), SPEC)),
+                               daemon=True)
+    probing.start()
+    probing.join(120)  # the workers' shutdown waits 5 s before it terminates them
+    assert got == [None]

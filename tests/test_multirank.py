@@ -20,6 +20,7 @@ from trainprof.cli import app
 from trainprof.diagnose import diagnose_items
 from trainprof.hints import explain_exception
 from trainprof.ranks.fold import merge_numbers, rank_list, shape
+from trainprof.ranks.job import rank_notes
 from trainprof.ranks.load import file_rank
 
 DLRM = TRACES / "param/et_replay/tests/inputs/dlrm_kineto"
@@ -130,11 +131,30 @@ def test_cli_outputs_for_a_job():
     assert runner.invoke(app, ["diagnose", str(DLRM), "--fail-on", "medium"]).exit_code == 3
 
 
+def test_rank_notes_fold_into_one_per_text():
+    basis = "Savings are per unprofiled step (median {} ms over the run's {} steps)."
+    per_rank = [
+        [basis.format(1.4, 9), "Steps: ProfilerStep# markers."],
+        [basis.format(1.5, 9), "Steps: ProfilerStep# markers.", "Only on rank 1."],
+        [basis.format("1.4–1.6", 12)],
+    ]
+    assert rank_notes(per_rank) == [
+        basis.format("1.4–1.6", "9–12"),
+        "Steps: ProfilerStep# markers.",
+        "Only on rank 1.",
+    ]
+
+
 def test_fold_helpers():
     assert rank_list([0, 1, 2, 3, 5, 7, 8]) == "0–3, 5, 7, 8"
     assert shape("8x per step, 0.5 ms") == "#x per step, # ms"
     assert merge_numbers(["a 1 b 2.5", "a 1 b 0.5"]) == "a 1 b 0.5–2.5"
     assert merge_numbers(["a 1", "b 1"]) is None
+    # A rank's own range folds with the others' figures into one range.
+    assert shape("kept 0.9–1.0 of 2 CPUs") == shape("kept 1.1 of 2 CPUs") == "kept # of # CPUs"
+    assert merge_numbers(["kept 0.9–1.0 of 2", "kept 1.1 of 2", "kept 0.8 of 2"]) == (
+        "kept 0.8–1.1 of 2"
+    )
     assert file_rank("rank3.1700000000000.pt.trace.json.gz") == 3
     assert file_rank("sampled_rank-1.json.gz") == 1
     assert file_rank("worker0_step_12.1694128201545.pt.trace.json.gz") is None

@@ -156,6 +156,8 @@ def test_accelerate_launch_ranks_profiled(accelerate: Job) -> None:
     assert accelerate.code == 0, accelerate.stderr
     assert "rank 0 of 2 done" in accelerate.stdout and "rank 1 of 2 done" in accelerate.stdout
     assert accelerate.stdout.count(HEADER) == 1
+    # Each rank notes its own basis; the job prints them as one note with the ranks' range.
+    assert accelerate.stdout.count("Savings are per unprofiled step") == 1
     for rank in (0, 1):
         meta = accelerate.meta(f"trainprof.rank{rank}.json")
         assert (meta["rank"], meta["world_size"], meta["status"]) == (rank, 2, "ok")

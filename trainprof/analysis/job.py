@@ -22,7 +22,9 @@ MIN_NORMALIZED_DUR = 0.01  # HTA's min_normalized_duration: lateness under this 
 WAIT_CATEGORIES = ("Backward", "Optimizer", "Communication")
 BREAKDOWN_MIN_MS = 1.0  # a breakdown excess under this (or MIN_BREAKDOWN_SHARE) is noise
 MIN_BREAKDOWN_SHARE = 0.05  # of the job's step
-_NUM = re.compile(r"\d+(?:\.\d+)?")
+# A number, or a range of two ("0.9–1.0"): a rank's own range folds with another's single
+# figure into one range, not a range of ranges.
+NUMBER = re.compile(r"\d+(?:\.\d+)?(?:–\d+(?:\.\d+)?)?")
 
 
 @dataclass
@@ -148,5 +150,5 @@ def rank_list(ranks: list[int]) -> str:
 
 
 def shape(text: str) -> str:
-    """The text with every number blanked: the part that must agree across ranks."""
-    return _NUM.sub("#", text)
+    """The text with every number (or range) blanked: the part that must agree across ranks."""
+    return NUMBER.sub("#", text)

@@ -59,6 +59,10 @@ BUSY_WARM = 2
 # The busy variant's per-batch fetch and compute, scaled down together so that the longer of the
 # two is at most this (s): ~(BUSY_WARM + BUSY_BATCHES) x this in all, within the probe's budget.
 BUSY_CAP = 0.015
+# A worker that hands nothing over in this long is given up (no figure): a forked worker can
+# hang on a lock another thread of the script's process held at the fork (a rank's collective
+# threads, say), and the probe runs after the script, where nothing else would end the job.
+TIMEOUT_S = 20.0
 
 
 class Batches(torch.utils.data.Dataset):
@@ -116,7 +120,7 @@ def _plain(meta: RunMeta) -> list[tuple[float, float]]:
 def _loader(spec: list[tuple[list[int], str]], workers: int, busy_s: float = 0.0) -> Any:
     kwargs: dict[str, Any] = dict(
         batch_size=None, num_workers=workers, persistent_workers=True, prefetch_factor=READY,
-        multiprocessing_context="fork",
+        multiprocessing_context="fork", timeout=TIMEOUT_S,
     )  # fmt: skip
     if workers > 1 and "in_order" in inspect.signature(torch.utils.data.DataLoader).parameters:
         # Batches as they arrive: next() on one that is there never waits for another worker's.
@@ -237,10 +241,11 @@ def probe(
     compute = statistics.median(max(t - f, 0.0) for t, f in plain)
     workers = max(1, min(BUSY_WORKERS, meta.cpu_count or 1))
     busy_s = receive_busy(spec, workers, fetch, compute)
-    if busy_s:
-        ipc.receive_busy_ms = round(1000 * statistics.median(busy_s), 3)
-        ipc.receive_busy_all_ms = [round(1000 * t, 3) for t in busy_s]
-        ipc.busy_workers = workers
+    if not busy_s:
+        return ipc  # the same workers again would fail (or time out) the same way
+    ipc.receive_busy_ms = round(1000 * statistics.median(busy_s), 3)
+    ipc.receive_busy_all_ms = [round(1000 * t, 3) for t in busy_s]
+    ipc.busy_workers = workers
     times = receive_waited(spec, fetch) if waited else None
     if times:
         ipc.receive_waited_ms = round(1000 * statistics.median(times), 3)

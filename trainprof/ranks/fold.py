@@ -15,27 +15,23 @@ follows the mean saving (findings that claim no saving keep their own severity).
 
 from __future__ import annotations
 
-import re
-
-from trainprof.analysis.job import rank_list, shape
+from trainprof.analysis.job import NUMBER, rank_list, shape
 from trainprof.analysis.model import Finding, severity_for, severity_rank
-
-_NUM = re.compile(r"\d+(?:\.\d+)?")
 
 __all__ = ["fold", "merge_numbers", "rank_list", "shape"]
 
 
 def merge_numbers(texts: list[str]) -> str | None:
-    """One text with each differing number shown as 'min–max'; None if the texts differ in more
-    than numbers."""
-    parts = [_NUM.split(t) for t in texts]
+    """One text with each differing number shown as 'min–max' (a range in a text counts with
+    both its ends); None if the texts differ in more than numbers."""
+    parts = [NUMBER.split(t) for t in texts]
     if any(p != parts[0] for p in parts[1:]):
         return None
-    nums = [_NUM.findall(t) for t in texts]
+    nums = [NUMBER.findall(t) for t in texts]
     out: list[str] = []
     for k, seg in enumerate(parts[0][:-1]):
-        vals = [n[k] for n in nums]
-        lo, hi = min(vals, key=float), max(vals, key=float)
+        ends = [end for n in nums for end in n[k].split("–")]
+        lo, hi = min(ends, key=float), max(ends, key=float)
         out.append(seg + (lo if float(lo) == float(hi) else f"{lo}–{hi}"))
     out.append(parts[0][-1])
     return "".join(out)

@@ -9,7 +9,7 @@ from trainprof.analysis.engine import rank as rank_findings
 from trainprof.analysis.job import JobContext, rank_list
 from trainprof.analysis.model import Finding, MultiRankDiagnosis
 from trainprof.ranks import collectives as coll
-from trainprof.ranks.fold import fold
+from trainprof.ranks.fold import fold, merge_numbers, shape
 from trainprof.ranks.load import RankResult
 from trainprof.ranks.stats import step_table, summaries
 from trainprof.rules import job_rules
@@ -57,12 +57,19 @@ def _notes(
         "Findings present on several ranks are folded into one row; its saving is the mean over "
         "those ranks."
     )
-    seen: list[str] = []
-    for r in results:
-        for n in r.diagnosis.notes:
-            if n not in seen:
-                seen.append(n)
-    return notes + seen
+    return notes + rank_notes([r.diagnosis.notes for r in results])
+
+
+def rank_notes(per_rank: list[list[str]]) -> list[str]:
+    """The ranks' own notes, one per text that differs only in its numbers, each differing
+    number shown as its range: a job of 256 ranks gets one note on the savings' basis, not 256."""
+    groups: dict[str, list[str]] = {}
+    for notes in per_rank:
+        for n in notes:
+            texts = groups.setdefault(shape(n), [])
+            if n not in texts:
+                texts.append(n)
+    return [merge_numbers(texts) or texts[0] for texts in groups.values()]
 
 
 def build_job(
