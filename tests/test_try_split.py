@@ -197,3 +197,17 @@ def test_all_together_says_how_it_was_estimated():
     assert doc["combined"]["estimated_pct"] == 30.0 and doc["combined"]["estimate_basis"] == "model"
     assert "+30.0 % (the DataLoader model, the other fixes' savings taken off its compute)" in (
         render_try_text(doc))
+
+
+def test_the_no_workers_variant_has_no_estimate():
+    """A run whose loader has workers sweeps num_workers=0 too: no finding estimates that, so
+    it shows none (it showed the suggestion's, +14.1 % beside a measured -67.5 %)."""
+    t = _trial(30.0, 36.0, 21.0, estimate=14.1)
+    none = Variant("none", [{"rule": RULE, "options": {"num_workers": 0}}])
+    none.rounds = [[0.05 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    t.by_rule[RULE].append(none)
+    (f,) = t.document()["fixes"]
+    by_change = {v["change"]: v for v in f["variants"]}
+    assert "estimated_pct" not in by_change["DataLoader(num_workers=0)"]
+    assert by_change["DataLoader(num_workers=0)"]["measured_pct"] < 0
+    assert f["estimated_pct"] == 14.1  # the suggestion's, measured by the worker variant

@@ -17,6 +17,7 @@ import pytest
 from conftest import x_event
 from cpu_trace import record, with_meta
 
+from trainprof.analysis.loader_workers import step_with
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
 from trainprof.tryfix.command import Trial, TryOptions
@@ -140,6 +141,37 @@ def test_workers_behind_waiting_is_starvation(behind: Path, tmp_path: Path):
     assert m["wait_ms_per_step"] > m["receive_ms_per_step"], m
     assert m["wait_pct"] > 45.0, m  # most of the 90 % fetch share
     assert f.severity == "high" and f.est_saving_pct > 0
+
+
+def test_workers_behind_spend_the_whole_step(behind: Path, tmp_path: Path):
+    """The loop waits for its one worker: the worker is busy throughout, one step of its time per
+    step (not the loop's waiting, which says nothing of its work). Two workers on the 2 cores:
+    the largest of the loop's own part, half the workers' work, and all the work over the cores."""
+    (f,) = _starvation(with_meta(behind, tmp_path, _meta(1, 40.0, 36.0)))
+    m = f.metrics
+    assert m["worker_fetch_ms"] == pytest.approx(40.0)
+    assert m["suggested_num_workers"] == 2
+    loop = 40.0 - 36.0 * m["wait_pct"] / m["share_pct"]  # the step less its waiting
+    assert m["model_compute_ms"] == pytest.approx(loop, abs=0.01)
+    assert m["fixed_step_ms"] == pytest.approx(max(loop, 40.0 / 2, (loop + 40.0) / 2), abs=0.01)
+    assert f.est_saving_pct == pytest.approx(100 * (40.0 - m["fixed_step_ms"]) / 40.0, abs=0.01)
+    assert "The loop waits for its 1 worker(s)" in f.evidence and "40.0 ms per step" in f.evidence
+    assert f.fix.startswith("DataLoader(..., num_workers=2, persistent_workers=True)")
+    # `trainprof try`'s sweep re-solves the same model: one worker is the run itself.
+    assert step_with(m, 1) == pytest.approx(40.0)
+    assert step_with(m, 2) == pytest.approx(m["fixed_step_ms"], abs=0.01)
+
+
+def test_workers_on_every_core_would_not_pay_off(behind: Path, tmp_path: Path):
+    """Two workers busy throughout on 2 cores: more cannot go faster, one would halve their
+    rate. No saving, and the fix says to keep them and make the fetch cheaper."""
+    (f,) = _starvation(with_meta(behind, tmp_path, _meta(2, 40.0, 36.0)))
+    assert f.metrics["worker_fetch_ms"] == pytest.approx(80.0)
+    assert f.est_saving_pct == 0 and f.severity == "info"
+    assert f.title == ("DataLoader starves the step despite num_workers=2, but more workers "
+                       "would not pay off")
+    assert f.fix.startswith("Keep num_workers=2: its workers and the model's threads fill the 2 "
+                            "cores. The input pipeline is CPU-bound")
 
 
 def test_no_stacks_whole_fetch_counts_and_says_so(tmp_path: Path):

@@ -126,9 +126,11 @@ class CpuModel:
     thread_steps: int = 0
     # The fetch as a worker does it (the removable fetch where nothing timed that): the workers'
     # work in the model. `worker_fetch_source`: "worker" (a worker fetching the script's batches
-    # between its steps), "threads" (the run's steps with one thread), "" (neither).
+    # between its steps), "threads" (the run's steps with one thread), "workers" (the loader's
+    # own workers, busy throughout: `run_workers` x S), "" (neither).
     worker_fetch: float = 0.0
     worker_fetch_source: str = ""
+    run_workers: int = 0  # the loader's num_workers in the run (0: none)
     # That worker's next batch, fetched straight after, over it (capture/loaderfetch; at most 1,
     # 1 where not timed): a worker of the fix fetching batch after batch on a core of its own.
     warm: float = 1.0
@@ -486,6 +488,17 @@ def _model(
     ratio, fetch_source = worker_ratio(ipc, timed)
     fwk = fw * ratio
     warm = warm_ratio(ipc, draw.warm)
+    have = workers(ctx) or 0
+    if have > 0:
+        # The loader has workers and the loop waits for them: a batch is not there because
+        # every worker is still making one, so they spend `have` x S of their time per step
+        # between them, hand-overs included (R is in M, W in that time), at this run's sharing
+        # of the cores. Their wait for a core counts as work: on the cores' bound the estimate
+        # errs low. The loop's own fetch, its waiting, says nothing of their work: the fixed
+        # quickstart example (one worker, one thread) waited 11.3 ms of a 39.8 ms step, and
+        # taking that as the worker's work put two workers at 28.5 ms, where the cores allow
+        # about 34 (`trainprof try`: 34-35 ms).
+        fwk, fetch_source, warm = have * step, "workers", 1.0
     if scale is None and ipc is not None:
         scale = thread_scale(ipc.model_threads_ms, run_threads)
         source = "copy" if scale else ""
@@ -514,7 +527,7 @@ def _model(
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
         worker_fetch_source=fetch_source, warm=warm, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
-        eval_every=every, eval_extra=extra, cuts=found,
+        eval_every=every, eval_extra=extra, cuts=found, run_workers=have,
         waste=wasted(best) * batch_work(fwk, k, w),
     )  # fmt: skip
 

@@ -195,8 +195,18 @@ session, each spread 5-19 points wide and not overlapping (the machine moved bet
 so ("That spans low to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM
 that example's estimate was 0.2-8.5 % in ten runs (`medium` eight times, `low` twice),
 `trainprof try` measuring +4.5 to +8.7 %.
-With workers already, only the waiting part of F is the workers' work in that model (the
-receiving stays in the loop's M). With num_workers=0, R is the probe's receiving while workers
+With workers already (n0 of them), only the waiting part of F leaves the loop (the receiving
+stays in its M = S minus the waiting), and the loop's fetch says nothing of the workers' work: a
+batch is not there because every worker is still making one, so they spend n0 S of their time
+per step between them, hand-overs included (R is in M, W in that time, both 0 in the model),
+at the run's sharing of the cores; their wait for a core counts as work, so on the cores' bound
+the estimate errs low. The fixed quickstart example (one worker, one thread; a 39.8 ms step,
+11.3 ms of it waiting): taking the waiting as the worker's work put two workers at 28.5 ms
+(28.2 %); n0 S puts them at 34.2 ms (14.1 %, the cores' bound), and `trainprof try` measured
++6.1 % [+1.5, +10.1] and +8.5 % [+4.6, +13.8] in two runs (2026-11-29): over, by what is not
+modelled below (two workers and the loop on two vCPUs). Where the n0 workers and the model's
+threads fill the cores, more workers would not pay off, and the fix says so. With
+num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
 per-tensor hand-shake late (its resource-sharer thread waits for the interpreter's lock, or for
 a core): try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle
@@ -321,7 +331,14 @@ def _cpu_evidence(
             f"would take about {ms(model.compute)} with {model.threads} ({how})."
         )
     slower = model.worker_fetch > WORKER_FETCH_SAYS * model.removable
-    if slower:
+    if model.worker_fetch_source == "workers":
+        text += (
+            f" The loop waits for its {model.run_workers} worker(s): a batch is not there "
+            f"because each is still making one, so they spend {ms(model.worker_fetch)} per step "
+            f"between them ({model.run_workers}x the step, hand-overs included), their work at "
+            "this run's sharing of the cores."
+        )
+    elif slower:
         if model.worker_fetch_source == "worker":
             text += (
                 f" A DataLoader worker forked from the loop, fetching the script's own batches "
@@ -572,11 +589,24 @@ def check(ctx: Context) -> list[Finding]:
                 f"DataLoader starves the step despite {have}: {est.wait:.0f} % of the step "
                 "waiting for workers"
             )
-        fix = (
-            "The input pipeline is CPU-bound: raise num_workers up to the core count, "
-            "persistent_workers=True; move augmentation to the GPU (torchvision.transforms.v2 "
-            "on device tensors, NVIDIA DALI), or cache decoded samples."
+        lighter = (
+            "move augmentation to the GPU (torchvision.transforms.v2 on device tensors, NVIDIA "
+            "DALI), or cache decoded samples."
         )
+        fix = ("The input pipeline is CPU-bound: raise num_workers up to the core count, "
+               f"persistent_workers=True; {lighter}")
+        if model is not None and no_gain:
+            title = (f"DataLoader starves the step despite {have}, but more workers would not "
+                     "pay off")
+            fix = (f"Keep {have}: its workers and the model's threads fill the {model.cores} "
+                   f"cores. The input pipeline is CPU-bound: {lighter}")
+        elif model is not None and model.workers > (n_workers or 0):
+            fix = (f"DataLoader(..., num_workers={model.workers}, persistent_workers=True)"
+                   + (f"  # {cpus} CPUs here" if cpus else ""))
+            if threads and model.threads < threads:
+                fix += (f"\ntorch.set_num_threads({model.threads})  # workers and model share "
+                        "the cores")
+            fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
     metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
     if model is not None:
         metrics.update(

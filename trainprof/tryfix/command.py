@@ -39,7 +39,7 @@ from trainprof.fileio import write_atomic
 from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
-from trainprof.tryfix.estimates import NO_CLAIM, estimates
+from trainprof.tryfix.estimates import LOADER, NO_CLAIM, estimates
 from trainprof.tryfix.measure import (
     MAX_ROUNDS,
     Timed,
@@ -252,6 +252,8 @@ class Trial:
         the suggested one, none for the sweep's thread-only control, else the rule's."""
         if options.get("control"):
             return None
+        if rule == LOADER and options.get("num_workers") == 0:
+            return None  # the sweep's no-workers variant: no finding estimates that
         v = self.found.for_workers(rule, options)
         return self._est(rule) if v is None else round(v, 1)
 
