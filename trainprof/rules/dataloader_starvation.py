@@ -202,10 +202,13 @@ per step between them, hand-overs included (R is in M, W in that time, both 0 in
 at the run's sharing of the cores; their wait for a core counts as work, so on the cores' bound
 the estimate errs low. The fixed quickstart example (one worker, one thread; a 39.8 ms step,
 11.3 ms of it waiting): taking the waiting as the worker's work put two workers at 28.5 ms
-(28.2 %); n0 S puts them at 34.2 ms (14.1 %, the cores' bound), and `trainprof try` measured
-+6.1 % [+1.5, +10.1] and +8.5 % [+4.6, +13.8] in two runs (2026-11-29): over, by what is not
-modelled below (two workers and the loop on two vCPUs). Where the n0 workers and the model's
-threads fill the cores, more workers would not pay off, and the fix says so. With
+(28.2 %); n0 S puts them at 34.2 ms (14.1 %, the cores' bound). `trainprof try` measured
++17.4 % against 17.9 % in the benchmark (fixed malloc thresholds), and +6.1 to +8.5 % against
+14.1-16.9 % in three runs by hand, with glibc's own: these make the script's processes fault
+in several times as many pages, which cost two workers on full cores about 2 ms a step in the
+plain script and one worker nothing, so the run with one cannot show it (docs/fix-efficacy.md,
+stop 49). Where the n0 workers and the model's threads fill the cores, more workers would not
+pay off, and the fix says so. With
 num_workers=0, R is the probe's receiving while workers
 are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
 per-tensor hand-shake late (its resource-sharer thread waits for the interpreter's lock, or for
