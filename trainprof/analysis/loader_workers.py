@@ -497,7 +497,7 @@ def _model(
         # errs low. The loop's own fetch, its waiting, says nothing of their work: the fixed
         # quickstart example (one worker, one thread) waited 11.3 ms of a 39.8 ms step, and
         # taking that as the worker's work put two workers at 28.5 ms, where the cores allow
-        # about 34 (`trainprof try`: 34-35 ms).
+        # 34.2 (the rule's docstring has what `trainprof try` measured).
         fwk, fetch_source, warm = have * step, "workers", 1.0
     if scale is None and ipc is not None:
         scale = thread_scale(ipc.model_threads_ms, run_threads)

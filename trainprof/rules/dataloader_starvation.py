@@ -208,10 +208,10 @@ the estimate errs low. The fixed quickstart example (one worker, one thread; a 3
 in several times as many pages, which cost two workers on full cores about 2 ms a step in the
 plain script and one worker nothing, so the run with one cannot show it (docs/fix-efficacy.md,
 stop 49). Where the n0 workers and the model's threads fill the cores, more workers would not
-pay off, and the fix says so. With
-num_workers=0, R is the probe's receiving while workers
-are busy fetching (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the
-per-tensor hand-shake late (its resource-sharer thread waits for the interpreter's lock, or for
+pay off, and the fix says so.
+With num_workers=0, R is the probe's receiving while workers are busy fetching
+(capture/loaderipc, receive_busy_ms): a worker busy decoding answers the per-tensor hand-shake
+late (its resource-sharer thread waits for the interpreter's lock, or for
 a core): try_fakedata with 2 workers, 4.1 ms per batch in the loop against 1.2 ms from an idle
 worker on a quiet 2-core machine, 7.9 against 1.6 ms on a loaded one. R is on the loop's own
 path (M + k R), and in full in the cores' bound. Only its CPU work (the idle worker's figure)
