@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from trainprof.analysis.loader_cuts import (
@@ -18,6 +19,7 @@ from trainprof.analysis.loader_cuts import (
     evaluation_locations,
     from_metrics,
     to_metrics,
+    training_workers,
     wasted_batches,
 )
 from trainprof.runmeta import DataLoaderInfo, read_meta
@@ -119,6 +121,17 @@ def test_an_evaluation_loader_is_one_a_fix_can_tell_apart() -> None:
     shared = DataLoaderInfo(location="t.py:8", iterators=6, grad_off_iters=6)
     assert not evaluation_loader(shared, [training, shared])
     assert not evaluation_loader(DataLoaderInfo(iterators=6, grad_off_iters=6), [])
+
+
+def test_the_training_loaders_workers_leave_the_evaluations_out() -> None:
+    """A training loader without workers beside an evaluation loader with 4: the model and
+    `try` take 0 (the evaluation's workers say nothing of the training fetch)."""
+    evaluation = DataLoaderInfo(location="t.py:9", iterators=6, grad_off_iters=6, num_workers=4)
+    training = DataLoaderInfo(location="t.py:8", iterators=3, grad_off_iters=0, num_workers=0)
+    assert training_workers([training, evaluation]) == 0
+    assert training_workers([msgspec.structs.replace(training, num_workers=2), evaluation]) == 2
+    assert training_workers([evaluation]) == 4  # none told apart as training: all count
+    assert training_workers([]) == 0
 
 
 def test_no_cut_without_a_cadence_in_the_training_steps() -> None:

@@ -37,10 +37,11 @@ WAIT_FRAMES = r"(^|/)selectors\.py\(\d+\): select$|(^|/)threading\.py\(\d+\): wa
 
 
 def workers(ctx: Context) -> int | None:
-    """The loader's num_workers: from the run metadata, else from the iterator's class (None:
-    some workers, how many unknown, or no way to tell)."""
+    """The training loader's num_workers: from the run metadata (the most among the loaders
+    that feed the training steps, evaluation loaders left out), else from the iterator's class
+    (None: some workers, how many unknown, or no way to tell)."""
     if ctx.meta and ctx.meta.dataloaders:
-        return max(d.num_workers for d in ctx.meta.dataloaders)
+        return loader_cuts.training_workers(ctx.meta.dataloaders)
     names = {ctx.trace.name(i) for i in ctx.dataloader_idx}
     if any("_SingleProcess" in n for n in names):
         return 0

@@ -197,7 +197,7 @@ class Trial:
         rules = asked or [r for r in self.est if r in catalog.RUNTIME or r in catalog.EDIT_THE_CODE]
         cores = self.meta.cpu_count or os.cpu_count() or 1
         loaders = self.meta.dataloaders
-        workers = max((d.num_workers for d in loaders), default=None) if loaders else None
+        workers = loader_cuts.training_workers(loaders) if loaders else None
         evaluation = loader_cuts.evaluation_locations(loader_cuts.cuts(loaders))
         for rule in rules:
             if rule in catalog.EDIT_THE_CODE:
