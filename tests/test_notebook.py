@@ -163,3 +163,21 @@ def test_unreadable_notebook_is_refused_in_one_line(tmp_path: Path) -> None:
     r = trainprof_run("bad.ipynb", cwd=tmp_path)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
     assert "bad.ipynb is not a Jupyter notebook" in r.stderr and not (tmp_path / "runs").exists()
+
+
+def test_a_notebook_without_cell_ids_reads_without_warnings(tmp_path: Path) -> None:
+    """Cells without ids (notebooks written before nbformat 4.5): nbformat warns once per
+    read, which says nothing of the cells' code; `run` reads the notebook twice."""
+    import warnings
+
+    from trainprof.capture.notebook import read_cells
+
+    doc = {"cells": [{"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": [],
+                      "execution_count": None}],
+           "metadata": {}, "nbformat": 4, "nbformat_minor": 5}  # fmt: skip
+    (tmp_path / "old.ipynb").write_text(json.dumps(doc))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        cells, notes = read_cells(tmp_path / "old.ipynb")
+    assert len(cells) == 1 and not notes
+    assert not [w for w in seen if "missing an id" in str(w.message)]

@@ -12,6 +12,7 @@ import linecache
 import re
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,7 +41,11 @@ def _sources(path: Path) -> list[str]:
         nbformat = None
     try:
         if nbformat is not None:
-            nb = nbformat.read(str(path), as_version=4)
+            with warnings.catch_warnings():
+                # Cells without ids (notebooks older than nbformat 4.5): nothing to the cells'
+                # code, and printed once per read (the run reads the notebook twice)
+                warnings.filterwarnings("ignore", message="Cell is missing an id field")
+                nb = nbformat.read(str(path), as_version=4)
             return [c.source for c in nb.cells if c.cell_type == "code"]
         doc = json.loads(path.read_text(encoding="utf-8"))
         cells = doc["cells"]
