@@ -134,14 +134,16 @@ def test_cli_outputs_for_a_job():
 def test_rank_notes_fold_into_one_per_text():
     basis = "Savings are per unprofiled step (median {} ms over the run's {} steps)."
     per_rank = [
-        [basis.format(1.4, 9), "Steps: ProfilerStep# markers."],
-        [basis.format(1.5, 9), "Steps: ProfilerStep# markers.", "Only on rank 1."],
-        [basis.format("1.4–1.6", 12)],
+        (0, [basis.format(1.4, 9), "Steps: ProfilerStep# markers.", "Idle 0.3 ms."]),
+        (1, [basis.format(1.5, 9), "Steps: ProfilerStep# markers.", "Idle 1.0 ms.", "Late."]),
+        (2, [basis.format("1.4–1.6", 12)]),
     ]
+    # A note on every rank stands alone; one on some ranks says which.
     assert rank_notes(per_rank) == [
         basis.format("1.4–1.6", "9–12"),
-        "Steps: ProfilerStep# markers.",
-        "Only on rank 1.",
+        "On ranks 0, 1: Steps: ProfilerStep# markers.",
+        "On ranks 0, 1: Idle 0.3–1.0 ms.",
+        "On rank 1: Late.",
     ]
 
 

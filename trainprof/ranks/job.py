@@ -57,19 +57,31 @@ def _notes(
         "Findings present on several ranks are folded into one row; its saving is the mean over "
         "those ranks."
     )
-    return notes + rank_notes([r.diagnosis.notes for r in results])
+    return notes + rank_notes([(i if r.rank is None else r.rank, r.diagnosis.notes)
+                               for i, r in enumerate(results)])
 
 
-def rank_notes(per_rank: list[list[str]]) -> list[str]:
+def rank_notes(per_rank: list[tuple[int, list[str]]]) -> list[str]:
     """The ranks' own notes, one per text that differs only in its numbers, each differing
-    number shown as its range: a job of 256 ranks gets one note on the savings' basis, not 256."""
-    groups: dict[str, list[str]] = {}
-    for notes in per_rank:
+    number shown as its range (a job of 256 ranks gets one note on the savings' basis, not
+    256), prefixed with the ranks it holds for where that is not every rank."""
+    groups: dict[str, tuple[list[int], list[str]]] = {}
+    for rank, notes in per_rank:
         for n in notes:
-            texts = groups.setdefault(shape(n), [])
+            ranks, texts = groups.setdefault(shape(n), ([], []))
+            if rank not in ranks:
+                ranks.append(rank)
             if n not in texts:
                 texts.append(n)
-    return [merge_numbers(texts) or texts[0] for texts in groups.values()]
+    everyone = len({rank for rank, _ in per_rank})
+    out = []
+    for ranks, texts in groups.values():
+        text = merge_numbers(texts) or texts[0]
+        if len(ranks) < everyone:
+            which = f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {rank_list(sorted(ranks))}"
+            text = f"On {which}: {text}"
+        out.append(text)
+    return out
 
 
 def build_job(
