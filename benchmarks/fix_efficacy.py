@@ -181,9 +181,11 @@ TRY_WORKLOADS = [
     ("try_jpeg", "tests/scripts/try_jpeg.py", ["200"], RUN_STEPS),
     ("try_threaded_fetch", "tests/scripts/try_threaded_fetch.py", ["200"], RUN_STEPS),
     ("dataloader_starved", "examples/dataloader_starved.py", ["--steps", "60"], RUN_STEPS),
+    ("dataloader_starved_fixed", "examples/dataloader_starved.py", ["--steps", "60", "--fixed"],
+     RUN_STEPS),
     ("quickstart", "examples/quickstart.py", [], RUN_STEPS),
-    # Its fixed version: a loader with one worker already, which still starves the loop (the
-    # model's workers-already path: their work is num_workers x the step)
+    # The fixed versions (here and above): a loader with one worker already (the model's
+    # workers-already path: their work is num_workers x the step)
     ("quickstart_fixed", "examples/quickstart.py", ["--fixed"], RUN_STEPS),
     ("many_problems", "examples/many_problems.py", [], RUN_STEPS),
     ("amp_compile", "examples/amp_compile.py", [], RUN_STEPS),
