@@ -204,11 +204,10 @@ the estimate errs low. The fixed quickstart example (one worker, one thread; a 3
 11.3 ms of it waiting): taking the waiting as the worker's work put two workers at 28.5 ms
 (28.2 %); n0 S puts them at 34.2 ms (14.1 %, the cores' bound). `trainprof try` measured
 +17.4 % against 17.9 % and +15.0 against 16.1 % in two benchmarks (fixed malloc thresholds),
-and +6.1 to +8.5 % against
-14.1-16.9 % in three runs by hand, with glibc's own: these make the script's processes fault
-in several times as many pages, which cost two workers on full cores about 2 ms a step in the
-plain script and one worker nothing, so the run with one cannot show it (docs/fix-efficacy.md,
-stop 49). Where the n0 workers and the model's threads fill the cores, more workers would not
+and +6.1 to +8.5 % against 14.1-16.9 % in three runs by hand, with glibc's own: these make the
+script's processes fault in several times as many pages, which cost two workers on full cores
+about 2 ms a step in the plain script and one worker nothing, so the run with one cannot show
+it (docs/fix-efficacy.md, stop 49). Where the n0 workers and the model's threads fill the cores, more workers would not
 pay off, and the fix says so.
 With num_workers=0, R is the probe's receiving while workers are busy fetching
 (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the per-tensor hand-shake
