@@ -207,8 +207,8 @@ the estimate errs low. The fixed quickstart example (one worker, one thread; a 3
 and +6.1 to +8.5 % against 14.1-16.9 % in three runs by hand, with glibc's own: these make the
 script's processes fault in several times as many pages, which cost two workers on full cores
 about 2 ms a step in the plain script and one worker nothing, so the run with one cannot show
-it (docs/fix-efficacy.md, stop 49). Where the n0 workers and the model's threads fill the cores, more workers would not
-pay off, and the fix says so.
+it (docs/fix-efficacy.md, stop 49). Where the n0 workers and the model's threads fill the
+cores, more workers would not pay off, and the fix says so.
 With num_workers=0, R is the probe's receiving while workers are busy fetching
 (capture/loaderipc, receive_busy_ms): a worker busy decoding answers the per-tensor hand-shake
 late (its resource-sharer thread waits for the interpreter's lock, or for
