@@ -397,11 +397,13 @@ def cpu_model(
     if ctx.unprofiled_step_us is None:
         return None
     timed = step_threads(ctx)
-    # Loaders the script leaves before their end: the run's record, the same for every draw
-    found = loader_cuts.cuts(ctx.meta.dataloaders) if workers(ctx) == 0 else []
+    # The run's record, the same for every draw: the training loader's workers, and the loaders
+    # the script leaves before their end
+    have = workers(ctx) or 0
+    found = loader_cuts.cuts(ctx.meta.dataloaders) if have == 0 else []
 
     def solve(draw: _Draw) -> CpuModel:
-        return _model(ctx, draw, fetch, k, cores, wait_share, timed, found)
+        return _model(ctx, draw, fetch, k, cores, wait_share, timed, found, have)
 
     draw = _Draw(None, timed.ratios if timed else None, None)
     model = solve(draw)
@@ -442,9 +444,10 @@ def _spread(
 
 def _model(
     ctx: Context, draw: _Draw, fetch: float, k: float, cores: int, wait_share: float,
-    timed: StepThreads | None, found: list[loader_cuts.Cut],
+    timed: StepThreads | None, found: list[loader_cuts.Cut], have: int,
 ) -> CpuModel:  # fmt: skip
-    """The model's figures from one draw of the run's samples (see `cpu_model`)."""
+    """The model's figures from one draw of the run's samples (see `cpu_model`); `have`: the
+    training loader's workers in the run."""
     meta = ctx.meta
     samples = phase.unprofiled(ctx)
     pick = slice(None) if draw.positions is None else draw.positions
@@ -486,11 +489,10 @@ def _model(
     # loop fetching the script's batches between its steps (capture/loaderfetch: one intra-op
     # thread there, a deeper stack); else from the run's one-thread steps (a fetch that ran
     # faster on the run's threads, large tensor ops in the transform, costs a worker more).
-    ratio, fetch_source = worker_ratio(ipc, timed)
-    fwk = fw * ratio
-    warm = warm_ratio(ipc, draw.warm)
-    have = workers(ctx) or 0
-    if have > 0:
+    if have == 0:
+        ratio, fetch_source = worker_ratio(ipc, timed)
+        fwk, warm = fw * ratio, warm_ratio(ipc, draw.warm)
+    else:
         # The loader has workers and the loop waits for them: a batch is not there because
         # every worker is still making one, so they spend `have` x S of their time per step
         # between them, hand-overs included (R is in M, W in that time), at this run's sharing

@@ -429,6 +429,14 @@ def _evaluation_fix(model: CpuModel | None, workers: int) -> str:
             "before their end")
 
 
+def _threads_line(model: CpuModel | None, threads: int | None) -> str:
+    """The fix's line that leaves the model the threads the workers do not need (empty where it
+    keeps the run's)."""
+    if model is None or not threads or model.threads >= threads:
+        return ""
+    return f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
+
+
 def _multiprocess(ctx: Context, n_workers: int | None) -> bool:
     """Whether the loader has worker processes (known from the metadata or the iterator)."""
     if n_workers is not None:
@@ -580,8 +588,7 @@ def check(ctx: Context) -> list[Finding]:
             + (", pin_memory=True)" if ctx.on_gpu else ")")
             + (f"  # {cpus} CPUs here" if cpus else "")
         )
-        if model is not None and threads and model.threads < threads:
-            fix += f"\ntorch.set_num_threads({model.threads})  # workers and model share the cores"
+        fix += _threads_line(model, threads)
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
         fix += _evaluation_fix(model, suggest)
     else:
@@ -605,10 +612,7 @@ def check(ctx: Context) -> list[Finding]:
                    f"cores. The input pipeline is CPU-bound: {lighter}")
         elif model is not None and model.workers > (n_workers or 0):
             fix = (f"DataLoader(..., num_workers={model.workers}, persistent_workers=True)"
-                   + (f"  # {cpus} CPUs here" if cpus else ""))
-            if threads and model.threads < threads:
-                fix += (f"\ntorch.set_num_threads({model.threads})  # workers and model share "
-                        "the cores")
+                   + (f"  # {cpus} CPUs here" if cpus else "") + _threads_line(model, threads))
             fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
     metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
     if model is not None:
