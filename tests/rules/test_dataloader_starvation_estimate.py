@@ -319,6 +319,28 @@ def test_thread_steps_are_paired_with_their_neighbours(loop: Path, tmp_path: Pat
     assert f.metrics["fixed_step_ms"] == pytest.approx(12.5)
 
 
+def test_fewer_threads_make_the_model_no_faster(loop: Path, tmp_path: Path):
+    """One-thread steps that ran faster than their neighbours (the Hugging Face example, 0.84x
+    in one run of three, the others 1.05-1.07) claim no saving from the thread change: M with
+    the fix's threads stays at least M, in the estimate and in every resample."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+    threads = _block(steps, {k: 8.5 for k in range(1, 16, 2)})  # one thread: 0.85x
+    meta = _meta(steps, fetch, LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2))
+    meta.thread_steps = threads
+    f = _starvation(with_meta(loop, tmp_path / "faster", meta))
+    # M = 10 either way; the loop's path 10.5 bounds the step (not 8.5 + 0.5).
+    assert f.metrics["compute_ms_with_fix"] == pytest.approx(10.0)
+    assert f.metrics["fixed_step_ms"] == pytest.approx(10.75)
+    assert f.metrics["saving_hi_pct"] <= f.est_saving_pct + 1e-6
+    # More threads than the run's are another matter: a copy of the model timed with the run's
+    # 2 and the fix's 3 on 4 cores (one worker) may well be faster (the scale is used as is).
+    ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2, model_threads_ms=[[2, 5.0], [3, 4.0]])
+    meta = _meta([20.0] * 30, fetch, ipc)
+    meta.cpu_count = meta.cpus_online = 4
+    g = _starvation(with_meta(loop, tmp_path / "more", meta))
+    assert g.metrics["compute_ms_by_workers"][0] == pytest.approx(8.0)
+
+
 def test_the_estimates_spread_within_the_run(loop: Path, tmp_path: Path):
     """The estimate is a difference of figures each timed on a few steps: the Hugging Face
     Trainer's example gave 0 to 14.9 % in identical runs. The run's samples (its steps, the
