@@ -19,7 +19,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainprof.capture.patching import Patches
-from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
+from trainprof.runmeta import (
+    DataLoaderInfo,
+    RunMeta,
+    earlier_tries,
+    is_try_file,
+    keep_earlier_try,
+    write_meta,
+)
 from trainprof.tryfix import catalog, measure
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, load_run
@@ -297,6 +304,20 @@ def test_unknown_fix_is_refused(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_an_earlier_trys_results_are_kept_beside_the_new_one(tmp_path: Path) -> None:
+    assert keep_earlier_try(tmp_path) is None  # nothing to keep
+    (tmp_path / "try.json").write_text("a")
+    assert keep_earlier_try(tmp_path) == tmp_path / "try.1.json"
+    (tmp_path / "try.json").write_text("b")
+    (tmp_path / "try.7.json").write_text("c")  # numbers kept by hand, or a gap: one past
+    assert keep_earlier_try(tmp_path) == tmp_path / "try.8.json"
+    assert not (tmp_path / "try.json").exists()
+    assert earlier_tries(tmp_path) == ["try.1.json", "try.7.json", "try.8.json"]
+    assert [(tmp_path / n).read_text() for n in earlier_tries(tmp_path)] == ["a", "c", "b"]
+    assert is_try_file("try.json") and is_try_file("try.12.json")
+    assert not is_try_file("try.x.json") and not is_try_file("retry.1.json")
+
+
 def _recorded(folder: Path, *args: str) -> Path:
     """A run folder with the metadata `trainprof run` records, without running the profiler."""
     folder.mkdir()
@@ -417,6 +438,19 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     assert 'id="try"' in (folder / "report.html").read_text()
     events = b"".join(p.read_bytes() for p in folder.glob("events.out.tfevents.*"))
     assert b"trainprof/try" in events
+    assert doc["earlier"] == []
+    # A second try, of another fix, keeps the first one's results (never overwritten).
+    first = (folder / "try.json").read_bytes()
+    again = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
+                      "--steps", "15")
+    assert again.returncode == 0, again.stderr
+    assert (folder / "try.1.json").read_bytes() == first
+    doc = json.loads((folder / "try.json").read_text())
+    assert [f["rule"] for f in doc["fixes"]] == ["zero-grad-not-none"]
+    assert doc["earlier"] == ["try.1.json"]
+    assert f"kept as {folder / 'try.1.json'}" in again.stderr
+    assert "earlier tries' results in the run folder: try.1.json" in again.stdout
+    assert "try.1.json" in (folder / "report.html").read_text()
 
 
 @pytest.mark.slow

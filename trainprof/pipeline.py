@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainprof.analysis.model import Diagnosis, MultiRankDiagnosis
 from trainprof.errors import TrainprofError
-from trainprof.runmeta import META_NAME, TRY_NAME, RunMeta, read_meta
+from trainprof.runmeta import META_NAME, RunMeta, is_try_file, read_meta
 
 if TYPE_CHECKING:
     from trainprof.ranks.load import Also
@@ -61,7 +61,7 @@ def find_traces(path: Path | str) -> list[Path]:
 
 def _ours(p: Path) -> bool:
     """trainprof's own JSON files in a run folder: its metadata and `trainprof try`'s results."""
-    return p.name.startswith("trainprof") or p.name == TRY_NAME
+    return p.name.startswith("trainprof") or is_try_file(p.name)
 
 
 def _script_trace(folder: Path) -> Path | None:

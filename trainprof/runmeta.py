@@ -6,6 +6,7 @@ Kept free of torch so that `diagnose` and `compare` can read it anywhere.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import msgspec
@@ -16,6 +17,36 @@ SCHEMA = 1
 META_NAME = "trainprof.json"
 MAX_ITERS_KEPT = 64  # DataLoaderInfo.iter_steps and .left_early keep no more
 TRY_NAME = "try.json"  # `trainprof try`'s results, written into the run folder
+EARLIER_TRY = re.compile(r"try\.(\d+)\.json")  # an earlier try's results, kept beside it
+
+
+def is_try_file(name: str) -> bool:
+    """try.json, or an earlier `trainprof try`'s results kept beside it (try.N.json)."""
+    return name == TRY_NAME or EARLIER_TRY.fullmatch(name) is not None
+
+
+def earlier_tries(folder: Path) -> list[str]:
+    """The names of the earlier tries' results kept in `folder`, oldest first."""
+    return [name for _, name in _earlier(folder)]
+
+
+def _earlier(folder: Path) -> list[tuple[int, str]]:
+    found = (EARLIER_TRY.fullmatch(p.name) for p in Path(folder).glob("try.*.json"))
+    return sorted((int(m.group(1)), m.group(0)) for m in found if m)
+
+
+def keep_earlier_try(folder: Path) -> Path | None:
+    """Move the folder's try.json, an earlier `trainprof try`'s results, to try.N.json (N one
+    past the highest there), so that a new try never overwrites what one measured: tries of
+    other fixes, or of the same ones at another time. The new path; None where there was none."""
+    folder = Path(folder)
+    current = folder / TRY_NAME
+    if not current.is_file():
+        return None
+    n = 1 + max((k for k, _ in _earlier(folder)), default=0)
+    kept = folder / f"try.{n}.json"
+    os.replace(current, kept)
+    return kept
 
 
 class DataLoaderInfo(msgspec.Struct, kw_only=True):

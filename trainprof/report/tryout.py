@@ -147,7 +147,8 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
 
 def outputs_text(doc: dict[str, Any]) -> list[str]:
     """What the rounds did with the script's records (tryfix/outputs): the script's own profiler
-    (ran, wrote no file) and the paths written to each round's own folder instead."""
+    (ran, wrote no file) and the paths written to each round's own folder instead; and the
+    earlier tries' results kept beside try.json."""
     lines = []
     sp = doc.get("script_profiler")
     if sp:
@@ -168,6 +169,9 @@ def outputs_text(doc: dict[str, Any]) -> list[str]:
         )
     if (sp and sp.get("unwritten")) or moved:
         lines.append("what the run wrote is as it was")
+    earlier = doc.get("earlier") or []
+    if earlier:
+        lines.append(f"earlier tries' results in the run folder: {', '.join(earlier)}")
     return lines
 
 

@@ -36,7 +36,7 @@ from typing import Any
 from trainprof.analysis import loader_cuts
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
-from trainprof.runmeta import TRY_NAME, RunMeta, read_meta
+from trainprof.runmeta import TRY_NAME, RunMeta, earlier_tries, keep_earlier_try, read_meta
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
 from trainprof.tryfix.estimates import LOADER, NO_CLAIM, estimates
@@ -748,6 +748,8 @@ class Trial:
             "redirected": sorted(self.redirected),
             "fixes": fixes,
             "combined": combined,
+            # earlier tries' results kept in the run folder (runmeta.keep_earlier_try)
+            "earlier": earlier_tries(self.run),
         }
 
     def save(self) -> None:
@@ -788,6 +790,9 @@ def try_command(opts: TryOptions) -> int:
     meta = load_run(opts.run)
     trial = Trial(opts, meta)
     trial.plan()
+    kept = keep_earlier_try(Path(opts.run))
+    if kept is not None:
+        _say(f"the results of the earlier try on this run are kept as {kept}")
     code = trial.execute()
     doc = trial.document()
     from trainprof.report.tryout import render_try_text
