@@ -137,6 +137,24 @@ def test_cpu_tiny_ops_of_the_loop_are_framework_overhead_without_saving(tmp_path
     assert (f.severity, f.est_saving_ms_per_step) == ("low", 0.0)
     assert f.metrics["ops_per_step"] == 105 and f.metrics["ops_left_out_per_step"] == 0
     assert "No saving is claimed" in f.evidence and "--fix launch-bound" in f.fix
+    assert f.metrics["kind"] == "cpu-overhead"
+
+
+def test_try_shows_the_cpu_finding_as_not_estimated(tmp_path: Path) -> None:
+    """No saving claimed is no estimate of 0: `trainprof try --fix launch-bound` measures
+    torch.compile beside "not estimated" (the Hugging Face example: +8.5 % measured on a CPU,
+    shown before as estimated +0.0 %)."""
+    from trainprof.runmeta import RunMeta, write_meta
+    from trainprof.tryfix.command import Trial, TryOptions
+
+    _cpu_steps(tmp_path, None)
+    meta = RunMeta(argv=["train.py"], cwd=str(tmp_path), cpu_count=2)
+    write_meta(meta, tmp_path)
+    trial = Trial(TryOptions(run=tmp_path, fixes=["launch-bound"]), meta)
+    trial.plan()
+    (entry,) = trial.document()["fixes"]
+    assert entry["rule"] == "launch-bound" and entry["estimated_pct"] is None
+    assert entry["estimate_note"].startswith("not estimated: on a CPU run")
 
 
 @pytest.mark.parametrize("span", [FETCH, "Optimizer.step#SGD.step"])

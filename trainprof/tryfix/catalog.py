@@ -81,6 +81,8 @@ def worker_counts(cores: int, baseline: int | None) -> list[int]:
 # A dataloader-starvation finding of the receiving kind (its metrics["kind"]): the workers keep
 # up, the loop spends the time unpickling batches and mapping each tensor's shared memory.
 RECEIVING = "receiving"
+# A launch-bound finding on a CPU run (its metrics["kind"]): per-op overhead, no saving claimed
+CPU_OVERHEAD = "cpu-overhead"
 FILE_SYSTEM = "file_system"
 # torch.compile's CUDA-graph mode: what launch-bound's estimate models on a GPU
 REDUCE_OVERHEAD = "reduce-overhead"

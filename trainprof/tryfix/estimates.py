@@ -26,6 +26,9 @@ LOADER = "dataloader-starvation"
 NO_CLAIM = {
     catalog.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
     "DataLoader workers on a CPU run, or with pin_memory=True already",
+    catalog.CPU_OVERHEAD: "not estimated: on a CPU run the diagnosis claims no saving for "
+    "torch.compile (the per-op cost it removes and the fixed cost it adds to every call depend "
+    "on the model)",
 }
 
 # How the estimate of all fixes together was made (try.json: combined.estimate_basis).
@@ -120,9 +123,10 @@ def estimates(run: Path) -> RunEstimates:
             kind = f.metrics.get("kind")
             if isinstance(kind, str):
                 kinds.setdefault(f.rule, set()).add(kind)
-            # A receiving finding with no saving makes no claim (rules/dataloader_starvation.py):
-            # not an estimate of 0.
-            claims = not (kind == catalog.RECEIVING and not f.est_saving_pct)
+            # A finding of a kind that makes no claim where it has no saving (a CPU run's
+            # receiving, rules/dataloader_starvation.py; a CPU run's per-op overhead,
+            # rules/launch_bound.py): not an estimate of 0.
+            claims = not (kind in NO_CLAIM and not f.est_saving_pct)
             prev = out.est.get(f.rule)
             if claims:
                 out.est[f.rule] = min(100.0, (prev or 0.0) + f.est_saving_pct)
