@@ -182,7 +182,7 @@ On a CPU trace the workers take the fetch off the loop, but:
   The model takes M(T') as at least M where T' is at most the run's count: one-thread steps
   faster than their neighbours are the machine moving between steps (the Hugging Face example:
   0.84x two threads in one run of three, 1.05-1.07 in the others, the estimate 25.3 % where
-  `try` measured +10 to +17 % before), and such a saving would not be the fix's.
+  `try` has measured +6 to +17 %; 13.4 % now), and such a saving would not be the fix's.
 The spread: the saving is about F - R - (M(T') - M), a difference of figures each timed on a few
 steps or batches. So the model is also computed on RESAMPLES (400) resamples of the run's own
 samples, seeded: its unprofiled steps (S and F, with their references), each thread count's
