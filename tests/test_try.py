@@ -297,6 +297,25 @@ def test_bare_trace_folder_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "try.json").exists()
 
 
+def test_a_job_of_several_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A torchrun job's folder (trainprof.rank<R>.json, no trainprof.json), and a script that
+    started its ranks itself (Lightning's ddp: trainprof.json with a world size): one line that
+    says what to do, not "a bare trace"."""
+    job = tmp_path / "job"
+    job.mkdir()
+    for r in (0, 1):
+        write_meta(RunMeta(argv=[MLP], cwd=str(ROOT), rank=r, world_size=2), job,
+                   f"trainprof.rank{r}.json")
+    selfstarted = tmp_path / "ddp"
+    selfstarted.mkdir()
+    write_meta(RunMeta(argv=[MLP], cwd=str(ROOT), rank=0, world_size=4), selfstarted)
+    for folder, world in ((job, 2), (selfstarted, 4)):
+        done = trainprof("try", str(folder))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert f"is a job of {world} ranks" in done.stderr and "one process" in done.stderr
+        assert not (folder / "try.json").exists()
+
+
 def test_unknown_fix_is_refused(tmp_path: Path) -> None:
     write_meta(RunMeta(argv=[MLP], cwd=str(ROOT)), tmp_path)
     done = trainprof("try", str(tmp_path), "--fix", "no-such-rule")
@@ -451,6 +470,8 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     assert f"kept as {folder / 'try.1.json'}" in again.stderr
     assert "earlier tries' results in the run folder: try.1.json" in again.stdout
     assert "try.1.json" in (folder / "report.html").read_text()
+    log = (folder / "try.log").read_text()  # both tries' rounds, each try's begin marked
+    assert log.count("##### trainprof try (") == 2 and "(zero-grad-not-none; 1 round)" in log
 
 
 @pytest.mark.slow

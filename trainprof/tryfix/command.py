@@ -115,14 +115,24 @@ def load_run(run: Path) -> RunMeta:
             f"{run} is not a run folder: `trainprof try` re-runs what `trainprof run` recorded"
         )
     meta = read_meta(run)
+    ranks = sorted(run.glob("trainprof.rank*.json"))  # a torchrun job's ranks write these
+    if meta is None and ranks:
+        meta = read_meta(ranks[0])
+        world = (meta.world_size if meta else None) or len(ranks)
+        raise TrainprofError(_one_process(run, max(world, 2)))
     if meta is None or not meta.argv:
         raise TrainprofError(
             f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
             "a run folder written by `trainprof run`, not a bare trace"
         )
     if meta.world_size and meta.world_size > 1:
-        raise TrainprofError("`trainprof try` measures single-process runs, not torchrun jobs")
+        raise TrainprofError(_one_process(run, meta.world_size))
     return meta
+
+
+def _one_process(run: Path, world: int) -> str:
+    return (f"{run} is a job of {world} ranks: `trainprof try` re-runs one process; record the "
+            "script as one process (no torchrun, one device) and try that run")
 
 
 def run_step(meta: RunMeta) -> float:
@@ -793,6 +803,12 @@ def try_command(opts: TryOptions) -> int:
     kept = keep_earlier_try(Path(opts.run))
     if kept is not None:
         _say(f"the results of the earlier try on this run are kept as {kept}")
+    # try.log gathers every try's rounds: each try's begin where it starts
+    with open(trial.log, "a") as log:
+        fixes = ", ".join(opts.fixes) or "every fix"
+        rounds = f"{opts.rounds} round" + ("s" if opts.rounds != 1 else "")
+        log.write(f"\n##### trainprof try ({fixes}; {rounds}) at "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     code = trial.execute()
     doc = trial.document()
     from trainprof.report.tryout import render_try_text
