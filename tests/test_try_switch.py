@@ -5,6 +5,7 @@ in this process, and real rounds of a script whose step shows which side it ran.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -212,3 +213,5 @@ def test_switched_rounds_measure_the_fix_on_the_side_that_has_it(
     assert fix["measured_pct"] > 50.0 and fix["ci_pct"][0] > 0.0
     assert doc["baseline"]["rounds"] == 2 and fix["rounds"] == 2
     assert "switched in blocks" in done.stdout
+    # After the first round, how long the rest will take, from how long it took.
+    assert re.search(r"1 of 2 rounds done; about \d+ s for the rest\n", done.stderr)

@@ -331,7 +331,12 @@ class Trial:
                 f"rounds of {self.switched_steps} steps (both sides in one process): "
                 + ", ".join(switched))
         try:
+            began = time.monotonic()
             for k in range(self.opts.rounds):
+                if k:  # measured, not guessed: the rounds so far took this long each
+                    left = (self.opts.rounds - k) * (time.monotonic() - began) / k
+                    say(f"{k} of {self.opts.rounds} rounds done; about {_duration(left)} for "
+                        "the rest" + (", then all fixes together" if len(todo) > 1 else ""))
                 # Each round starts one place further along: on a machine whose load drifts,
                 # a fixed order would give the variants run last in every round a steady edge
                 # (or handicap) that the rounds' interval cannot see.
@@ -785,6 +790,11 @@ def _name(rule: str, options: dict) -> str:
         return loader_cuts.place_names(v, "+") if isinstance(v, list) else str(v)
 
     return f"{rule}[" + ",".join(f"{k}={shown(v)}" for k, v in options.items()) + "]"
+
+
+def _duration(seconds: float) -> str:
+    """A duration to the nearest minute (seconds under two minutes)."""
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 def _say(text: str) -> None:
