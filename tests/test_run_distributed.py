@@ -99,6 +99,7 @@ def test_ddp_one_folder_with_a_trace_and_metadata_per_rank(ddp: Job) -> None:
         (trace,) = ddp.traces(rank)
         meta = ddp.meta(rank)
         assert (meta["rank"], meta["world_size"], meta["status"]) == (rank, 2, "ok")
+        assert meta["local_world_size"] == 2  # torchrun's LOCAL_WORLD_SIZE: they share the CPUs
         assert meta["traces"] == [trace.name]  # its own trace only, not the other rank's
         assert meta["window"]["recorded_steps"] == [2, 3]
         assert len(meta["step_times_s"]) == 15

@@ -327,6 +327,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     traces: list[str] = []  # trace file names, relative to the run folder
     rank: int | None = None
     world_size: int | None = None
+    # The job's ranks on this machine (torchrun's and accelerate's LOCAL_WORLD_SIZE), which share
+    # its cores; None where not told (a single process, ranks the script started itself).
+    local_world_size: int | None = None
     module: str | None = None  # set when run with -m MODULE (script is then the module's file)
     python_version: str = ""
     started_at: str = ""  # local time, ISO 8601
@@ -361,6 +364,18 @@ class RunMeta(msgspec.Struct, kw_only=True):
     def machine_cpus(self) -> int:
         """The machine's CPUs (those this process may use where that is all that is known)."""
         return self.cpus_online or self.cpu_count or 1
+
+    def cpus_per_rank(self) -> int | None:
+        """The CPUs this process's DataLoader workers and intra-op threads can count on: its
+        `cpu_count`, shared with the job's other ranks on this machine (`local_world_size`)
+        where this process may use all of them (a launcher that binds each rank to CPUs of its
+        own leaves `cpu_count` that rank's already); None where `cpu_count` is not known."""
+        if not self.cpu_count:
+            return None
+        local = self.local_world_size or 1
+        if local > 1 and (self.cpus_online is None or self.cpu_count >= self.cpus_online):
+            return max(1, self.cpu_count // local)
+        return self.cpu_count
 
     def altered_steps(self) -> set[int]:
         """Steps that are no plain training steps of the run: evaluation passes, steps run with

@@ -212,6 +212,49 @@ def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float) -> Pat
     return folder
 
 
+SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+
+
+def _gpu_starved(folder: Path, local: int | None) -> Path:
+    """Three 10 ms steps on a GPU, each a 9 ms fetch without workers, then 1 ms of kernels; the
+    same without the profiler. A rank of `local` ranks on a 32-CPU machine (None: one process)."""
+    events = []
+    for s in range(3):
+        t = s * 10_000.0
+        events += [
+            x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000),
+            x_event(SINGLE, "user_annotation", t, 9000),
+            x_event("cudaLaunchKernel", "cuda_runtime", t + 9000, 10, corr=s + 1),
+            x_event("gemm", "kernel", t + 9020, 950, corr=s + 1),
+        ]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    meta = _meta(0, 10.0, 9.0)
+    meta.cpu_count = meta.cpus_online = 32
+    meta.devices = ["NVIDIA H100"]
+    if local:
+        meta.rank, meta.world_size, meta.local_world_size = 0, local, local
+    write_meta(meta, folder)
+    return folder
+
+
+def test_gpu_workers_per_rank_share_the_machines_cpus(tmp_path: Path):
+    """One batch per 1 ms compute-only step needs ceil(9 / 1) + 1 = 10 workers. One process on
+    32 CPUs gets them, and the saving is the fetch's GPU idle. Each of 8 ranks gets 4 CPUs (the
+    fix's comment says so): 4 workers hand a batch over every 2.25 ms, the loop still waits
+    1.25 ms a step, and the saving counts only the rest (the evidence says so)."""
+    (one,) = _starvation(_gpu_starved(tmp_path / "one", None))
+    assert one.metrics["suggested_num_workers"] == 10 and "# 32 CPUs here" in one.fix
+    assert "workers; " not in one.evidence  # no cap binds
+    (rank,) = _starvation(_gpu_starved(tmp_path / "rank", 8))
+    assert rank.metrics["suggested_num_workers"] == 4
+    assert "num_workers=4" in rank.fix and "4 CPUs per rank here (32 shared by 8 ranks)" in rank.fix
+    assert "One batch per compute-only step would take 10 workers" in rank.evidence
+    assert "still leave the loop waiting about 1.25 ms per step" in rank.evidence
+    assert rank.est_saving_pct == pytest.approx(one.est_saving_pct * (9 - 1.25) / 9, rel=0.02)
+    assert rank.est_saving_pct < one.est_saving_pct
+
+
 def test_gpu_receiving_is_not_starvation(tmp_path: Path):
     """The H100 run with 4 workers: a fetch that is nearly all receiving. The old estimate gave
     the whole GPU idle of the fetch (40 % of the traced step) as the saving of more workers."""

@@ -617,6 +617,11 @@ class Estimate:
     receive: float = 0.0  # % of the step receiving batches from them (likewise)
     receive_saving: float = 0.0  # µs per traced step: the GPU idle while receiving
     plain: float | None = None  # the fetch per unprofiled step (µs), where the run timed it
+    # Without a CPU model: the workers one batch per compute-only step needs, where the CPUs
+    # allow fewer (`suggest`), and the wait per step (µs, of the step the figures are of) that
+    # `suggest` workers still leave the loop; 0 and 0.0 where they keep up.
+    need: int = 0
+    left_wait: float = 0.0
 
     @property
     def starving(self) -> float:
@@ -679,9 +684,24 @@ def estimate(
         saving = fetch * q
     wait = share * q
     receive = share - wait if split is not None else 0.0
-    # Without a CPU model: enough workers to produce one batch per compute-only step.
-    compute = max(ctx.mean_step_us - fetch, 1.0)
-    need = math.ceil(fetch * q / compute) + 1
+    if model is not None:
+        return Estimate(share, saving, model, model.workers, split, wait, receive,
+                        receive_saving, plain)
+    # Without a CPU model: enough workers to produce one batch per compute-only step, from the
+    # steps without the profiler where the run timed them (the profiler inflates a Python-heavy
+    # fetch), at most the CPUs (this rank's share of them: RunMeta.cpus_per_rank).
+    unprof = plain is not None and bool(step)
+    f = (plain if unprof else fetch) * q
+    total = step if unprof else ctx.mean_step_us
+    compute = max(total - (plain if unprof else fetch), 1.0)
+    need = math.ceil(f / compute) + 1
     cap = cpus if cpus else 8
-    suggest = model.workers if model is not None else max(2, min(need, cap))
-    return Estimate(share, saving, model, suggest, split, wait, receive, receive_saving, plain)
+    suggest = max(2, min(need, cap))
+    left = 0.0
+    if need > suggest and ctx.gpu_timeline:
+        # Fewer workers than that hand a batch over every f / n and the loop waits the rest:
+        # the GPU idle that goes is at most f less that wait (in the traced step's units).
+        left = max(0.0, f / suggest - compute)
+        saving = min(saving, (f - left) / total * ctx.mean_step_us)
+    return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
+                    need if need > suggest else 0, left)

@@ -354,6 +354,13 @@ def distributed() -> tuple[int | None, int | None]:
     return None, None
 
 
+def local_world_size() -> int | None:
+    """The job's ranks on this machine, where the launcher says (torchrun and accelerate set
+    LOCAL_WORLD_SIZE); None otherwise."""
+    n = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(n) if n.isdigit() and int(n) > 0 else None
+
+
 def live_rank() -> tuple[int, int] | None:
     """(rank, world size) while torch.distributed is initialized with more than one rank."""
     try:

@@ -246,7 +246,12 @@ handed back), both are the probe's as before. On the Hugging Face example in a s
 try_fakedata, its workers the bound, 25.9 and 25.7 %.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
-compute-only step (fetch time / compute time, rounded up, plus one), capped by the CPU count.
+compute-only step (fetch time / compute time, rounded up, plus one; from the steps without the
+profiler where the run timed them), capped by the CPUs: the rank's share of them where the job
+runs several ranks on the machine (torchrun's and accelerate's LOCAL_WORLD_SIZE: 8 ranks on 32
+CPUs leave 4 each; Lightning's `suggested_max_num_workers` divides the same way). Where the cap
+binds, n workers hand a batch over every F / n and the loop still waits F / n - C per step, so
+the saving counts only the rest, F - (F / n - C), and the evidence says so.
 """
 
 from __future__ import annotations
@@ -513,6 +518,25 @@ def _receive_finding(
     )
 
 
+def _cpus_here(ctx: Context, cpus: int) -> str:
+    """The fix line's comment on the CPUs the count was capped by."""
+    meta = ctx.meta
+    if meta and meta.cpu_count and cpus < meta.cpu_count:
+        return (f"{cpus} CPUs per rank here ({meta.cpu_count} shared by "
+                f"{meta.local_world_size} ranks)")
+    return f"{cpus} CPUs here"
+
+
+def _too_few_evidence(ctx: Context, est: Estimate, cpus: int | None) -> str:
+    """Where the CPUs allow fewer workers than one batch per compute-only step needs."""
+    text = (f" One batch per compute-only step would take {est.need} workers; "
+            f"{_cpus_here(ctx, cpus) if cpus else 'the CPUs'} allow {est.suggest}")
+    if est.left_wait > 0 and ctx.gpu_timeline:
+        text += (f", which still leave the loop waiting about {ms(est.left_wait)} per step"
+                 " (the saving counts only the rest)")
+    return text + "."
+
+
 def check(ctx: Context) -> list[Finding]:
     if not len(ctx.dataloader_idx) or ctx.device.kind == "mtia":
         return []
@@ -521,7 +545,8 @@ def check(ctx: Context) -> list[Finding]:
     # trainprof's fetch probe nests inside torch's own DataLoader range: count merged spans.
     fetches = len(in_steps[0])
     k = fetches / max(ctx.n_steps, 1)
-    cpus = ctx.meta.cpu_count if ctx.meta and ctx.meta.cpu_count else None
+    # This rank's share of the machine's CPUs where the job runs several on it
+    cpus = ctx.meta.cpus_per_rank() if ctx.meta else None
     threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
     n_workers = workers(ctx)
     est = estimate(ctx, fetch, k, cpus, threads, _multiprocess(ctx, n_workers))
@@ -571,6 +596,8 @@ def check(ctx: Context) -> list[Finding]:
                                       load.other_cpus if load else None, bool(n_workers))
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
+    if est.need:
+        evidence += _too_few_evidence(ctx, est, cpus)
     if _multiprocess(ctx, n_workers):
         evidence += _split_evidence(est)
     no_gain = model is not None and model.saving <= 0
@@ -590,7 +617,7 @@ def check(ctx: Context) -> list[Finding]:
         fix = (
             f"DataLoader(..., num_workers={suggest}, persistent_workers=True, prefetch_factor=2"
             + (", pin_memory=True)" if ctx.on_gpu else ")")
-            + (f"  # {cpus} CPUs here" if cpus else "")
+            + (f"  # {_cpus_here(ctx, cpus)}" if cpus else "")
         )
         fix += _threads_line(model, threads)
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
