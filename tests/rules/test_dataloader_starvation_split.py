@@ -11,6 +11,7 @@ the step and fetch times without the profiler are given in the metadata. No timi
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -187,29 +188,33 @@ def test_no_stacks_whole_fetch_counts_and_says_so(tmp_path: Path):
 NEXT = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
 
+def _gpu_folder(folder: Path, step: Callable[[float, int], list[dict]], meta: RunMeta) -> Path:
+    """A run folder: three 10 ms steps, step s's events `step(t, s)` from t µs on, and `meta`."""
+    events = []
+    for s in range(3):
+        t = s * 10_000.0
+        events += [x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000), *step(t, s)]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    write_meta(meta, folder)
+    return folder
+
+
 def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float) -> Path:
     """Three 10 ms steps; each opens with a 4 ms fetch from a loader with workers: `wait_us` of
     it blocked in the data queue's select, the rest unpickling the batch. The GPU idles through
     the fetch and runs 4.2-9.8 ms. Without the profiler: 8 ms steps, `fetch_ms` of fetching."""
-    events = []
-    for s in range(3):
-        t = s * 10_000.0
-        events += [
-            x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000),
-            x_event(NEXT, "user_annotation", t, 4000),
-            x_event("multiprocessing/queues.py(98): get", "python_function", t + 10, 3980),
-            x_event("selectors.py(402): select", "python_function", t + 50, wait_us),
-            x_event("<built-in function loads>", "python_function", t + 100 + wait_us,
-                   3800 - wait_us),  # fmt: skip
-            x_event("cudaLaunchKernel", "cuda_runtime", t + 4100, 10, corr=s + 1),
-            x_event("conv", "kernel", t + 4200, 5600, corr=s + 1),
-        ]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
     meta = _meta(workers, 8.0, fetch_ms)
     meta.dataloaders[0].pin_memory = False
-    write_meta(meta, folder)
-    return folder
+    return _gpu_folder(folder, lambda t, s: [
+        x_event(NEXT, "user_annotation", t, 4000),
+        x_event("multiprocessing/queues.py(98): get", "python_function", t + 10, 3980),
+        x_event("selectors.py(402): select", "python_function", t + 50, wait_us),
+        x_event("<built-in function loads>", "python_function", t + 100 + wait_us,
+                3800 - wait_us),
+        x_event("cudaLaunchKernel", "cuda_runtime", t + 4100, 10, corr=s + 1),
+        x_event("conv", "kernel", t + 4200, 5600, corr=s + 1),
+    ], meta)
 
 
 SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
@@ -218,24 +223,16 @@ SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
 def _gpu_starved(folder: Path, local: int | None) -> Path:
     """Three 10 ms steps on a GPU, each a 9 ms fetch without workers, then 1 ms of kernels; the
     same without the profiler. A rank of `local` ranks on a 32-CPU machine (None: one process)."""
-    events = []
-    for s in range(3):
-        t = s * 10_000.0
-        events += [
-            x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, 10_000),
-            x_event(SINGLE, "user_annotation", t, 9000),
-            x_event("cudaLaunchKernel", "cuda_runtime", t + 9000, 10, corr=s + 1),
-            x_event("gemm", "kernel", t + 9020, 950, corr=s + 1),
-        ]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
     meta = _meta(0, 10.0, 9.0)
     meta.cpu_count = meta.cpus_online = 32
     meta.devices = ["NVIDIA H100"]
     if local:
         meta.rank, meta.world_size, meta.local_world_size = 0, local, local
-    write_meta(meta, folder)
-    return folder
+    return _gpu_folder(folder, lambda t, s: [
+        x_event(SINGLE, "user_annotation", t, 9000),
+        x_event("cudaLaunchKernel", "cuda_runtime", t + 9000, 10, corr=s + 1),
+        x_event("gemm", "kernel", t + 9020, 950, corr=s + 1),
+    ], meta)
 
 
 def test_gpu_workers_per_rank_share_the_machines_cpus(tmp_path: Path):
