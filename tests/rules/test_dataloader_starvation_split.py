@@ -238,17 +238,18 @@ def _gpu_starved(folder: Path, local: int | None) -> Path:
 def test_gpu_workers_per_rank_share_the_machines_cpus(tmp_path: Path):
     """One batch per 1 ms compute-only step needs ceil(9 / 1) + 1 = 10 workers. One process on
     32 CPUs gets them, and the saving is the fetch's GPU idle. Each of 8 ranks gets 4 CPUs (the
-    fix's comment says so): 4 workers hand a batch over every 2.25 ms, the loop still waits
-    1.25 ms a step, and the saving counts only the rest (the evidence says so)."""
+    fix's comment says so), one of them the loop's: 3 workers hand a batch over every 3 ms, the
+    loop still waits 2 ms a step, and the saving counts only the rest (the evidence says so)."""
     (one,) = _starvation(_gpu_starved(tmp_path / "one", None))
     assert one.metrics["suggested_num_workers"] == 10 and "# 32 CPUs here" in one.fix
     assert "workers; " not in one.evidence  # no cap binds
     (rank,) = _starvation(_gpu_starved(tmp_path / "rank", 8))
-    assert rank.metrics["suggested_num_workers"] == 4
-    assert "num_workers=4" in rank.fix and "4 CPUs per rank here (32 shared by 8 ranks)" in rank.fix
+    assert rank.metrics["suggested_num_workers"] == 3
+    assert "num_workers=3" in rank.fix and "4 CPUs per rank here (32 shared by 8 ranks)" in rank.fix
     assert "One batch per compute-only step would take 10 workers" in rank.evidence
-    assert "still leave the loop waiting about 1.25 ms per step" in rank.evidence
-    assert rank.est_saving_pct == pytest.approx(one.est_saving_pct * (9 - 1.25) / 9, rel=0.02)
+    assert "allow 3 (one CPU left to the loop)" in rank.evidence
+    assert "still leave the loop waiting about 2.00 ms per step" in rank.evidence
+    assert rank.est_saving_pct == pytest.approx(one.est_saving_pct * (9 - 2) / 9, rel=0.02)
     assert rank.est_saving_pct < one.est_saving_pct
 
 

@@ -695,7 +695,9 @@ def estimate(
     total = step if unprof else ctx.mean_step_us
     compute = max(total - (plain if unprof else fetch), 1.0)
     need = math.ceil(f / compute) + 1
-    cap = cpus if cpus else 8
+    # One CPU left to the loop itself, which launches the GPU's work (Lightning's
+    # suggested_max_num_workers leaves it too)
+    cap = max(1, cpus - 1) if cpus else 8
     suggest = max(2, min(need, cap))
     left = 0.0
     if need > suggest and ctx.gpu_timeline:

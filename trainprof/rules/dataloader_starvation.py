@@ -247,11 +247,12 @@ try_fakedata, its workers the bound, 25.9 and 25.7 %.
 Without step times in the metadata (a bare trace) the saving is F, an upper bound, and said so.
 The suggested `num_workers` on a GPU is the number of workers needed to produce one batch per
 compute-only step (fetch time / compute time, rounded up, plus one; from the steps without the
-profiler where the run timed them), capped by the CPUs: the rank's share of them where the job
-runs several ranks on the machine (torchrun's and accelerate's LOCAL_WORLD_SIZE: 8 ranks on 32
-CPUs leave 4 each; Lightning's `suggested_max_num_workers` divides the same way). Where the cap
-binds, n workers hand a batch over every F / n and the loop still waits F / n - C per step, so
-the saving counts only the rest, F - (F / n - C), and the evidence says so.
+profiler where the run timed them), at least 2, capped by the CPUs less the one the loop itself
+needs: the rank's share of them where the job runs several ranks on the machine (torchrun's and
+accelerate's LOCAL_WORLD_SIZE: 8 ranks on 32 CPUs leave 4 each, so 3 workers; Lightning's
+`suggested_max_num_workers` divides the same way). Where the cap binds, n workers hand a batch
+over every F / n and the loop still waits F / n - C per step, so the saving counts only the
+rest, F - (F / n - C), and the evidence says so.
 """
 
 from __future__ import annotations
@@ -530,7 +531,8 @@ def _cpus_here(ctx: Context, cpus: int) -> str:
 def _too_few_evidence(ctx: Context, est: Estimate, cpus: int | None) -> str:
     """Where the CPUs allow fewer workers than one batch per compute-only step needs."""
     text = (f" One batch per compute-only step would take {est.need} workers; "
-            f"{_cpus_here(ctx, cpus) if cpus else 'the CPUs'} allow {est.suggest}")
+            f"{_cpus_here(ctx, cpus) if cpus else 'the CPUs'} allow {est.suggest}"
+            + (" (one CPU left to the loop)" if cpus and est.suggest == cpus - 1 else ""))
     if est.left_wait > 0 and ctx.gpu_timeline:
         text += (f", which still leave the loop waiting about {ms(est.left_wait)} per step"
                  " (the saving counts only the rest)")
