@@ -83,6 +83,8 @@ def test_lightning_ddp_profiles_the_rank_it_relaunches(lightning: Job) -> None:
     # rank 0 is trainprof's own process: its files carry the rank torch.distributed gave it
     assert "trainprof.json" not in lightning.names() and "trainprof.log" not in lightning.names()
     assert not list(lightning.folder.glob("lightning_ddp.*"))
+    # Lightning's rendezvous on 127.0.0.1: both ranks on this machine, sharing its CPUs
+    assert [lightning.meta(f"trainprof.rank{r}.json")["local_world_size"] for r in (0, 1)] == [2, 2]
 
 
 @pytest.mark.slow
@@ -104,8 +106,10 @@ def test_spawn_profiles_every_rank(spawned: Job) -> None:
     assert_two_ranks_profiled(spawned)
     assert spawned.stdout.count(HEADER) == 1
     for rank in (0, 1):  # user code is the script's: the spawned function is located in it
-        (opt,) = spawned.meta(f"trainprof.rank{rank}.json")["optimizers"]
+        meta = spawned.meta(f"trainprof.rank{rank}.json")
+        (opt,) = meta["optimizers"]
         assert opt["location"].endswith("mp_spawn_ddp.py:23")
+        assert meta["local_world_size"] == 2  # MASTER_ADDR 127.0.0.1: one machine
     parent = spawned.meta("trainprof.json")  # the process that called spawn ran no step
     assert parent["rank"] is None and parent["traces"] == []
     assert "no training step found" not in spawned.stderr

@@ -327,8 +327,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     traces: list[str] = []  # trace file names, relative to the run folder
     rank: int | None = None
     world_size: int | None = None
-    # The job's ranks on this machine (torchrun's and accelerate's LOCAL_WORLD_SIZE), which share
-    # its cores; None where not told (a single process, ranks the script started itself).
+    # The job's ranks on this machine, which share its cores: torchrun's and accelerate's
+    # LOCAL_WORLD_SIZE, else every rank where the rendezvous (MASTER_ADDR) is this machine's
+    # loopback address (Lightning's ddp, torch.multiprocessing.spawn); None where not known.
     local_world_size: int | None = None
     module: str | None = None  # set when run with -m MODULE (script is then the module's file)
     python_version: str = ""

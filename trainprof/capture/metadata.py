@@ -354,11 +354,18 @@ def distributed() -> tuple[int | None, int | None]:
     return None, None
 
 
-def local_world_size() -> int | None:
-    """The job's ranks on this machine, where the launcher says (torchrun and accelerate set
-    LOCAL_WORLD_SIZE); None otherwise."""
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+
+
+def local_world_size(world: int) -> int | None:
+    """The job's ranks on this machine (a job of `world` ranks): where the launcher says so
+    (torchrun and accelerate set LOCAL_WORLD_SIZE), else every rank where the job's rendezvous
+    is on this machine's loopback address (MASTER_ADDR: Lightning's ddp and
+    torch.multiprocessing.spawn jobs on one machine, which say no more); None otherwise."""
     n = os.environ.get("LOCAL_WORLD_SIZE", "")
-    return int(n) if n.isdigit() and int(n) > 0 else None
+    if n.isdigit() and int(n) > 0:
+        return int(n)
+    return world if os.environ.get("MASTER_ADDR") in LOCAL_HOSTS else None
 
 
 def live_rank() -> tuple[int, int] | None:

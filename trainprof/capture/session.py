@@ -268,7 +268,7 @@ class Session:
                 traces=list(writer.files),
                 rank=rank if rank is not None else self.rank,
                 world_size=world,
-                local_world_size=metadata.local_world_size() if world and world > 1 else None,
+                local_world_size=metadata.local_world_size(world) if world and world > 1 else None,
                 sync_warnings=cuda.sync_warnings(),
                 cupti_teardown=cuda.cupti_teardown,
                 user_traces=theirs.existing_traces(),

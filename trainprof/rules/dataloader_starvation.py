@@ -249,10 +249,10 @@ The suggested `num_workers` on a GPU is the number of workers needed to produce 
 compute-only step (fetch time / compute time, rounded up, plus one; from the steps without the
 profiler where the run timed them), at least 2, capped by the CPUs less the one the loop itself
 needs: the rank's share of them where the job runs several ranks on the machine (torchrun's and
-accelerate's LOCAL_WORLD_SIZE: 8 ranks on 32 CPUs leave 4 each, so 3 workers; Lightning's
-`suggested_max_num_workers` divides the same way). Where the cap binds, n workers hand a batch
-over every F / n and the loop still waits F / n - C per step, so the saving counts only the
-rest, F - (F / n - C), and the evidence says so.
+accelerate's LOCAL_WORLD_SIZE, or a rendezvous on 127.0.0.1: 8 ranks on 32 CPUs leave 4 each,
+so 3 workers; Lightning's `suggested_max_num_workers` divides the same way). Where the cap
+binds, n workers hand a batch over every F / n and the loop still waits F / n - C per step, so
+the saving counts only the rest, F - (F / n - C), and the evidence says so.
 """
 
 from __future__ import annotations
