@@ -245,9 +245,11 @@ def test_gpu_workers_per_rank_share_the_machines_cpus(tmp_path: Path):
     assert "workers; " not in one.evidence  # no cap binds
     (rank,) = _starvation(_gpu_starved(tmp_path / "rank", 8))
     assert rank.metrics["suggested_num_workers"] == 3
-    assert "num_workers=3" in rank.fix and "4 CPUs per rank here (32 shared by 8 ranks)" in rank.fix
+    assert "num_workers=3" in rank.fix
+    assert "# 4 CPUs per rank here: 32 shared by 8 ranks" in rank.fix
     assert "One batch per compute-only step would take 10 workers" in rank.evidence
-    assert "allow 3 (one CPU left to the loop)" in rank.evidence
+    assert ("the fix suggests 3 (4 CPUs per rank here: 32 shared by 8 ranks; one left to the "
+            "loop)") in rank.evidence
     assert "still leave the loop waiting about 2.00 ms per step" in rank.evidence
     assert rank.est_saving_pct == pytest.approx(one.est_saving_pct * (9 - 2) / 9, rel=0.02)
     assert rank.est_saving_pct < one.est_saving_pct

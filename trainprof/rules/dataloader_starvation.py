@@ -523,16 +523,16 @@ def _cpus_here(ctx: Context, cpus: int) -> str:
     """The fix line's comment on the CPUs the count was capped by."""
     meta = ctx.meta
     if meta and meta.cpu_count and cpus < meta.cpu_count:
-        return (f"{cpus} CPUs per rank here ({meta.cpu_count} shared by "
-                f"{meta.local_world_size} ranks)")
+        shared = f"{meta.cpu_count} shared by {meta.local_world_size} ranks"
+        return f"{cpus} CPUs per rank here: {shared}"
     return f"{cpus} CPUs here"
 
 
 def _too_few_evidence(ctx: Context, est: Estimate, cpus: int | None) -> str:
     """Where the CPUs allow fewer workers than one batch per compute-only step needs."""
-    text = (f" One batch per compute-only step would take {est.need} workers; "
-            f"{_cpus_here(ctx, cpus) if cpus else 'the CPUs'} allow {est.suggest}"
-            + (" (one CPU left to the loop)" if cpus and est.suggest == cpus - 1 else ""))
+    here = f"{_cpus_here(ctx, cpus)}; one left to the loop" if cpus else "8 at most"
+    text = (f" One batch per compute-only step would take {est.need} workers; the fix suggests "
+            f"{est.suggest} ({here})")
     if est.left_wait > 0 and ctx.gpu_timeline:
         text += (f", which still leave the loop waiting about {ms(est.left_wait)} per step"
                  " (the saving counts only the rest)")
