@@ -691,9 +691,9 @@ def estimate(
     # steps without the profiler where the run timed them (the profiler inflates a Python-heavy
     # fetch), at most the CPUs (this rank's share of them: RunMeta.cpus_per_rank).
     unprof = plain is not None and bool(step)
-    f = (plain if unprof else fetch) * q
-    total = step if unprof else ctx.mean_step_us
-    compute = max(total - (plain if unprof else fetch), 1.0)
+    fetched, total = (plain, step) if unprof else (fetch, ctx.mean_step_us)
+    f = fetched * q
+    compute = max(total - fetched, 1.0)
     need = math.ceil(f / compute) + 1
     # One CPU left to the loop itself, which launches the GPU's work (Lightning's
     # suggested_max_num_workers leaves it too)

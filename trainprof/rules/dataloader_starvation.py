@@ -645,7 +645,8 @@ def check(ctx: Context) -> list[Finding]:
                    f"cores. The input pipeline is CPU-bound: {lighter}")
         elif model is not None and model.workers > (n_workers or 0):
             fix = (f"DataLoader(..., num_workers={model.workers}, persistent_workers=True)"
-                   + (f"  # {cpus} CPUs here" if cpus else "") + _threads_line(model, threads))
+                   + (f"  # {_cpus_here(ctx, cpus)}" if cpus else "")
+                   + _threads_line(model, threads))
             fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
     metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
     if model is not None:

@@ -332,13 +332,13 @@ class Trial:
                 + ", ".join(switched))
         try:
             began = time.monotonic()
+            after = (", then the fixes that measured a saving together"
+                     if len({v.specs[0]["rule"] for v in todo}) > 1 else "")
             for k in range(self.opts.rounds):
                 if k:  # measured, not guessed: the rounds so far took this long each
                     left = (self.opts.rounds - k) * (time.monotonic() - began) / k
-                    rules = {v.specs[0]["rule"] for v in todo}
                     say(f"{k} of {self.opts.rounds} rounds done; about {_duration(left)} for "
-                        "the rest" + (", then the fixes that measured a saving together"
-                                      if len(rules) > 1 else ""))
+                        f"the rest{after}")
                 # Each round starts one place further along: on a machine whose load drifts,
                 # a fixed order would give the variants run last in every round a steady edge
                 # (or handicap) that the rounds' interval cannot see.
