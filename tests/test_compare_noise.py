@@ -129,6 +129,49 @@ def test_other_processes_cpu_is_seen() -> None:
     assert load.own_cpus * load.interval_s < 0.4  # the middle process only started one
 
 
+# A rank: its probe spans a sibling's burn (the agent says when), then prints its Load.
+_RANK = (
+    "import json, sys\n"
+    "from trainprof.capture.loadprobe import LoadProbe\n"
+    "probe = LoadProbe()\n"
+    "print('ready', flush=True)\n"
+    "sys.stdin.readline()\n"
+    "load = probe.finish()\n"
+    "print(json.dumps([load.other_cpus * load.interval_s, load.own_cpus * load.interval_s]))\n"
+)
+# torchrun's agent, in small: it starts the rank, then a sibling that burns 0.5 s of CPU.
+_AGENT = (
+    "import os, subprocess, sys\n"
+    "env = dict(os.environ, **({'TORCHELASTIC_RUN_ID': 'job'} if sys.argv[1] == 'job' else {}))\n"
+    "rank = subprocess.Popen([sys.executable, '-c', sys.argv[2]], env=env, text=True,\n"
+    "                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+    "assert rank.stdout.readline().strip() == 'ready'\n"
+    "sib = subprocess.Popen([sys.executable, '-c', sys.argv[3]], text=True,\n"
+    "                       stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
+    "assert sib.stdout.readline().strip() == 'burnt'\n"
+    "out = rank.communicate('go\\n')[0]\n"
+    "sib.communicate('')\n"
+    "print(out, end='')\n"
+)
+
+
+@pytest.mark.skipif(not LINUX, reason="/proc")
+@pytest.mark.parametrize("launched", ["job", "alone"])
+def test_a_ranks_job_is_no_other_load(launched: str) -> None:
+    """A rank torchrun started counts its job's other ranks (the agent's tree) as its own load,
+    not another process's: a sibling burning 0.5 s shows in own_cpus, not other_cpus. The same
+    process started without torchrun's variables sees the sibling as another process."""
+    done = subprocess.run([sys.executable, "-c", _AGENT, launched, _RANK, BURN], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    other, own = json.loads(done.stdout)
+    # /proc/stat counts in clock ticks, sampled: allow some under-count.
+    if launched == "job":
+        assert own >= 0.4 and other < 0.4
+    else:
+        assert other >= 0.4 and own < 0.4
+
+
 # ---- compare warns when the runs saw different machines or load --------------------------------
 @pytest.mark.slow
 def test_same_machine_same_load_no_warning(real_run: Path, tmp_path: Path) -> None:

@@ -297,22 +297,26 @@ def test_bare_trace_folder_is_refused_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / "try.json").exists()
 
 
-def test_a_job_of_several_ranks_is_refused_in_one_line(tmp_path: Path) -> None:
-    """A torchrun job's folder (trainprof.rank<R>.json, no trainprof.json), and a script that
-    started its ranks itself (Lightning's ddp: trainprof.json with a world size): one line that
-    says what to do, not "a bare trace"."""
-    job = tmp_path / "job"
-    job.mkdir()
-    for r in (0, 1):
-        write_meta(RunMeta(argv=[MLP], cwd=str(ROOT), rank=r, world_size=2), job,
-                   f"trainprof.rank{r}.json")
-    selfstarted = tmp_path / "ddp"
-    selfstarted.mkdir()
+def test_jobs_try_cannot_rerun_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A torchrun job on two machines, a job without rank 0's command, and a script that started
+    its ranks itself (Lightning's ddp: trainprof.json with a world size): one line that says
+    why and what to do, not "a bare trace". (A torchrun job on one machine is re-run: test_try_job.)
+    """
+    nodes, headless, selfstarted = (tmp_path / name for name in ("nodes", "headless", "ddp"))
+    for folder in (nodes, headless, selfstarted):
+        folder.mkdir()
+    for r in (0, 1):  # ranks 0 and 1 of 4, two per machine
+        write_meta(RunMeta(argv=[MLP], cwd=str(ROOT), rank=r, world_size=4, local_world_size=2),
+                   nodes, f"trainprof.rank{r}.json")
+    write_meta(RunMeta(rank=1, world_size=2), headless, "trainprof.rank1.json")
     write_meta(RunMeta(argv=[MLP], cwd=str(ROOT), rank=0, world_size=4), selfstarted)
-    for folder, world in ((job, 2), (selfstarted, 4)):
+    for folder, words in ((nodes, ["is a job of 4 ranks on 2 machines", "this machine only"]),
+                          (headless, ["is a job of 2 ranks without rank 0's recorded command"]),
+                          (selfstarted, ["is a job of 4 ranks that the script started itself",
+                                         "--nproc-per-node N"])):
         done = trainprof("try", str(folder))
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
-        assert f"is a job of {world} ranks" in done.stderr and "one process" in done.stderr
+        assert all(w in done.stderr for w in words), done.stderr
         assert not (folder / "try.json").exists()
 
 

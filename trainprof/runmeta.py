@@ -18,6 +18,9 @@ META_NAME = "trainprof.json"
 MAX_ITERS_KEPT = 64  # DataLoaderInfo.iter_steps and .left_early keep no more
 TRY_NAME = "try.json"  # `trainprof try`'s results, written into the run folder
 EARLIER_TRY = re.compile(r"try\.(\d+)\.json")  # an earlier try's results, kept beside it
+# Variables torchrun sets in each rank for that job only (its run id, an error file of that
+# job's): not the script's environment, neither recorded nor replayed by `trainprof try`.
+LAUNCHER_ENV = ("TORCHELASTIC_",)
 
 
 def is_try_file(name: str) -> bool:
@@ -241,9 +244,10 @@ class Load(msgspec.Struct, kw_only=True):
     loadavg_start: float | None = None  # 1-minute load average (this run's threads included)
     loadavg_end: float | None = None
     # Average number of CPUs kept busy over the interval by other processes: the machine's busy
-    # time (/proc/stat) minus this process tree's CPU time (DataLoader workers included).
+    # time (/proc/stat) minus this process tree's CPU time (DataLoader workers included; for a
+    # rank torchrun started, its job's ranks on this machine and theirs).
     other_cpus: float | None = None
-    own_cpus: float | None = None  # the same for this process tree
+    own_cpus: float | None = None  # the same for this process tree (a rank's: its job's)
     steal_cpus: float | None = None  # CPU time the hypervisor gave to other virtual machines
 
 
@@ -351,6 +355,10 @@ class RunMeta(msgspec.Struct, kw_only=True):
     cwd: str = ""
     executable: str = ""
     env: dict[str, str] = {}
+    # The process was a rank that torchrun started (`trainprof run --nproc-per-node`, torchrun
+    # -m trainprof.capture.worker): its rounds start through torchrun too (a script that reads
+    # its rank from torchrun's variables fails without them, even as the one rank of a job).
+    torchrun: bool = False
 
     def script_trace(self) -> str | None:
         """The script's own latest trace where it stands for trainprof's: the script's profiler

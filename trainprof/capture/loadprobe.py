@@ -2,7 +2,8 @@
 
 Read twice, when the script starts and at the end of the capture; no background thread. The
 "other processes" figure is the machine's busy CPU time (/proc/stat) minus this process tree's
-(this process, its reaped children, and its live descendants such as DataLoader workers), so a
+(this process, its reaped children, and its live descendants such as DataLoader workers; for a
+rank torchrun started, its job's ranks on this machine with theirs), so a
 second job on the machine shows even when the load average, which counts this run's own
 threads, does not. Linux only; elsewhere only the load average (None where absent too).
 No torch here: the probe must not initialise anything in the script's process.
@@ -96,7 +97,14 @@ def _live_descendants_cpu_s(root: int) -> float:
 
 
 def own_cpu_s() -> float:
-    """CPU seconds of this process tree: every thread, reaped children, live descendants."""
+    """CPU seconds of this process tree: every thread, reaped children, live descendants. A rank
+    that torchrun started counts its job's tree instead (the torchrun agent above it: the job's
+    ranks on this machine and their workers), since the job's other ranks are no other load."""
+    agent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    if agent is not None and agent > 1:
+        parent, cpu = _process_table()
+        if agent in cpu:
+            return cpu[agent] + sum(cpu.get(pid, 0.0) for pid in _descendants(agent, parent))
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(
         os.getpid()

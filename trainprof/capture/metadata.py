@@ -28,6 +28,7 @@ from trainprof.capture.patching import Patches
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
 from trainprof.runmeta import (
+    LAUNCHER_ENV,
     MAX_ITERS_KEPT,
     DataLoaderInfo,
     DynamoInfo,
@@ -304,8 +305,10 @@ def relaunch_context() -> dict[str, Any]:
         k: v
         for k, v in os.environ.items()
         if k.startswith(_ENV_PREFIXES) and not any(s in k.upper() for s in _SECRET)
+        and not k.startswith(LAUNCHER_ENV)
     }
-    return {"cwd": os.getcwd(), "executable": sys.executable, "env": env}
+    return {"cwd": os.getcwd(), "executable": sys.executable, "env": env,
+            "torchrun": "TORCHELASTIC_RUN_ID" in os.environ}
 
 
 def environment(load: LoadProbe | None = None, init_cuda: bool = True) -> dict[str, Any]:

@@ -10,15 +10,15 @@ process. The baseline's own rounds still run: the baseline's step and the machin
 rounds (tryfix/machine) are theirs.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
-folder and environment `trainprof run` recorded. Warm-up steps are dropped from every round
-(WARMUP_STEPS; with torch.compile also the steps up to the first compilation and the one after
-it, and each later recompilation's step and the one after it, listed in try.json as
-`recompile_steps`: measure.timed_steps), and so are steps that hold an evaluation pass
-(`eval_steps`), as in the run's diagnosis. Each fix
-that measured a saving is then run together with the others (the best variant of each), again
-interleaved with the baseline. try.json is rewritten after every round, so a Ctrl-C keeps the
-rounds done so far.
-"""
+folder and environment `trainprof run` recorded; a torchrun job's rounds are the job again,
+through torchrun on this machine, every rank with the round's fixes (spawn.py), its fixes
+switched at the same step in every rank or in rounds of their own, none in turns. Warm-up steps
+are dropped from every round (WARMUP_STEPS; with torch.compile also the steps up to the first
+compilation and the one after it, and each later recompilation's step and the one after it,
+listed in try.json as `recompile_steps`: measure.timed_steps), and so are steps that hold an
+evaluation pass (`eval_steps`), as in the run's diagnosis. Each fix that measured a saving is
+then run together with the others (the best variant of each), again interleaved with the
+baseline. try.json is rewritten after every round, so a Ctrl-C keeps the rounds done so far."""
 
 from __future__ import annotations
 
@@ -108,31 +108,62 @@ class TryOptions:
 
 
 def load_run(run: Path) -> RunMeta:
-    """The run's metadata with its recorded command; TrainprofError (exit 2) otherwise."""
+    """The run's metadata with its recorded command (a torchrun job's: rank 0's); TrainprofError
+    (exit 2) otherwise."""
     run = Path(run)
     if not run.is_dir():
         raise TrainprofError(
             f"{run} is not a run folder: `trainprof try` re-runs what `trainprof run` recorded"
         )
     meta = read_meta(run)
-    ranks = sorted(run.glob("trainprof.rank*.json"))  # a torchrun job's ranks write these
-    if meta is None and ranks:
-        meta = read_meta(ranks[0])
-        world = (meta.world_size if meta else None) or len(ranks)
-        raise TrainprofError(_one_process(run, max(world, 2)))
+    files = _rank_files(run)
+    if meta is None and files:  # a torchrun job's ranks: one file each
+        meta = read_meta(run / "trainprof.rank0.json")
+        ranks = job_ranks(run) or len(files)
+        if meta is None or not meta.argv:
+            raise TrainprofError(f"{run} is a job of {ranks} ranks without rank 0's recorded "
+                                 "command (trainprof.rank0.json), which `trainprof try` re-runs")
+        local = meta.local_world_size or ranks  # not recorded before 2026-11-29: one machine
+        if local < ranks:
+            raise TrainprofError(
+                f"{run} is a job of {ranks} ranks on {-(-ranks // local)} machines: `trainprof "
+                f"try` re-runs a job on this machine only; record it on one machine "
+                "(`trainprof run --nproc-per-node N`, one node) and try that run")
+        return meta
     if meta is None or not meta.argv:
         raise TrainprofError(
             f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
             "a run folder written by `trainprof run`, not a bare trace"
         )
-    if meta.world_size and meta.world_size > 1:
-        raise TrainprofError(_one_process(run, meta.world_size))
+    world = max(meta.world_size or 1, len(files))
+    if world > 1 or files:
+        raise TrainprofError(
+            f"{run} is a job of {world} ranks that the script started itself "
+            "(Lightning's ddp, torch.multiprocessing.spawn, a launcher it calls): `trainprof "
+            "try` re-runs one process or a torchrun job; record the script under torchrun "
+            "(`trainprof run --nproc-per-node N`) or as one process, and try that run")
     return meta
 
 
-def _one_process(run: Path, world: int) -> str:
-    return (f"{run} is a job of {world} ranks: `trainprof try` re-runs one process; record the "
-            "script as one process (no torchrun, one device) and try that run")
+def _rank_files(run: Path) -> list[Path]:
+    return list(Path(run).glob("trainprof.rank*.json"))
+
+
+def job_ranks(run: Path) -> int | None:
+    """The ranks of the torchrun job recorded in `run` (`trainprof run --nproc-per-node N`: a
+    file per rank and no trainprof.json; with one rank, trainprof.json of a process torchrun
+    started), else None (one process)."""
+    run = Path(run)
+    own = read_meta(run)
+    if own is not None:
+        # (runs recorded before `torchrun` was kept have torchrun's variables in `env`)
+        by_torchrun = own.torchrun or "TORCHELASTIC_RUN_ID" in own.env
+        return 1 if by_torchrun and not _rank_files(run) else None
+    files = _rank_files(run)
+    if not files:
+        return None
+    first = read_meta(run / "trainprof.rank0.json") or read_meta(min(files))
+    return max((first.world_size if first else None) or 0, len(files))
 
 
 def run_step(meta: RunMeta) -> float:
@@ -187,7 +218,11 @@ class Trial:
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
-        self.launcher = Launcher(meta, self.log)
+        # A torchrun job's rounds are the job again, on this machine (spawn.Launcher).
+        self.ranks = job_ranks(self.run)
+        if self.ranks and not meta.local_world_size:  # recorded before it was: load_run's one
+            meta.local_world_size = self.ranks  # machine, whose CPUs the ranks share
+        self.launcher = Launcher(meta, self.log, self.ranks)
         self.clocks: set[str] = set()  # the step clocks the rounds were timed on
         # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the
         # files its exports did not write.
@@ -205,7 +240,8 @@ class Trial:
                 + ", ".join(sorted(catalog.RUNTIME))
             )
         rules = asked or [r for r in self.est if r in catalog.RUNTIME or r in catalog.EDIT_THE_CODE]
-        cores = self.meta.cpu_count or os.cpu_count() or 1
+        # a rank's share of the CPUs: its workers and threads beside the job's other ranks
+        cores = self.meta.cpus_per_rank() or os.cpu_count() or 1
         loaders = self.meta.dataloaders
         workers = loader_cuts.training_workers(loaders) if loaders else None
         evaluation = loader_cuts.evaluation_locations(loader_cuts.cuts(loaders))
@@ -237,8 +273,10 @@ class Trial:
 
     def _turns_unless_switched(self, v: Variant) -> None:
         """A variant not switched in one process changes the process: in turns beside a
-        baseline process (tryfix/turns), unless --separate."""
-        if not self.opts.separate and not v.block:
+        baseline process (tryfix/turns), unless --separate or the run is a torchrun job (a job's
+        ranks would each have to stop at the same step for the other job's turn: its rounds
+        run on their own; a switched fix is switched at the same step in every rank)."""
+        if not self.opts.separate and not v.block and not self.ranks:
             v.turns, v.block = True, self.block
 
     def _optimizer(self) -> str | None:
@@ -315,6 +353,10 @@ class Trial:
         off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
+        if self.ranks:
+            say(f"each round runs the job again: {self.ranks} ranks through torchrun on this "
+                "machine, a step timed as its slowest rank's; fixes in every rank, none taking "
+                "turns")
         switched = [v.name for v in todo if v.block and not v.turns]
         paired = [v.name for v in todo if v.turns]
         if paired:
@@ -328,7 +370,8 @@ class Trial:
                     "their blocks")
         if switched:
             say(f"switched off and on in blocks of {switch.TRANSITION} + {self.block} steps in "
-                f"rounds of {self.switched_steps} steps (both sides in one process): "
+                f"rounds of {self.switched_steps} steps (both sides in one process"
+                f"{', each rank switching at the same step' if self.ranks else ''}): "
                 + ", ".join(switched))
         try:
             began = time.monotonic()
@@ -422,7 +465,7 @@ class Trial:
                         "--warmup", str(WARMUP_STEPS)]
             cmd += ["--", *self.meta.argv]
             code = self.launcher.run(cmd, v.name, self._extra_s(v))
-            res = read_result(result_file)
+            res = read_result(result_file, self.ranks or 1)
         self._note_outputs(res)
         if res is not None and res.get("other_cpus") is not None:
             self.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
@@ -727,6 +770,8 @@ class Trial:
             "run": str(self.run.resolve()),
             "command": self.meta.argv,
             "cwd": self.meta.cwd or None,
+            # a torchrun job's rounds: the job again, each step its slowest rank's (spawn.py)
+            "ranks": self.ranks,
             "steps_per_round": self.steps,
             # the rounds that switch a fix off and on run both sides: about twice the steps
             **({"switched_steps_per_round": self.switched_steps}

@@ -16,7 +16,8 @@ The script's own profiler runs as in the run, writing no file, and the script's 
 frameworks' logs (tryfix/outputs) and what it writes through Python's file calls
 (tryfix/userfiles) go to outputs/ beside the result file. The result file gets every step's wall
 time, the steps that evaluated, those references, how the script ended, what the fixes did and
-what the rounds did not write where the run did. The exit code is the script's.
+what the rounds did not write where the run did (a rank of a torchrun job's round: a result
+file of its own, spawn.rank_result). The exit code is the script's.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainprof.errors import TrainprofError
     from trainprof.tryfix.apply import Applied, install
     from trainprof.tryfix.outputs import hold_profiler_files, redirect_records
+    from trainprof.tryfix.spawn import rank_result
     from trainprof.tryfix.switch import Alternation, Switch
     from trainprof.tryfix.turns import Turn
     from trainprof.tryfix.userfiles import keep_user_files
@@ -69,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     except TrainprofError as err:
         print(f"trainprof: error: {err}", file=sys.stderr)
         return 2
+    # A rank of a job's round (torchrun started this module once per rank) writes a result file
+    # of its own; read before the script can change the variables.
+    world, rank_var = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
+    rank = int(rank_var) if world.isdigit() and int(world) > 1 and rank_var.isdigit() else 0
     specs = json.loads(opts.fixes)
     patches = Patches()
     # Where the script's records go stays patched until this process exits: a script's atexit
@@ -151,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
         "fix_on": alternation.sides[: len(steps.step_times)] if alternation else None,
         **held.result(),
     }
-    opts.result.write_text(json.dumps(result))
+    rank_result(opts.result, rank).write_text(json.dumps(result))
     return outcome.exit_code
 
 

@@ -1,6 +1,8 @@
 """Starting a round's process (`python -m trainprof.tryfix.round`) as `trainprof run` recorded the
 script: its interpreter, working folder and environment, its output into the try log, a time
-limit, and Ctrl-C passed on."""
+limit, and Ctrl-C passed on. A torchrun job's round is the job again: torchrun starts the round
+module once per rank, each rank writes a result file of its own, and the job's result is rank
+0's with each step the slowest rank's (`read_result`)."""
 
 from __future__ import annotations
 
@@ -15,17 +17,20 @@ from pathlib import Path
 from typing import IO
 
 from trainprof.capture.loadprobe import descendants
-from trainprof.runmeta import RunMeta
+from trainprof.runmeta import LAUNCHER_ENV, RunMeta
 
 _TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 class Launcher:
-    """The recorded run's way of starting the script, for its rounds; `log` gets their output."""
+    """The recorded run's way of starting the script, for its rounds; `log` gets their output.
+    `nproc`: the ranks of a torchrun job on one machine, each round started through torchrun
+    (None: one process)."""
 
-    def __init__(self, meta: RunMeta, log: Path) -> None:
+    def __init__(self, meta: RunMeta, log: Path, nproc: int | None = None) -> None:
         self.meta = meta
         self.log = log
+        self.nproc = nproc
 
     def python(self) -> str:
         """The interpreter that ran the recorded run (it has the script's packages), if it is
@@ -35,12 +40,17 @@ class Launcher:
 
     def command(self, specs: list[dict], steps: int, result: Path) -> list[str]:
         """A round's command up to its own options (the script's comes after `--`)."""
-        return [self.python(), "-m", "trainprof.tryfix.round", "--fixes", json.dumps(specs),
+        # A job's ranks rendezvous on a free port of this machine (--standalone): the recorded
+        # job's port may be taken, and rounds run one after another.
+        job = ([self.python(), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                str(self.nproc)] if self.nproc else [self.python()])
+        return [*job, "-m", "trainprof.tryfix.round", "--fixes", json.dumps(specs),
                 "--max-steps", str(steps), "--result", str(result)]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(self.meta.env)
+        # (runs recorded before 2026-11-29's stop 51 kept torchrun's own variables too)
+        env.update({k: v for k, v in self.meta.env.items() if not k.startswith(LAUNCHER_ENV)})
         paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
         if _TRAINPROF_ROOT not in paths:  # the round imports trainprof; last, so as not to shadow
             paths.append(_TRAINPROF_ROOT)
@@ -115,9 +125,51 @@ def interrupt(proc: subprocess.Popen) -> None:
         proc.kill()
 
 
-def read_result(path: Path) -> dict | None:
-    """A round's result file, or None (the round ended without writing it)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+def rank_result(path: Path, rank: int) -> Path:
+    """Where rank `rank` of a job's round writes its result (rank 0: `path` itself)."""
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def read_result(path: Path, ranks: int = 1) -> dict | None:
+    """A round's result, or None (the round ended without writing it): of a job of `ranks`
+    ranks, the ranks' results merged (merge_ranks)."""
+    results = []
+    for rank in range(ranks):
+        try:
+            results.append(json.loads(rank_result(path, rank).read_text()))
+        except (OSError, ValueError):
+            results.append(None)
+    return results[0] if ranks == 1 else merge_ranks(results)
+
+
+def merge_ranks(results: list[dict | None]) -> dict | None:
+    """A job's round as one result: rank 0's (the first rank's that wrote one), with each step
+    the slowest rank's (a data-parallel step ends for all when the slowest's gradients are in),
+    as many steps as every rank timed; the first failure of any rank, its fixes' notes and
+    failures all together. None where no rank wrote a result; a rank without one (killed,
+    crashed before the script ended) is a failure of the round."""
+    got = [r for r in results if r is not None]
+    if not got:
         return None
+    out = dict(got[0])
+    n = min(len(r.get("step_times_s") or []) for r in got)
+    out["step_times_s"] = [max(r["step_times_s"][i] for r in got) for i in range(n)]
+    gpu = [r.get("gpu_step_times_s") or [] for r in got]
+    out["gpu_step_times_s"] = [
+        None if any(i >= len(g) or g[i] is None for g in gpu) else max(g[i] for g in gpu)
+        for i in range(n)]
+    out["eval_steps"] = sorted({s for r in got for s in r.get("eval_steps") or []})
+    out["compile_steps"] = sorted({s for r in got for s in r.get("compile_steps") or []})
+    failing = next((r for r in got if r.get("exit_code")), None)
+    if failing is not None:
+        for key in ("exit_code", "status", "error"):
+            out[key] = failing.get(key)
+    missing = [rank for rank, r in enumerate(results) if r is None]
+    if missing and not out.get("exit_code"):
+        out["exit_code"], out["status"] = 1, "error"
+        out["error"] = f"rank {missing[0]} of the job wrote no result"
+    out["notes"] = sorted({n for r in got for n in r.get("notes") or []})
+    out["failed"] = {k: v for r in got for k, v in (r.get("failed") or {}).items()}
+    out["skipped"] = {k: v for r in got for k, v in (r.get("skipped") or {}).items()}
+    out["stopped_by_max_steps"] = all(r.get("stopped_by_max_steps") for r in got)
+    return out

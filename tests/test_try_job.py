@@ -1,0 +1,126 @@
+"""`trainprof try` on a torchrun job (`trainprof run --nproc-per-node N`): each round is the job
+again through torchrun, every rank with the round's fixes, each step the slowest rank's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from test_run_cli import ROOT, SCRIPTS, SMALL, run
+
+from trainprof.runmeta import RunMeta
+from trainprof.tryfix.spawn import Launcher, merge_ranks, rank_result
+
+JOB = str(SCRIPTS / "try_ddp.py")
+
+
+def _rank(steps: list[float], **extra) -> dict:
+    return {"step_times_s": steps, "gpu_step_times_s": [None] * len(steps), "exit_code": 0,
+            "status": "ok", "error": None, "notes": [], "failed": {}, "skipped": {},
+            "stopped_by_max_steps": True, "eval_steps": [], "compile_steps": [], **extra}
+
+
+def test_a_jobs_step_is_its_slowest_ranks() -> None:
+    r0 = _rank([0.010, 0.020, 0.010], notes=["a"], phase_ref_s=[[1, 0.1]])
+    r1 = _rank([0.015, 0.012], notes=["b"], eval_steps=[1])
+    merged = merge_ranks([r0, r1])
+    assert merged is not None
+    assert merged["step_times_s"] == [0.015, 0.020]  # as many steps as every rank timed
+    assert merged["notes"] == ["a", "b"] and merged["eval_steps"] == [1]
+    assert merged["phase_ref_s"] == [[1, 0.1]]  # the machine's reference: rank 0's
+    assert merged["gpu_step_times_s"] == [None, None]
+    gpu = merge_ranks([_rank([0.01], gpu_step_times_s=[0.004]),
+                       _rank([0.01], gpu_step_times_s=[0.006])])
+    assert gpu is not None and gpu["gpu_step_times_s"] == [0.006]
+
+
+def test_a_rank_that_fails_or_writes_nothing_fails_the_round() -> None:
+    failed = merge_ranks([_rank([0.01]), _rank([0.01], exit_code=3, status="error",
+                                                 error="SystemExit: 3",
+                                                 failed={"x": "fix x failed"})])
+    assert failed is not None
+    assert (failed["exit_code"], failed["error"], failed["failed"]) == (
+        3, "SystemExit: 3", {"x": "fix x failed"})
+    lost = merge_ranks([_rank([0.01]), None])
+    assert lost is not None and lost["exit_code"] == 1
+    assert lost["error"] == "rank 1 of the job wrote no result"
+    assert merge_ranks([None, None]) is None
+
+
+def test_a_jobs_round_starts_through_torchrun_without_the_recorded_jobs_variables(
+    tmp_path: Path,
+) -> None:
+    meta = RunMeta(argv=["train.py"], env={"TORCHELASTIC_RUN_ID": "old", "OMP_NUM_THREADS": "1"})
+    job = Launcher(meta, tmp_path / "try.log", nproc=4)
+    cmd = job.command([], 20, tmp_path / "result.json")
+    assert cmd[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                        "-m"]
+    assert cmd[7] == "trainprof.tryfix.round"
+    one = Launcher(meta, tmp_path / "try.log").command([], 20, tmp_path / "result.json")
+    assert one[1:3] == ["-m", "trainprof.tryfix.round"]
+    env = job.env()
+    assert env["OMP_NUM_THREADS"] == "1" and env.get("TORCHELASTIC_RUN_ID") != "old"
+    assert rank_result(tmp_path / "result.json", 0) == tmp_path / "result.json"
+    assert rank_result(tmp_path / "result.json", 2) == tmp_path / "result.rank2.json"
+
+
+def try_(*args: str) -> subprocess.CompletedProcess:
+    """`trainprof try`, with time for the jobs its rounds start (a few seconds each)."""
+    return subprocess.run([sys.executable, "-m", "trainprof.cli", "try", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("job") / "run"
+    done = run(folder, "--nproc-per-node", "2", *SMALL, JOB)
+    assert done.code == 0, done.stderr
+    return folder
+
+
+@pytest.mark.slow
+def test_try_reruns_the_job_with_the_fix_in_every_rank(job: Path) -> None:
+    rank0 = json.loads((job / "trainprof.rank0.json").read_text())
+    assert not any(k.startswith("TORCHELASTIC_") for k in rank0["env"])  # torchrun's, not ours
+    done = try_(str(job), "--fix", "dataloader-starvation", "--fix",
+                     "optimizer-foreach", "--rounds", "1", "--steps", "20")
+    assert done.returncode == 0, done.stderr
+    assert "each round runs the job again: 2 ranks through torchrun" in done.stderr
+    assert "each rank switching at the same step" in done.stderr
+    assert "the job of 2 ranks again (torchrun, its slowest rank's step)" in done.stdout
+    doc = json.loads((job / "try.json").read_text())
+    assert doc["ranks"] == 2 and doc["baseline"]["rounds"] >= 1
+    assert len(doc["baseline"]["step_times_ms"][0]) == 15  # 20 steps, 5 of warm-up
+    fixes = {f["rule"]: f for f in doc["fixes"]}
+    # One CPU per rank here: one worker, in a round of its own (a job takes no turns).
+    loader = fixes["dataloader-starvation"]
+    assert loader["change"].startswith("DataLoader(num_workers=1")
+    assert loader["measured_pct"] is not None and "turns" not in loader
+    assert fixes["optimizer-foreach"]["switched"] and fixes["optimizer-foreach"]["measured_pct"]
+    # Both ranks ran each round with the round's fixes: the script says what its loader has.
+    log = (job / "try.log").read_text()
+    assert " -m torch.distributed.run --standalone --nproc-per-node 2 " in log
+    rounds = log.split("\n===== ")[1:]
+    workers = next(r for r in rounds if r.startswith("dataloader-starvation"))
+    base = next(r for r in rounds if r.startswith("baseline"))
+    for rank in (0, 1):
+        assert f"rank {rank}: num_workers=1" in workers
+        assert f"rank {rank}: num_workers=0" in base
+
+
+@pytest.mark.slow
+def test_a_one_rank_torchrun_run_is_tried_as_a_job(tmp_path: Path) -> None:
+    """`--nproc-per-node 1`: rank files, a world of one; re-run through torchrun (the script
+    reads its rank from torchrun's variables)."""
+    folder = tmp_path / "run"
+    done = run(folder, "--nproc-per-node", "1", *SMALL, str(SCRIPTS / "ddp_train.py"),
+               "--steps", "30")
+    assert done.code == 0, done.stderr
+    tried = try_( str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
+                      "--steps", "12")
+    assert tried.returncode == 0, tried.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    assert doc["ranks"] == 1 and doc["baseline"]["rounds"] == 1
