@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from test_run_cli import ROOT, SCRIPTS, SMALL, run
 
-from trainprof.runmeta import RunMeta
+from trainprof.runmeta import Load, RunMeta, write_meta
+from trainprof.tryfix.command import Trial, TryOptions, load_run
 from trainprof.tryfix.spawn import Launcher, merge_ranks, rank_result
 
 JOB = str(SCRIPTS / "try_ddp.py")
@@ -124,3 +125,25 @@ def test_a_one_rank_torchrun_run_is_tried_as_a_job(tmp_path: Path) -> None:
     assert tried.returncode == 0, tried.stderr
     doc = json.loads((folder / "try.json").read_text())
     assert doc["ranks"] == 1 and doc["baseline"]["rounds"] == 1
+
+
+@pytest.mark.parametrize("recorded", ["ranks apart", "ranks among other processes"])
+def test_a_jobs_load_is_compared_only_where_its_ranks_were_left_out(
+    tmp_path: Path, recorded: str
+) -> None:
+    """Ranks recorded before the `torchrun` field counted the job's other ranks as other
+    processes, which the rounds leave out: no load comparison then, rather than a wrong one."""
+    new = recorded == "ranks apart"
+    for rank in (0, 1):
+        write_meta(RunMeta(argv=[JOB], cwd=str(ROOT), rank=rank, world_size=2,
+                           local_world_size=2, torchrun=new, load=Load(other_cpus=1.5),
+                           env={} if new else {"TORCHELASTIC_RUN_ID": "old"}),
+                   tmp_path, f"trainprof.rank{rank}.json")
+    trial = Trial(TryOptions(run=tmp_path), load_run(tmp_path))
+    trial.others = [0.0]  # the rounds' load, as if they had run
+    machine = trial.document()["machine"]
+    assert trial.ranks == 2
+    if new:
+        assert machine["run_other_cpus"] == 1.5 and machine["load_differs"]
+    else:
+        assert machine is None

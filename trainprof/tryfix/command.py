@@ -279,6 +279,14 @@ class Trial:
         if not self.opts.separate and not v.block and not self.ranks:
             v.turns, v.block = True, self.block
 
+    def _run_other_cpus(self) -> float | None:
+        """The CPUs other processes kept busy in the run. A job's ranks recorded before the
+        `torchrun` field counted the job's other ranks among them, which its rounds leave out
+        (capture/loadprobe): not comparable, so not compared."""
+        if self.meta.load is None or (self.ranks and self.ranks > 1 and not self.meta.torchrun):
+            return None
+        return self.meta.load.other_cpus
+
     def _optimizer(self) -> str | None:
         """The class of the run's first torch.optim optimizer, for the code change."""
         names = [o.cls.rsplit(".", 1)[-1] for o in self.meta.optimizers if o.cls]
@@ -799,7 +807,7 @@ class Trial:
             "run_step_basis": self.basis[1] if self.basis else None,
             "machine": machine.compare(
                 [t for _, t in self.meta.phase_ref_s], self.base.refs,
-                self.meta.load.other_cpus if self.meta.load else None,
+                self._run_other_cpus(),
                 self.others,
                 self.meta.machine_cpus(),
             ),
