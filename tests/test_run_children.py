@@ -20,7 +20,13 @@ import pytest
 
 from trainprof.capture import child
 from trainprof.capture.child import new_rank
-from trainprof.capture.children import HOOK_ENV, STARTUP_DIR, ChildHook, unprofiled_note
+from trainprof.capture.children import (
+    HOOK_ENV,
+    STARTUP_DIR,
+    ChildHook,
+    profile_spec,
+    unprofiled_note,
+)
 from trainprof.capture.config import ProfileConfig
 from trainprof.capture.launch import resolve_target
 from trainprof.runmeta import RunMeta
@@ -275,7 +281,7 @@ def test_child_hook_environment_is_set_then_restored(tmp_path, monkeypatch) -> N
     script = tmp_path / "s.py"
     script.write_text("")
     target = resolve_target(str(script), None, [])
-    hook = ChildHook(tmp_path, ProfileConfig(), False, False, target)
+    hook = ChildHook(profile_spec(tmp_path, ProfileConfig(), False, False, target))
     with hook:
         assert os.environ["PYTHONPATH"] == STARTUP_DIR + os.pathsep + "/user/path"
         spec = json.loads(os.environ[HOOK_ENV])

@@ -13,7 +13,7 @@ from test_run_cli import ROOT, SCRIPTS, SMALL, run
 
 from trainprof.runmeta import Load, RunMeta, write_meta
 from trainprof.tryfix.command import Trial, TryOptions, load_run
-from trainprof.tryfix.spawn import Launcher, merge_ranks, rank_result
+from trainprof.tryfix.spawn import Job, Launcher, merge_ranks, rank_result
 
 JOB = str(SCRIPTS / "try_ddp.py")
 
@@ -55,13 +55,16 @@ def test_a_jobs_round_starts_through_torchrun_without_the_recorded_jobs_variable
     tmp_path: Path,
 ) -> None:
     meta = RunMeta(argv=["train.py"], env={"TORCHELASTIC_RUN_ID": "old", "OMP_NUM_THREADS": "1"})
-    job = Launcher(meta, tmp_path / "try.log", nproc=4)
+    job = Launcher(meta, tmp_path / "try.log", Job(4, torchrun=True))
     cmd = job.command([], 20, tmp_path / "result.json")
     assert cmd[1:7] == ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
                         "-m"]
     assert cmd[7] == "trainprof.tryfix.round"
     one = Launcher(meta, tmp_path / "try.log").command([], 20, tmp_path / "result.json")
     assert one[1:3] == ["-m", "trainprof.tryfix.round"]
+    script = Launcher(meta, tmp_path / "try.log", Job(2, torchrun=False))
+    own = script.command([], 20, tmp_path / "result.json")
+    assert own[1:3] == ["-m", "trainprof.tryfix.round"] and own[-1] == "--ranks-hook"
     env = job.env()
     assert env["OMP_NUM_THREADS"] == "1" and env.get("TORCHELASTIC_RUN_ID") != "old"
     assert rank_result(tmp_path / "result.json", 0) == tmp_path / "result.json"
@@ -89,11 +92,12 @@ def test_try_reruns_the_job_with_the_fix_in_every_rank(job: Path) -> None:
     done = try_(str(job), "--fix", "dataloader-starvation", "--fix",
                      "optimizer-foreach", "--rounds", "1", "--steps", "20")
     assert done.returncode == 0, done.stderr
-    assert "each round runs the job again: 2 ranks through torchrun" in done.stderr
+    assert "each round runs the job again: 2 ranks on this machine, through torchrun" in done.stderr
     assert "each rank switching at the same step" in done.stderr
     assert "the job of 2 ranks again (torchrun, its slowest rank's step)" in done.stdout
     doc = json.loads((job / "try.json").read_text())
-    assert doc["ranks"] == 2 and doc["baseline"]["rounds"] >= 1
+    assert (doc["ranks"], doc["ranks_started_by"]) == (2, "torchrun")
+    assert doc["baseline"]["rounds"] >= 1
     assert len(doc["baseline"]["step_times_ms"][0]) == 15  # 20 steps, 5 of warm-up
     fixes = {f["rule"]: f for f in doc["fixes"]}
     # One CPU per rank here: one worker, in a round of its own (a job takes no turns).
@@ -110,6 +114,40 @@ def test_try_reruns_the_job_with_the_fix_in_every_rank(job: Path) -> None:
     for rank in (0, 1):
         assert f"rank {rank}: num_workers=1" in workers
         assert f"rank {rank}: num_workers=0" in base
+
+
+@pytest.fixture(scope="module")
+def lightning(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("lightning") / "run"
+    done = run(folder, *SMALL, str(SCRIPTS / "lightning_try_ddp.py"))
+    assert done.code == 0, done.stderr
+    return folder
+
+
+@pytest.mark.slow
+def test_try_reruns_lightnings_ddp_as_the_script_launches_it(lightning: Path) -> None:
+    """Lightning's ddp: trainprof's process was rank 0 and Lightning re-launched the script for
+    rank 1. Each round does the same, and the rank it starts runs as a round too (tryfix/ranks):
+    with the fixes, its own step times, its own result file."""
+    assert not (lightning / "trainprof.json").exists()  # rank files only, not by torchrun
+    done = try_(str(lightning), "--fix", "dataloader-starvation", "--fix", "zero-grad-not-none",
+                "--rounds", "1", "--steps", "30")
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks on this machine, rank 0 starting the others as the script does" in done.stderr
+    assert "the job of 2 ranks again (the script's own launch" in done.stdout
+    doc = json.loads((lightning / "try.json").read_text())
+    assert (doc["ranks"], doc["ranks_started_by"]) == (2, "script")
+    assert doc["baseline"]["rounds"] == 1 and doc["baseline"]["error"] is None
+    fixes = {f["rule"]: f for f in doc["fixes"]}
+    assert fixes["dataloader-starvation"]["measured_pct"] is not None
+    assert fixes["zero-grad-not-none"]["switched"]
+    log = (lightning / "try.log").read_text()
+    rounds = log.split("\n===== ")[1:]
+    workers = next(r for r in rounds if r.startswith("dataloader-starvation"))
+    assert " -m trainprof.tryfix.round " in workers and "--ranks-hook" in workers
+    assert "torch.distributed.run" not in log
+    for rank in (0, 1):  # rank 1, started by Lightning, has the round's fix too
+        assert f"rank {rank}: num_workers=1" in workers
 
 
 @pytest.mark.slow

@@ -32,7 +32,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.script_profiler, t.redirected = {"started": set(), "unwritten": set()}, set()
     t.others = []  # other processes' CPUs, per round (none: no round ran)
-    t.ranks = None  # one process, not a torchrun job
+    t.job, t.ranks = None, None  # one process, not a job
     t.base = Variant("baseline", [])
     ctl = Variant("control", [{"rule": RULE, "options": {"threads": 1, "control": True}}])
     wrk = Variant("workers", [{"rule": RULE, "options": {"num_workers": 1, "threads": 1}}])

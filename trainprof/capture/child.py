@@ -45,7 +45,7 @@ def start() -> None:
         rank = new_rank(spec, os.environ)
         if rank is None:
             return
-        target = _this_target()
+        target = this_target()
         if target is None:
             return
     except Exception as err:  # noqa: BLE001 - the hook must never break a child
@@ -86,7 +86,7 @@ def _installed(path: str) -> bool:
     return any(real == r or real.startswith(r + os.sep) for r in _installed_roots())
 
 
-def _this_target() -> Any:
+def this_target() -> Any:
     """The script or module this process was started to run, when it is the user's code."""
     import importlib.util
 
@@ -161,7 +161,7 @@ def _run_script(spec: dict[str, Any], target: Any, rank: int) -> None:
 
         opts = _options(spec, rank)
         restore = _enter(spec, rank)
-        _usercustomize()
+        run_usercustomize()
         sys.path.insert(0, target.path0)  # what python does after site; run_target keeps it
         code = run_resolved(target, opts)
     except BaseException as err:  # noqa: BLE001
@@ -178,10 +178,10 @@ def _run_script(spec: dict[str, Any], target: Any, rank: int) -> None:
     try:
         _leave(spec, rank, None)
     finally:
-        _exit(code)
+        exit_as_python(code)
 
 
-def _usercustomize() -> None:
+def run_usercustomize() -> None:
     """site runs usercustomize after sitecustomize, that is after the script here: now."""
     import site
 
@@ -189,7 +189,7 @@ def _usercustomize() -> None:
         site.execusercustomize()
 
 
-def _exit(code: int) -> None:
+def exit_as_python(code: int) -> None:
     """End the process as Python's own shutdown would after the script: wait for non-daemon
     threads, run the atexit handlers, flush. Then exit without returning to site."""
     import atexit

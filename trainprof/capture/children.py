@@ -57,26 +57,29 @@ def target_fields(target: Target) -> dict[str, Any]:
     }
 
 
+def profile_spec(
+    folder: Path, cfg: ProfileConfig, cuda_sync_events: bool, sync_debug: bool, target: Target
+) -> dict[str, Any]:
+    """What a rank needs to be profiled as the script's process is (child.py)."""
+    return {
+        "out": str(folder),
+        "config": asdict(cfg),
+        "cuda_sync_events": cuda_sync_events,
+        "sync_debug": sync_debug,
+        "target": target_fields(target),
+    }
+
+
 class ChildHook:
     """Sets the start-up hook's environment while the script runs; `wait()` afterwards. The
-    registry is a temporary folder: `wait()` removes it, or the script's os._exit()."""
+    registry is a temporary folder: `wait()` removes it, or the script's os._exit(). `spec`
+    goes to the children in `env` (HOOK_ENV: profile_spec, for child.py; `trainprof try`'s
+    rounds pass their own, for tryfix/ranks.py), with this process's rank identity and the
+    registry added."""
 
-    def __init__(
-        self,
-        folder: Path,
-        cfg: ProfileConfig,
-        cuda_sync_events: bool,
-        sync_debug: bool,
-        target: Target,
-    ) -> None:
-        self.spec: dict[str, Any] = {
-            "out": str(folder),
-            "config": asdict(cfg),
-            "cuda_sync_events": cuda_sync_events,
-            "sync_debug": sync_debug,
-            "target": target_fields(target),
-            "ident": rank_identity(os.environ),
-        }
+    def __init__(self, spec: dict[str, Any], env: str = HOOK_ENV) -> None:
+        self.spec: dict[str, Any] = {**spec, "ident": rank_identity(os.environ)}
+        self.env = env
         self.registry: Path | None = None
         self._saved: dict[str, str | None] = {}
         self._patches = Patches()
@@ -89,7 +92,7 @@ class ChildHook:
         self.spec["registry"] = str(self.registry)
         path = os.environ.get("PYTHONPATH")
         for key, value in (
-            (HOOK_ENV, json.dumps(self.spec)),
+            (self.env, json.dumps(self.spec)),
             ("PYTHONPATH", STARTUP_DIR + (os.pathsep + path if path else "")),
         ):
             self._saved[key] = os.environ.get(key)

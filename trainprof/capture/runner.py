@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainprof.capture.children import ChildHook, unprofiled_note
+from trainprof.capture.children import ChildHook, profile_spec, unprofiled_note
 from trainprof.capture.config import cap_active, load_config
 from trainprof.capture.launch import (
     Outcome,
@@ -161,7 +161,8 @@ def _run_steps(target: Target, opts: RunOptions) -> Generator[Target, Outcome, i
     )
     # Absolute from here on: scripts may chdir (Hydra does) before the trace is written.
     where = folder.resolve()
-    hook = ChildHook(where, cfg, opts.cuda_sync_events, opts.sync_debug, target) if top else None
+    hook = (ChildHook(profile_spec(where, cfg, opts.cuda_sync_events, opts.sync_debug, target))
+            if top else None)
     # SIGTERM (torchrun stopping the ranks after one failed) ends the script; saving goes on.
     with sigterm_guard():
         with hook if hook is not None else contextlib.nullcontext():

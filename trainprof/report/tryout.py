@@ -94,7 +94,8 @@ def _header(doc: dict) -> str:
     n = base.get("rounds", 0)
     evals = max((len(e) for e in base.get("eval_steps") or []), default=0)
     aside = f", nor the {evals} that evaluate" if evals else ""
-    job = f"the job of {doc['ranks']} ranks again (torchrun, its slowest rank's step), " if (
+    how = "torchrun" if doc.get("ranks_started_by") != "script" else "the script's own launch"
+    job = f"the job of {doc['ranks']} ranks again ({how}, its slowest rank's step), " if (
         doc.get("ranks")) else ""
     return job + (
         f"baseline {med:.2f} ms/step ({off}), " if med is not None else ""

@@ -10,15 +10,16 @@ process. The baseline's own rounds still run: the baseline's step and the machin
 rounds (tryfix/machine) are theirs.
 
 Rounds run as subprocesses (`python -m trainprof.tryfix.round`, see round.py) in the working
-folder and environment `trainprof run` recorded; a torchrun job's rounds are the job again,
-through torchrun on this machine, every rank with the round's fixes (spawn.py), its fixes
-switched at the same step in every rank or in rounds of their own, none in turns. Warm-up steps
-are dropped from every round (WARMUP_STEPS; with torch.compile also the steps up to the first
-compilation and the one after it, and each later recompilation's step and the one after it,
-listed in try.json as `recompile_steps`: measure.timed_steps), and so are steps that hold an
-evaluation pass (`eval_steps`), as in the run's diagnosis. Each fix that measured a saving is
-then run together with the others (the best variant of each), again interleaved with the
-baseline. try.json is rewritten after every round, so a Ctrl-C keeps the rounds done so far."""
+folder and environment `trainprof run` recorded; a job's rounds are the job again on this
+machine, through torchrun or through the script's own launch (tryfix/ranks), every rank with
+the round's fixes (spawn.py), its fixes switched at the same step in every rank or in rounds of
+their own, none in turns. Warm-up steps are dropped from every round (WARMUP_STEPS; with
+torch.compile also the steps up to the first compilation and the one after it, and each later
+recompilation's step and the one after it, listed in try.json as `recompile_steps`:
+measure.timed_steps), and so are steps that hold an evaluation pass (`eval_steps`), as in the
+run's diagnosis. Each fix that measured a saving is then run together with the others (the best
+variant of each), again interleaved with the baseline. try.json is rewritten after every round,
+so a Ctrl-C keeps the rounds done so far."""
 
 from __future__ import annotations
 
@@ -53,7 +54,7 @@ from trainprof.tryfix.measure import (
     verdict,
     within_target,
 )
-from trainprof.tryfix.spawn import Launcher, read_result
+from trainprof.tryfix.spawn import Job, Launcher, read_result
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -108,8 +109,8 @@ class TryOptions:
 
 
 def load_run(run: Path) -> RunMeta:
-    """The run's metadata with its recorded command (a torchrun job's: rank 0's); TrainprofError
-    (exit 2) otherwise."""
+    """The run's metadata with its recorded command (a job's: rank 0's); TrainprofError (exit 2)
+    otherwise."""
     run = Path(run)
     if not run.is_dir():
         raise TrainprofError(
@@ -117,18 +118,22 @@ def load_run(run: Path) -> RunMeta:
         )
     meta = read_meta(run)
     files = _rank_files(run)
-    if meta is None and files:  # a torchrun job's ranks: one file each
+    job = job_of(run)
+    if meta is None and job is not None:  # a job's ranks: one file each, no launcher's file
         meta = read_meta(run / "trainprof.rank0.json")
-        ranks = job_ranks(run) or len(files)
         if meta is None or not meta.argv:
-            raise TrainprofError(f"{run} is a job of {ranks} ranks without rank 0's recorded "
+            raise TrainprofError(f"{run} is a job of {job.ranks} ranks without rank 0's recorded "
                                  "command (trainprof.rank0.json), which `trainprof try` re-runs")
-        local = meta.local_world_size or ranks  # not recorded before 2026-11-29: one machine
-        if local < ranks:
+        # not recorded before 2026-11-29: torchrun's jobs taken as on one machine; ranks the
+        # script started, on another machine unless its rendezvous was this one's (loopback)
+        local = meta.local_world_size or (job.ranks if job.torchrun else 0)
+        if local < job.ranks:
+            where = (f"on {-(-job.ranks // local)} machines" if local else
+                     "not all on this machine (its rendezvous was not on the loopback address)")
             raise TrainprofError(
-                f"{run} is a job of {ranks} ranks on {-(-ranks // local)} machines: `trainprof "
-                f"try` re-runs a job on this machine only; record it on one machine "
-                "(`trainprof run --nproc-per-node N`, one node) and try that run")
+                f"{run} is a job of {job.ranks} ranks {where}: `trainprof try` re-runs a job on "
+                "this machine only; record it on one machine (`trainprof run --nproc-per-node "
+                "N`, one node) and try that run")
         return meta
     if meta is None or not meta.argv:
         raise TrainprofError(
@@ -138,10 +143,11 @@ def load_run(run: Path) -> RunMeta:
     world = max(meta.world_size or 1, len(files))
     if world > 1 or files:
         raise TrainprofError(
-            f"{run} is a job of {world} ranks that the script started itself "
-            "(Lightning's ddp, torch.multiprocessing.spawn, a launcher it calls): `trainprof "
-            "try` re-runs one process or a torchrun job; record the script under torchrun "
-            "(`trainprof run --nproc-per-node N`) or as one process, and try that run")
+            f"{run} is a job of {world} ranks that the script started from a process that ran "
+            "no training step itself (torch.multiprocessing.spawn, Lightning's ddp_spawn, a "
+            "launcher it calls): `trainprof try` re-runs one process, a torchrun job, or a "
+            "script whose process is rank 0 (Lightning's ddp); record the script under "
+            "torchrun (`trainprof run --nproc-per-node N`) or as one process, and try that run")
     return meta
 
 
@@ -149,21 +155,26 @@ def _rank_files(run: Path) -> list[Path]:
     return list(Path(run).glob("trainprof.rank*.json"))
 
 
-def job_ranks(run: Path) -> int | None:
-    """The ranks of the torchrun job recorded in `run` (`trainprof run --nproc-per-node N`: a
-    file per rank and no trainprof.json; with one rank, trainprof.json of a process torchrun
-    started), else None (one process)."""
+def _by_torchrun(meta: RunMeta) -> bool:
+    # (runs recorded before `torchrun` was kept have torchrun's variables in `env`)
+    return meta.torchrun or "TORCHELASTIC_RUN_ID" in meta.env
+
+
+def job_of(run: Path) -> Job | None:
+    """The job recorded in `run`, which `try` runs again: a file per rank and no trainprof.json
+    (`trainprof run --nproc-per-node N`, or Lightning's ddp, whose rank 0 was trainprof's own
+    process), or trainprof.json of the one rank torchrun started; None for one process, and
+    for ranks started from a process that ran no step (trainprof.json beside rank files)."""
     run = Path(run)
     own = read_meta(run)
-    if own is not None:
-        # (runs recorded before `torchrun` was kept have torchrun's variables in `env`)
-        by_torchrun = own.torchrun or "TORCHELASTIC_RUN_ID" in own.env
-        return 1 if by_torchrun and not _rank_files(run) else None
     files = _rank_files(run)
+    if own is not None:
+        return Job(1, True) if _by_torchrun(own) and not files else None
     if not files:
         return None
     first = read_meta(run / "trainprof.rank0.json") or read_meta(min(files))
-    return max((first.world_size if first else None) or 0, len(files))
+    ranks = max((first.world_size if first else None) or 0, len(files))
+    return Job(ranks, first is not None and _by_torchrun(first))
 
 
 def run_step(meta: RunMeta) -> float:
@@ -218,11 +229,12 @@ class Trial:
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
-        # A torchrun job's rounds are the job again, on this machine (spawn.Launcher).
-        self.ranks = job_ranks(self.run)
+        # A job's rounds are the job again, on this machine (spawn.Launcher).
+        self.job = job_of(self.run)
+        self.ranks = self.job.ranks if self.job else None
         if self.ranks and not meta.local_world_size:  # recorded before it was: load_run's one
             meta.local_world_size = self.ranks  # machine, whose CPUs the ranks share
-        self.launcher = Launcher(meta, self.log, self.ranks)
+        self.launcher = Launcher(meta, self.log, self.job)
         self.clocks: set[str] = set()  # the step clocks the rounds were timed on
         # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the
         # files its exports did not write.
@@ -273,17 +285,18 @@ class Trial:
 
     def _turns_unless_switched(self, v: Variant) -> None:
         """A variant not switched in one process changes the process: in turns beside a
-        baseline process (tryfix/turns), unless --separate or the run is a torchrun job (a job's
-        ranks would each have to stop at the same step for the other job's turn: its rounds
-        run on their own; a switched fix is switched at the same step in every rank)."""
+        baseline process (tryfix/turns), unless --separate or the run is a job (a job's ranks
+        would each have to stop at the same step for the other job's turn: its rounds run on
+        their own; a switched fix is switched at the same step in every rank)."""
         if not self.opts.separate and not v.block and not self.ranks:
             v.turns, v.block = True, self.block
 
     def _run_other_cpus(self) -> float | None:
-        """The CPUs other processes kept busy in the run. A job's ranks recorded before the
-        `torchrun` field counted the job's other ranks among them, which its rounds leave out
-        (capture/loadprobe): not comparable, so not compared."""
-        if self.meta.load is None or (self.ranks and self.ranks > 1 and not self.meta.torchrun):
+        """The CPUs other processes kept busy in the run. A torchrun job's ranks recorded
+        before the `torchrun` field counted the job's other ranks among them, which its rounds
+        leave out (capture/loadprobe): not comparable, so not compared."""
+        old = self.job is not None and self.job.torchrun and not self.meta.torchrun
+        if self.meta.load is None or (old and self.job.ranks > 1):
             return None
         return self.meta.load.other_cpus
 
@@ -362,9 +375,10 @@ class Trial:
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
         if self.ranks:
-            say(f"each round runs the job again: {self.ranks} ranks through torchrun on this "
-                "machine, a step timed as its slowest rank's; fixes in every rank, none taking "
-                "turns")
+            how = ("through torchrun" if self.job.torchrun else
+                   "rank 0 starting the others as the script does")
+            say(f"each round runs the job again: {self.ranks} ranks on this machine, {how}, a "
+                "step timed as its slowest rank's; fixes in every rank, none taking turns")
         switched = [v.name for v in todo if v.block and not v.turns]
         paired = [v.name for v in todo if v.turns]
         if paired:
@@ -778,8 +792,10 @@ class Trial:
             "run": str(self.run.resolve()),
             "command": self.meta.argv,
             "cwd": self.meta.cwd or None,
-            # a torchrun job's rounds: the job again, each step its slowest rank's (spawn.py)
+            # a job's rounds: the job again, each step its slowest rank's (spawn.py)
             "ranks": self.ranks,
+            **({"ranks_started_by": "torchrun" if self.job.torchrun else "script"}
+               if self.job is not None else {}),
             "steps_per_round": self.steps,
             # the rounds that switch a fix off and on run both sides: about twice the steps
             **({"switched_steps_per_round": self.switched_steps}

@@ -23,6 +23,7 @@ file of its own, spawn.rank_result). The exit code is the script's.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -42,11 +43,15 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--warmup", type=int, default=0, help="steps before the first block")
     p.add_argument("--turns", default="", help="GO_FD,DONE_FD: take turns (tryfix/turns)")
     p.add_argument("--turn-block", type=int, default=0, help="timed steps per block of turns")
+    p.add_argument("--rank", type=int, default=None, help="this process's rank in a job")
+    p.add_argument("--ranks-hook", action="store_true",
+                   help="the ranks the script starts run as rounds too (tryfix/ranks)")
     return p.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
 def main(argv: list[str] | None = None) -> int:
-    opts, command = _parse(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    opts, command = _parse(argv)
     from trainprof.capture.launch import resolve_target, running, sigterm_guard
     from trainprof.capture.loadprobe import LoadProbe
     from trainprof.capture.patching import Patches
@@ -75,6 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     # of its own; read before the script can change the variables.
     world, rank_var = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
     rank = int(rank_var) if world.isdigit() and int(world) > 1 and rank_var.isdigit() else 0
+    if opts.rank is not None:  # a rank the script started (tryfix/ranks): no RANK under Lightning
+        rank = opts.rank
+    # The ranks the script starts (Lightning's ddp) run as rounds with these options too.
+    ranks_hook = None
+    if opts.ranks_hook:
+        from trainprof.tryfix.ranks import hook
+
+        ranks_hook = hook([a for a in argv[: argv.index("--")] if a != "--ranks-hook"])
     specs = json.loads(opts.fixes)
     patches = Patches()
     # Where the script's records go stays patched until this process exits: a script's atexit
@@ -125,13 +138,16 @@ def main(argv: list[str] | None = None) -> int:
             S.reset()
             S.enabled = True
             load = LoadProbe()  # other processes' CPU use while the script runs (tryfix/machine)
-            with running(target) as run:
-                exec(run.code, run.namespace)  # from this frame, as `run` does (handoff.py)
+            with ranks_hook if ranks_hook is not None else contextlib.nullcontext():
+                with running(target) as run:
+                    exec(run.code, run.namespace)  # from this frame, as `run` does (handoff.py)
             outcome = run.outcome
             assert outcome is not None
         finally:
             S.enabled = False
             steps = stepper.finish()
+            if ranks_hook is not None:  # they outlive this script: their results come first
+                ranks_hook.wait(lambda line: print(f"trainprof try: {line}", file=sys.stderr))
             other = load.finish().other_cpus if load is not None else None
             patches.restore()
     if outcome.message:

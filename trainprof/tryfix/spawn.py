@@ -1,8 +1,9 @@
 """Starting a round's process (`python -m trainprof.tryfix.round`) as `trainprof run` recorded the
 script: its interpreter, working folder and environment, its output into the try log, a time
-limit, and Ctrl-C passed on. A torchrun job's round is the job again: torchrun starts the round
-module once per rank, each rank writes a result file of its own, and the job's result is rank
-0's with each step the slowest rank's (`read_result`)."""
+limit, and Ctrl-C passed on. A job's round is the job again (`Job`): torchrun starts the round
+module once per rank, or the round's process is rank 0 and the ranks its script starts run as
+rounds too (tryfix/ranks); each rank writes a result file of its own, and the job's result is
+rank 0's with each step the slowest rank's (`read_result`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -22,15 +24,25 @@ from trainprof.runmeta import LAUNCHER_ENV, RunMeta
 _TRAINPROF_ROOT = str(Path(__file__).resolve().parents[2])
 
 
+@dataclass(frozen=True)
+class Job:
+    """A job of several processes on this machine, which each round runs again."""
+
+    ranks: int
+    # True: torchrun started every rank (`trainprof run --nproc-per-node`), and starts each
+    # round's. False: the script's own process was rank 0 and started the others (Lightning's
+    # ddp re-launches the script), as it does in each round.
+    torchrun: bool
+
+
 class Launcher:
     """The recorded run's way of starting the script, for its rounds; `log` gets their output.
-    `nproc`: the ranks of a torchrun job on one machine, each round started through torchrun
-    (None: one process)."""
+    `job`: the recorded job, each round its ranks again (None: one process)."""
 
-    def __init__(self, meta: RunMeta, log: Path, nproc: int | None = None) -> None:
+    def __init__(self, meta: RunMeta, log: Path, job: Job | None = None) -> None:
         self.meta = meta
         self.log = log
-        self.nproc = nproc
+        self.job = job
 
     def python(self) -> str:
         """The interpreter that ran the recorded run (it has the script's packages), if it is
@@ -42,10 +54,13 @@ class Launcher:
         """A round's command up to its own options (the script's comes after `--`)."""
         # A job's ranks rendezvous on a free port of this machine (--standalone): the recorded
         # job's port may be taken, and rounds run one after another.
-        job = ([self.python(), "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                str(self.nproc)] if self.nproc else [self.python()])
-        return [*job, "-m", "trainprof.tryfix.round", "--fixes", json.dumps(specs),
-                "--max-steps", str(steps), "--result", str(result)]
+        by_torchrun = self.job is not None and self.job.torchrun
+        start = ([self.python(), "-m", "torch.distributed.run", "--standalone",
+                  "--nproc-per-node", str(self.job.ranks)] if by_torchrun else [self.python()])
+        # ranks the script starts run as rounds too (tryfix/ranks)
+        hook = ["--ranks-hook"] if self.job is not None and not by_torchrun else []
+        return [*start, "-m", "trainprof.tryfix.round", "--fixes", json.dumps(specs),
+                "--max-steps", str(steps), "--result", str(result), *hook]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -3,8 +3,9 @@
 `trainprof run` puts this folder first on PYTHONPATH for the processes its script starts, so
 Python imports this file at start-up in each of them. It runs the sitecustomize it hides (a
 distribution's or a virtualenv's) as Python would have, then lets trainprof.capture.child
-profile the process when it is a rank of the script's job. It never raises: a failure here
-leaves the process as it would have been.
+profile the process when it is a rank of the script's job (in a `trainprof try` round:
+trainprof.tryfix.ranks runs it as a round). It never raises: a failure here leaves the process
+as it would have been.
 """
 
 import os
@@ -30,14 +31,25 @@ def _chain() -> None:
         print(f"{type(err).__name__}: {err}", file=sys.stderr)
 
 
+# Which side set the hook up: `trainprof run` (profile the ranks) or a `trainprof try` round
+# (run the ranks as rounds too); each module's start() decides whether this process is a rank.
+_HOOKS = (
+    ("TRAINPROF_SUBPROCESS", "trainprof.capture.child"),
+    ("TRAINPROF_TRY_SUBPROCESS", "trainprof.tryfix.ranks"),
+)
+
+
 def _start() -> None:
-    if not os.environ.get("TRAINPROF_SUBPROCESS"):
+    name = next((module for var, module in _HOOKS if os.environ.get(var)), None)
+    if name is None:
         return
     # The trainprof that set the hook up: the package this folder belongs to.
     root = os.path.dirname(os.path.dirname(os.path.dirname(_HERE)))
     sys.path.insert(0, root)
     try:
-        from trainprof.capture.child import start
+        import importlib
+
+        start = importlib.import_module(name).start
     except Exception:
         return
     finally:

@@ -1,0 +1,79 @@
+"""Ranks that the script of a `trainprof try` round starts itself: Lightning's ddp re-launches
+`python train.py` for ranks 1..N-1, the round's own process being rank 0. Each such rank runs as
+a round too (round.py, with the round's fixes and its step timer) and writes its result file
+beside rank 0's (spawn.rank_result), so that the round's result is the job's (spawn.merge_ranks).
+
+The parent side is `hook()`, which round.py enters around the script and waits on after it (the
+ranks outlive rank 0's script); the child side is `start()`, which the start-up hook
+(trainprof/capture/startup/sitecustomize.py) calls in every Python process the script starts.
+A rank is recognised as `trainprof run` recognises one (capture/child.new_rank); anything else
+(a DataLoader worker, a compile worker) runs untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any
+
+HOOK_ENV = "TRAINPROF_TRY_SUBPROCESS"
+
+
+def hook(args: list[str]) -> Any:
+    """The start-up hook's environment for the script's ranks (a capture.children.ChildHook):
+    each runs `python -m trainprof.tryfix.round ARGS --rank R -- ITS COMMAND`."""
+    from trainprof.capture.children import ChildHook
+
+    return ChildHook({"args": args}, env=HOOK_ENV)
+
+
+def start() -> None:
+    """Run this process as a round when it is a rank the round's script started; never raises
+    before the script starts (the process then runs as it would have)."""
+    from trainprof.capture.child import new_rank, this_target
+
+    try:
+        spec = json.loads(os.environ.get(HOOK_ENV) or "null")
+        if not isinstance(spec, dict) or "args" not in spec:
+            return
+        if not sys.argv or sys.argv[0] in ("", "-c", "-"):
+            return  # python -c, a multiprocessing spawn child: not a re-launched script
+        rank = new_rank(spec, os.environ)
+        target = this_target() if rank is not None else None
+        if rank is None or target is None:
+            return
+    except Exception as err:  # noqa: BLE001 - the hook must never break a child
+        print(f"trainprof try: not running this process as a rank ({type(err).__name__}: "
+              f"{err})", file=sys.stderr)
+        return
+    _run(spec, target, rank)
+
+
+def _run(spec: dict[str, Any], target: Any, rank: int) -> None:
+    """The round in this process, as rank `rank`; then exit as Python would, with its code."""
+    from trainprof.capture.child import exit_as_python, run_usercustomize
+    from trainprof.capture.children import rank_identity, register
+
+    code = 1
+    registry = spec.get("registry")
+    try:
+        # This rank's own helpers are not ranks: they inherit its identity.
+        os.environ[HOOK_ENV] = json.dumps({**spec, "ident": rank_identity(os.environ)})
+        if registry:
+            register(registry, rank)
+        run_usercustomize()
+        sys.path.insert(0, target.path0)  # what python does after site
+        command = (["-m", target.module] if target.module else [target.argv0]) + target.args
+        from trainprof.tryfix.round import main
+
+        code = main([*spec["args"], "--rank", str(rank), "--", *command])
+    except BaseException as err:  # noqa: BLE001 - reported; the exit code says it failed
+        print(f"trainprof try: rank {rank}: the round failed ({type(err).__name__}: {err})",
+              file=sys.stderr)
+    finally:
+        try:
+            if registry:
+                register(registry, rank, done=True)
+        finally:
+            exit_as_python(code)
