@@ -119,7 +119,7 @@ def test_try_reruns_the_job_with_the_fix_in_every_rank(job: Path) -> None:
 @pytest.fixture(scope="module")
 def lightning(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("lightning") / "run"
-    done = run(folder, *SMALL, str(SCRIPTS / "lightning_try_ddp.py"))
+    done = run(folder, *SMALL, str(SCRIPTS / "lightning_ddp.py"), "--steps", "40")
     assert done.code == 0, done.stderr
     return folder
 
