@@ -25,13 +25,17 @@ def _rank(steps: list[float], **extra) -> dict:
 
 
 def test_a_jobs_step_is_its_slowest_ranks() -> None:
-    r0 = _rank([0.010, 0.020, 0.010], notes=["a"], phase_ref_s=[[1, 0.1]])
-    r1 = _rank([0.015, 0.012], notes=["b"], eval_steps=[1])
+    r0 = _rank([0.010, 0.020, 0.010], notes=["a"], phase_ref_s=[[1, 0.1]],
+               redirected=["/w/ckpt.pt"], script_profiler={"started": ["torch.profiler"]})
+    r1 = _rank([0.015, 0.012], notes=["b"], eval_steps=[1], redirected=["/w/rank1.log"],
+               script_profiler={"started": ["torch.profiler"], "unwritten": ["/w/t.json"]})
     merged = merge_ranks([r0, r1])
     assert merged is not None
     assert merged["step_times_s"] == [0.015, 0.020]  # as many steps as every rank timed
     assert merged["notes"] == ["a", "b"] and merged["eval_steps"] == [1]
     assert merged["phase_ref_s"] == [[1, 0.1]]  # the machine's reference: rank 0's
+    assert merged["redirected"] == ["/w/ckpt.pt", "/w/rank1.log"]  # what every rank wrote
+    assert merged["script_profiler"] == {"started": ["torch.profiler"], "unwritten": ["/w/t.json"]}
     assert merged["gpu_step_times_s"] == [None, None]
     gpu = merge_ranks([_rank([0.01], gpu_step_times_s=[0.004]),
                        _rank([0.01], gpu_step_times_s=[0.006])])

@@ -16,8 +16,8 @@ The script's own profiler runs as in the run, writing no file, and the script's 
 frameworks' logs (tryfix/outputs) and what it writes through Python's file calls
 (tryfix/userfiles) go to outputs/ beside the result file. The result file gets every step's wall
 time, the steps that evaluated, those references, how the script ended, what the fixes did and
-what the rounds did not write where the run did (a rank of a torchrun job's round: a result
-file of its own, spawn.rank_result). The exit code is the script's.
+what the rounds did not write where the run did (a rank of a job's round: a result file of its
+own, spawn.rank_result). The exit code is the script's.
 """
 
 from __future__ import annotations

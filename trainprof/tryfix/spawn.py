@@ -187,4 +187,9 @@ def merge_ranks(results: list[dict | None]) -> dict | None:
     out["failed"] = {k: v for r in got for k, v in (r.get("failed") or {}).items()}
     out["skipped"] = {k: v for r in got for k, v in (r.get("skipped") or {}).items()}
     out["stopped_by_max_steps"] = all(r.get("stopped_by_max_steps") for r in got)
+    # what every rank's script did with its own profiler and its files (tryfix/outputs)
+    out["redirected"] = sorted({p for r in got for p in r.get("redirected") or []})
+    profiler = [r.get("script_profiler") or {} for r in got]
+    out["script_profiler"] = {k: sorted({x for sp in profiler for x in sp.get(k) or []})
+                              for k in {k for sp in profiler for k in sp}}
     return out
