@@ -51,22 +51,29 @@ def start() -> None:
 
 
 def _run(spec: dict[str, Any], target: Any, rank: int) -> None:
-    """The round in this process, as rank `rank`; then exit as Python would, with its code."""
+    """The round in this process, as rank `rank`; then exit as Python would, with its code. A
+    failure before the round starts leaves the process to run the script as it would have (a
+    rank that never starts would leave the others waiting for it)."""
     from trainprof.capture.child import exit_as_python, run_usercustomize
     from trainprof.capture.children import rank_identity, register
 
-    code = 1
     registry = spec.get("registry")
+    try:
+        from trainprof.tryfix.round import main
+
+        if registry:
+            register(registry, rank)
+    except Exception as err:  # noqa: BLE001
+        print(f"trainprof try: rank {rank} runs without the round's fixes ({type(err).__name__}: "
+              f"{err})", file=sys.stderr)
+        return
+    code = 1
     try:
         # This rank's own helpers are not ranks: they inherit its identity.
         os.environ[HOOK_ENV] = json.dumps({**spec, "ident": rank_identity(os.environ)})
-        if registry:
-            register(registry, rank)
         run_usercustomize()
         sys.path.insert(0, target.path0)  # what python does after site
         command = (["-m", target.module] if target.module else [target.argv0]) + target.args
-        from trainprof.tryfix.round import main
-
         code = main([*spec["args"], "--rank", str(rank), "--", *command])
     except BaseException as err:  # noqa: BLE001 - reported; the exit code says it failed
         print(f"trainprof try: rank {rank}: the round failed ({type(err).__name__}: {err})",
