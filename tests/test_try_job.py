@@ -43,12 +43,15 @@ def test_a_jobs_step_is_its_slowest_ranks() -> None:
 
 
 def test_a_rank_that_fails_or_writes_nothing_fails_the_round() -> None:
-    failed = merge_ranks([_rank([0.01]), _rank([0.01], exit_code=3, status="error",
-                                                 error="SystemExit: 3",
-                                                 failed={"x": "fix x failed"})])
+    # rank 1 exits; rank 0's all-reduce then loses its peer, and it fails after
+    failed = merge_ranks([
+        _rank([0.01], exit_code=1, status="error", error="RuntimeError: Connection closed",
+              ended_at=101.0),
+        _rank([0.01], exit_code=3, status="error", error=None, failed={"x": "fix x failed"},
+              ended_at=100.5)])
     assert failed is not None
-    assert (failed["exit_code"], failed["error"], failed["failed"]) == (
-        3, "SystemExit: 3", {"x": "fix x failed"})
+    assert (failed["exit_code"], failed["error"], failed["failed_rank"]) == (3, None, 1)
+    assert failed["failed"] == {"x": "fix x failed"}
     lost = merge_ranks([_rank([0.01]), None])
     assert lost is not None and lost["exit_code"] == 1
     assert lost["error"] == "rank 1 of the job wrote no result"

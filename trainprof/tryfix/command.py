@@ -622,7 +622,8 @@ class Trial:
         if failed:
             return "; ".join(failed.values()), None
         if res.get("exit_code", 0) != 0:
-            return (f"the script failed with this fix (exit {res['exit_code']}): "
+            where = f" in rank {res['failed_rank']}" if res.get("failed_rank") is not None else ""
+            return (f"the script failed with this fix (exit {res['exit_code']}{where}): "
                     + (res.get("error") or "see " + str(self.log))), None
         skipped = res.get("skipped") or {}
         if specs and skipped and len(skipped) == len(specs):

@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "failed": applied.failed,
         "compile_steps": applied.compile_steps,
         "pid": os.getpid(),
+        "ended_at": time.time(),  # a job's first rank to fail ended first (spawn.merge_ranks)
         "phase_ref_s": phase.times,
         "other_cpus": other,  # CPUs other processes kept busy on average (capture/loadprobe)
         # with --alternate: whether the fixes were on in each step (tryfix/switch)

@@ -160,9 +160,10 @@ def read_result(path: Path, ranks: int = 1) -> dict | None:
 def merge_ranks(results: list[dict | None]) -> dict | None:
     """A job's round as one result: rank 0's (the first rank's that wrote one), with each step
     the slowest rank's (a data-parallel step ends for all when the slowest's gradients are in),
-    as many steps as every rank timed; the first failure of any rank, its fixes' notes and
-    failures all together. None where no rank wrote a result; a rank without one (killed,
-    crashed before the script ended) is a failure of the round."""
+    as many steps as every rank timed; the failure of the rank that failed first
+    (`failed_rank`), its fixes' notes and failures all together. None where no rank wrote a
+    result; a rank without one (killed, crashed before the script ended) is a failure of the
+    round."""
     got = [r for r in results if r is not None]
     if not got:
         return None
@@ -175,10 +176,16 @@ def merge_ranks(results: list[dict | None]) -> dict | None:
         for i in range(n)]
     out["eval_steps"] = sorted({s for r in got for s in r.get("eval_steps") or []})
     out["compile_steps"] = sorted({s for r in got for s in r.get("compile_steps") or []})
-    failing = next((r for r in got if r.get("exit_code")), None)
-    if failing is not None:
+    # The first rank to fail is the cause; the others fail after it (a collective whose peer
+    # left, torchrun's SIGTERM): the one that ended first.
+    failing = sorted((r.get("ended_at") or 0.0, rank) for rank, r in enumerate(results)
+                     if r is not None and r.get("exit_code"))
+    if failing:
+        first = results[failing[0][1]]
+        assert first is not None
         for key in ("exit_code", "status", "error"):
-            out[key] = failing.get(key)
+            out[key] = first.get(key)
+        out["failed_rank"] = failing[0][1]
     missing = [rank for rank, r in enumerate(results) if r is None]
     if missing and not out.get("exit_code"):
         out["exit_code"], out["status"] = 1, "error"
