@@ -140,7 +140,7 @@ def test_try_reruns_lightnings_ddp_as_the_script_launches_it(lightning: Path) ->
     done = try_(str(lightning), "--fix", "dataloader-starvation", "--fix", "zero-grad-not-none",
                 "--rounds", "1", "--steps", "30")
     assert done.returncode == 0, done.stderr
-    assert "2 ranks on this machine, rank 0 starting the others as the script does" in done.stderr
+    assert "2 ranks on this machine, started as the script starts them" in done.stderr
     assert "the job of 2 ranks again (the script's own launch" in done.stdout
     doc = json.loads((lightning / "try.json").read_text())
     assert (doc["ranks"], doc["ranks_started_by"]) == (2, "script")
@@ -154,6 +154,30 @@ def test_try_reruns_lightnings_ddp_as_the_script_launches_it(lightning: Path) ->
     assert " -m trainprof.tryfix.round " in workers and "--ranks-hook" in workers
     assert "torch.distributed.run" not in log
     for rank in (0, 1):  # rank 1, started by Lightning, has the round's fix too
+        assert f"rank {rank}: num_workers=1" in workers
+
+
+@pytest.mark.slow
+def test_try_reruns_the_launcher_the_script_ran(tmp_path: Path) -> None:
+    """`trainprof run -m accelerate.commands.launch ...`: the launcher ran no step, torch's
+    elastic agent in it started the ranks. Each round runs the launcher again, and its ranks
+    run as rounds (tryfix/ranks): rank 0's result is the launcher's round's."""
+    folder = tmp_path / "run"
+    done = run(folder, *SMALL, "-m", "accelerate.commands.launch", "--multi_gpu",
+               "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+               "--dynamo_backend", "no", str(SCRIPTS / "accelerate_ddp.py"))
+    assert done.code == 0, done.stderr
+    tried = try_(str(folder), "--fix", "dataloader-starvation", "--rounds", "1", "--steps", "20")
+    assert tried.returncode == 0, tried.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    assert (doc["ranks"], doc["ranks_started_by"]) == (2, "script")
+    assert doc["command"][:2] == ["-m", "accelerate.commands.launch"]
+    assert len(doc["baseline"]["step_times_ms"][0]) == 15  # rank 0's steps, not the launcher's
+    (loader,) = doc["fixes"]
+    assert loader["measured_pct"] is not None
+    rounds = (folder / "try.log").read_text().split("\n===== ")[1:]
+    workers = next(r for r in rounds if r.startswith("dataloader-starvation"))
+    for rank in (0, 1):
         assert f"rank {rank}: num_workers=1" in workers
 
 

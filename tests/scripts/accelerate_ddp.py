@@ -14,6 +14,7 @@ model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 data = DataLoader(TensorDataset(torch.randn(480, 16), torch.randn(480, 1)), batch_size=8)
 model, opt, data = acc.prepare(model, opt, data)
+print(f"rank {acc.process_index}: num_workers={data.num_workers}", flush=True)  # `try` sets it
 for x, y in data:
     opt.zero_grad()
     acc.backward(nn.functional.mse_loss(model(x), y))

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from trainprof.analysis import loader_cuts
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
@@ -109,19 +111,19 @@ class TryOptions:
 
 
 def load_run(run: Path) -> RunMeta:
-    """The run's metadata with its recorded command (a job's: rank 0's); TrainprofError (exit 2)
-    otherwise."""
+    """The run's metadata with its recorded command (a job's: rank 0's, with the command of the
+    launcher that started it where the script ran one); TrainprofError (exit 2) otherwise."""
     run = Path(run)
     if not run.is_dir():
         raise TrainprofError(
             f"{run} is not a run folder: `trainprof try` re-runs what `trainprof run` recorded"
         )
-    meta = read_meta(run)
+    top = read_meta(run)
     files = _rank_files(run)
     job = job_of(run)
-    if meta is None and job is not None:  # a job's ranks: one file each, no launcher's file
+    if job is not None and files:  # a job's ranks: one file each
         meta = read_meta(run / "trainprof.rank0.json")
-        if meta is None or not meta.argv:
+        if meta is None or not (top or meta).argv:
             raise TrainprofError(f"{run} is a job of {job.ranks} ranks without rank 0's recorded "
                                  "command (trainprof.rank0.json), which `trainprof try` re-runs")
         # not recorded before 2026-11-29: torchrun's jobs taken as on one machine; ranks the
@@ -134,21 +136,25 @@ def load_run(run: Path) -> RunMeta:
                 f"{run} is a job of {job.ranks} ranks {where}: `trainprof try` re-runs a job on "
                 "this machine only; record it on one machine (`trainprof run --nproc-per-node "
                 "N`, one node) and try that run")
+        if top is not None:  # a launcher the script ran (accelerate launch): its command
+            meta = msgspec.structs.replace(meta, argv=top.argv, cwd=top.cwd, env=top.env,
+                                           executable=top.executable, module=top.module)
         return meta
-    if meta is None or not meta.argv:
+    if top is None or not top.argv:
         raise TrainprofError(
             f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
             "a run folder written by `trainprof run`, not a bare trace"
         )
-    world = max(meta.world_size or 1, len(files))
+    world = max(top.world_size or 1, len(files))
     if world > 1 or files:
         raise TrainprofError(
             f"{run} is a job of {world} ranks that the script started from a process that ran "
-            "no training step itself (torch.multiprocessing.spawn, Lightning's ddp_spawn, a "
-            "launcher it calls): `trainprof try` re-runs one process, a torchrun job, or a "
-            "script whose process is rank 0 (Lightning's ddp); record the script under "
-            "torchrun (`trainprof run --nproc-per-node N`) or as one process, and try that run")
-    return meta
+            "no training step itself (torch.multiprocessing.spawn, Lightning's ddp_spawn): "
+            "`trainprof try` re-runs one process, a torchrun job, a script whose process is "
+            "rank 0 (Lightning's ddp) or a launcher it runs (accelerate launch); record the "
+            "script under torchrun (`trainprof run --nproc-per-node N`) or as one process, and "
+            "try that run")
+    return top
 
 
 def _rank_files(run: Path) -> list[Path]:
@@ -161,20 +167,27 @@ def _by_torchrun(meta: RunMeta) -> bool:
 
 
 def job_of(run: Path) -> Job | None:
-    """The job recorded in `run`, which `try` runs again: a file per rank and no trainprof.json
-    (`trainprof run --nproc-per-node N`, or Lightning's ddp, whose rank 0 was trainprof's own
-    process), or trainprof.json of the one rank torchrun started; None for one process, and
-    for ranks started from a process that ran no step (trainprof.json beside rank files)."""
+    """The job recorded in `run`, which `try` runs again:
+    - a file per rank and no trainprof.json: `trainprof run --nproc-per-node N` (by torchrun),
+      or Lightning's ddp, whose rank 0 was trainprof's own process (by the script);
+    - trainprof.json of a process that ran no step, beside rank files that torch's elastic
+      agent started: a launcher the script ran (`accelerate launch`; by the script);
+    - trainprof.json of the one rank torchrun started.
+    None for one process, and for ranks started otherwise from a process that ran no step
+    (torch.multiprocessing.spawn)."""
     run = Path(run)
     own = read_meta(run)
     files = _rank_files(run)
-    if own is not None:
-        return Job(1, True) if _by_torchrun(own) and not files else None
+    if own is not None and not files:
+        return Job(1, True) if _by_torchrun(own) else None
     if not files:
         return None
     first = read_meta(run / "trainprof.rank0.json") or read_meta(min(files))
     ranks = max((first.world_size if first else None) or 0, len(files))
-    return Job(ranks, first is not None and _by_torchrun(first))
+    by_agent = first is not None and _by_torchrun(first)
+    if own is not None:
+        return Job(ranks, False) if by_agent and not own.step_times_s else None
+    return Job(ranks, by_agent)
 
 
 def run_step(meta: RunMeta) -> float:
@@ -376,7 +389,7 @@ class Trial:
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
         if self.ranks:
             how = ("through torchrun" if self.job.torchrun else
-                   "rank 0 starting the others as the script does")
+                   "started as the script starts them (Lightning, accelerate launch)")
             say(f"each round runs the job again: {self.ranks} ranks on this machine, {how}, a "
                 "step timed as its slowest rank's; fixes in every rank, none taking turns")
         switched = [v.name for v in todo if v.block and not v.turns]

@@ -1,7 +1,8 @@
 """Ranks that the script of a `trainprof try` round starts itself: Lightning's ddp re-launches
-`python train.py` for ranks 1..N-1, the round's own process being rank 0. Each such rank runs as
-a round too (round.py, with the round's fixes and its step timer) and writes its result file
-beside rank 0's (spawn.rank_result), so that the round's result is the job's (spawn.merge_ranks).
+`python train.py` for ranks 1..N-1, the round's own process being rank 0; `accelerate launch`
+(the round's process running the launcher) starts every rank. Each such rank runs as a round too
+(round.py, with the round's fixes and its step timer) and writes its result file beside rank 0's
+(spawn.rank_result), so that the round's result is the job's (spawn.merge_ranks).
 
 The parent side is `hook()`, which round.py enters around the script and waits on after it (the
 ranks outlive rank 0's script); the child side is `start()`, which the start-up hook

@@ -175,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
         "fix_on": alternation.sides[: len(steps.step_times)] if alternation else None,
         **held.result(),
     }
-    rank_result(opts.result, rank).write_text(json.dumps(result))
+    mine = rank_result(opts.result, rank)
+    if ranks_hook is not None and not steps.step_times and mine.exists():
+        # A launcher the script ran (accelerate launch): its rank 0 wrote the round's result.
+        return outcome.exit_code
+    mine.write_text(json.dumps(result))
     return outcome.exit_code
 
 
