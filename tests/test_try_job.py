@@ -1,5 +1,7 @@
-"""`trainprof try` on a torchrun job (`trainprof run --nproc-per-node N`): each round is the job
-again through torchrun, every rank with the round's fixes, each step the slowest rank's."""
+"""`trainprof try` on a job of several ranks on one machine: each round is the job again as it
+was launched (through torchrun for `trainprof run --nproc-per-node N`; by the script for
+Lightning's ddp and accelerate launch, its ranks run as rounds through the start-up hook), every
+rank with the round's fixes, each step the slowest rank's."""
 
 from __future__ import annotations
 
