@@ -114,7 +114,7 @@ def test_spawn_profiles_every_rank(spawned: Job) -> None:
     for rank in (0, 1):  # user code is the script's: the spawned function is located in it
         meta = spawned.meta(f"trainprof.rank{rank}.json")
         (opt,) = meta["optimizers"]
-        assert opt["location"].endswith("mp_spawn_ddp.py:23")
+        assert opt["location"].endswith("mp_spawn_ddp.py:24")
         assert meta["local_world_size"] == 2  # MASTER_ADDR 127.0.0.1: one machine
     parent = spawned.meta("trainprof.json")  # the process that called spawn ran no step
     assert parent["rank"] is None and parent["traces"] == []
@@ -148,6 +148,20 @@ def test_spawn_failed_rank_reported_and_saved(spawn_failed: Job) -> None:
     assert (meta["status"], meta["exit_code"], len(meta["step_times_s"])) == ("error", 1, 5)
     assert len(spawn_failed.rank_traces(1)) == 1  # steps 2-3 were recorded before it failed
     assert "Terminated" not in spawn_failed.stderr  # rank 0, stopped by spawn, dies quietly
+
+
+@pytest.mark.slow
+def test_spawned_ranks_stopped_by_max_steps_end_as_the_function_would(tmp_path) -> None:
+    """--max-steps ends each spawned rank's function at its step: a normal end (exit 0), not an
+    exception multiprocessing reports and spawn raises in the script."""
+    job = trainprof_run(tmp_path / "run", "--no-diagnose", "--max-steps", "10",
+                        str(SCRIPTS / "mp_spawn_ddp.py"))
+    assert job.code == 0, job.stderr
+    assert "Traceback" not in job.stderr
+    for rank in (0, 1):
+        meta = job.meta(f"trainprof.rank{rank}.json")
+        assert (meta["status"], len(meta["step_times_s"])) == ("ok", 10)
+        assert "stopped by --max-steps after 10 steps" in meta["notes"]
 
 
 # ----- accelerate launch: its torchrun agent starts `python -u accelerate_ddp.py` per rank ------

@@ -184,6 +184,27 @@ def test_try_reruns_the_launcher_the_script_ran(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_try_reruns_the_ranks_the_script_spawns(tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn: the script's process runs no step, each spawned process a
+    function of it. In a round each runs that function as a round (tryfix/ranks); stopped at
+    the round's steps, it ends as the function would have, and the script goes on."""
+    folder = tmp_path / "run"
+    done = run(folder, *SMALL, str(SCRIPTS / "mp_spawn_ddp.py"), "--steps", "40")
+    assert done.code == 0, done.stderr
+    tried = try_(str(folder), "--fix", "dataloader-starvation", "--rounds", "1", "--steps", "20")
+    assert tried.returncode == 0, tried.stderr
+    doc = json.loads((folder / "try.json").read_text())
+    assert (doc["ranks"], doc["ranks_started_by"]) == (2, "script")
+    assert len(doc["baseline"]["step_times_ms"][0]) == 15
+    log = (folder / "try.log").read_text()
+    assert "Traceback" not in log  # the round's end is no failure of the spawned function
+    rounds = log.split("\n===== ")[1:]
+    workers = next(r for r in rounds if r.startswith("dataloader-starvation[num_workers=1"))
+    for rank in (0, 1):
+        assert f"rank {rank}: num_workers=1" in workers
+
+
+@pytest.mark.slow
 def test_a_one_rank_torchrun_run_is_tried_as_a_job(tmp_path: Path) -> None:
     """`--nproc-per-node 1`: rank files, a world of one; re-run through torchrun (the script
     reads its rank from torchrun's variables)."""

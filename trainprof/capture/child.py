@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 HOOK_ENV = "TRAINPROF_SUBPROCESS"  # children.HOOK_ENV; kept here so that start-up stays light
@@ -140,16 +141,12 @@ def _enter(spec: dict[str, Any], rank: int) -> dict[str, str | None]:
 
 
 def _leave(spec: dict[str, Any], rank: int, restore: dict[str, str | None] | None) -> None:
-    from trainprof.capture.children import register
+    from trainprof.capture.children import mark_saved
     from trainprof.capture.environ import restore_env
 
     if restore is not None:
         restore_env(restore)
-    if spec.get("registry"):
-        try:
-            register(spec["registry"], rank, done=True)
-        except OSError:
-            pass  # the parent finds the process gone instead
+    mark_saved(spec.get("registry"), rank)
 
 
 def _run_script(spec: dict[str, Any], target: Any, rank: int) -> None:
@@ -214,8 +211,16 @@ def exit_as_python(code: int) -> None:
 
 def _hook_spawn(spec: dict[str, Any]) -> None:
     """In a multiprocessing "spawn" child: profile the function when it is a
-    torch.multiprocessing.spawn rank. The process object is unpickled after start-up, so the
-    check happens when it runs."""
+    torch.multiprocessing.spawn rank."""
+    on_spawned_rank(lambda proc, original, fn, index: _run_spawned(
+        spec, proc, original, fn, index))
+
+
+def on_spawned_rank(run_rank: Callable[[Any, Any, Any, int], None]) -> None:
+    """In a multiprocessing "spawn" child: when it is a torch.multiprocessing.spawn rank (torch's
+    `_wrap(fn, index, ...)`), `run_rank(proc, original_run, fn, index)` runs it instead of
+    `proc.run()`; any other process runs as it would have. The process object is unpickled
+    after start-up, so the check happens when it runs."""
     import multiprocessing.process as mpp
 
     original = mpp.BaseProcess.run
@@ -230,16 +235,16 @@ def _hook_spawn(spec: dict[str, Any]) -> None:
             and len(args) >= 2
             and isinstance(args[1], int)
         ):
-            _run_spawned(spec, proc, original, args[0], args[1])
+            run_rank(proc, original, args[0], args[1])
         else:
             original(proc)
 
     mpp.BaseProcess.run = run  # type: ignore[method-assign]
 
 
-def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, fn: Any, index: int) -> None:
-    """Profile torch's `_wrap(fn, index, ...)` as rank `index` (the process group's rank names
-    the files); whatever it raised is raised again for multiprocessing to report."""
+def recorded_run(proc: Any, original: Any) -> tuple[Callable[[], None], list[BaseException]]:
+    """`proc.run()` as a call that keeps what it raised, to raise it again for multiprocessing
+    to report once the rank's figures are saved."""
     raised: list[BaseException] = []
 
     def call() -> None:
@@ -249,6 +254,13 @@ def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, fn: Any, index:
             raised.append(exc)
             raise
 
+    return call, raised
+
+
+def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, fn: Any, index: int) -> None:
+    """Profile torch's `_wrap(fn, index, ...)` as rank `index` (the process group's rank names
+    the files); whatever it raised is raised again for multiprocessing to report."""
+    call, raised = recorded_run(proc, original)
     target = None
     restore = None
     try:
@@ -280,8 +292,10 @@ def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, fn: Any, index:
     except Exception:  # noqa: BLE001
         pass
     if raised:
-        from trainprof.capture.launch import Terminated
+        from trainprof.capture.launch import MaxStepsReached, Terminated
 
+        if isinstance(raised[0], MaxStepsReached):  # --max-steps: a normal end, as in the script
+            return
         if isinstance(raised[0], Terminated):  # saved: now end as SIGTERM would have
             import signal
 

@@ -203,6 +203,16 @@ def register(registry: str, rank: int, done: bool = False) -> None:
     os.replace(tmp, path)  # the parent never reads half an entry
 
 
+def mark_saved(registry: str | None, rank: int) -> None:
+    """This child has saved: its registry entry says so, and the parent stops waiting for it
+    (best effort: the parent finds the process gone instead)."""
+    if registry:
+        try:
+            register(registry, rank, done=True)
+        except OSError:
+            pass
+
+
 def unprofiled_note(metas: dict[int, RunMeta], world: int | None) -> str | None:
     """The note naming the ranks of the job that left nothing in the run folder."""
     if not world or world < 2:

@@ -136,7 +136,7 @@ def load_run(run: Path) -> RunMeta:
                 f"{run} is a job of {job.ranks} ranks {where}: `trainprof try` re-runs a job on "
                 "this machine only; record it on one machine (`trainprof run --nproc-per-node "
                 "N`, one node) and try that run")
-        if top is not None:  # a launcher the script ran (accelerate launch): its command
+        if top is not None:  # the script's process that started them: its command
             meta = msgspec.structs.replace(meta, argv=top.argv, cwd=top.cwd, env=top.env,
                                            executable=top.executable, module=top.module)
         return meta
@@ -148,12 +148,10 @@ def load_run(run: Path) -> RunMeta:
     world = max(top.world_size or 1, len(files))
     if world > 1 or files:
         raise TrainprofError(
-            f"{run} is a job of {world} ranks that the script started from a process that ran "
-            "no training step itself (torch.multiprocessing.spawn, Lightning's ddp_spawn): "
-            "`trainprof try` re-runs one process, a torchrun job, a script whose process is "
-            "rank 0 (Lightning's ddp) or a launcher it runs (accelerate launch); record the "
-            "script under torchrun (`trainprof run --nproc-per-node N`) or as one process, and "
-            "try that run")
+            f"{run} is a job of {world} ranks whose ranks this run did not record as a job "
+            "(trainprof.json of a process that trained, beside or without rank files): "
+            "`trainprof try` cannot start them as they were; record the script under torchrun "
+            "(`trainprof run --nproc-per-node N`) or as one process, and try that run")
     return top
 
 
@@ -170,11 +168,10 @@ def job_of(run: Path) -> Job | None:
     """The job recorded in `run`, which `try` runs again:
     - a file per rank and no trainprof.json: `trainprof run --nproc-per-node N` (by torchrun),
       or Lightning's ddp, whose rank 0 was trainprof's own process (by the script);
-    - trainprof.json of a process that ran no step, beside rank files that torch's elastic
-      agent started: a launcher the script ran (`accelerate launch`; by the script);
+    - trainprof.json of a process that ran no step, beside rank files: a launcher the script ran
+      (`accelerate launch`) or ranks it spawned (`torch.multiprocessing.spawn`; by the script);
     - trainprof.json of the one rank torchrun started.
-    None for one process, and for ranks started otherwise from a process that ran no step
-    (torch.multiprocessing.spawn)."""
+    None for one process."""
     run = Path(run)
     own = read_meta(run)
     files = _rank_files(run)
@@ -184,10 +181,9 @@ def job_of(run: Path) -> Job | None:
         return None
     first = read_meta(run / "trainprof.rank0.json") or read_meta(min(files))
     ranks = max((first.world_size if first else None) or 0, len(files))
-    by_agent = first is not None and _by_torchrun(first)
     if own is not None:
-        return Job(ranks, False) if by_agent and not own.step_times_s else None
-    return Job(ranks, by_agent)
+        return Job(ranks, False) if not own.step_times_s else None
+    return Job(ranks, first is not None and _by_torchrun(first))
 
 
 def run_step(meta: RunMeta) -> float:
@@ -389,7 +385,7 @@ class Trial:
             f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
         if self.ranks:
             how = ("through torchrun" if self.job.torchrun else
-                   "started as the script starts them (Lightning, accelerate launch)")
+                   "started as the script starts them (Lightning, accelerate, spawn)")
             say(f"each round runs the job again: {self.ranks} ranks on this machine, {how}, a "
                 "step timed as its slowest rank's; fixes in every rank, none taking turns")
         switched = [v.name for v in todo if v.block and not v.turns]

@@ -1,6 +1,7 @@
 """Ranks that the script of a `trainprof try` round starts itself: Lightning's ddp re-launches
 `python train.py` for ranks 1..N-1, the round's own process being rank 0; `accelerate launch`
-(the round's process running the launcher) starts every rank. Each such rank runs as a round too
+(the round's process running the launcher) starts every rank; torch.multiprocessing.spawn runs a
+function of the script in each (`_run_spawned`). Each such rank runs as a round too
 (round.py, with the round's fixes and its step timer) and writes its result file beside rank 0's
 (spawn.rank_result), so that the round's result is the job's (spawn.merge_ranks).
 
@@ -16,30 +17,36 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 HOOK_ENV = "TRAINPROF_TRY_SUBPROCESS"
 
 
-def hook(args: list[str]) -> Any:
+def hook(args: list[str], command: list[str]) -> Any:
     """The start-up hook's environment for the script's ranks (a capture.children.ChildHook):
-    each runs `python -m trainprof.tryfix.round ARGS --rank R -- ITS COMMAND`."""
+    each runs `python -m trainprof.tryfix.round ARGS --rank R -- ITS COMMAND`; a spawned one
+    (torch.multiprocessing.spawn) its function, as part of the round's script, `command`."""
     from trainprof.capture.children import ChildHook
 
-    return ChildHook({"args": args}, env=HOOK_ENV)
+    return ChildHook({"args": args, "command": command}, env=HOOK_ENV)
 
 
 def start() -> None:
     """Run this process as a round when it is a rank the round's script started; never raises
     before the script starts (the process then runs as it would have)."""
-    from trainprof.capture.child import new_rank, this_target
+    from trainprof.capture.child import new_rank, on_spawned_rank, this_target
 
     try:
         spec = json.loads(os.environ.get(HOOK_ENV) or "null")
         if not isinstance(spec, dict) or "args" not in spec:
             return
+        if sys.argv[:1] == ["-c"] and "--multiprocessing-fork" in sys.argv[1:]:
+            on_spawned_rank(lambda proc, original, fn, index: _run_spawned(
+                spec, proc, original, index))
+            return
         if not sys.argv or sys.argv[0] in ("", "-c", "-"):
-            return  # python -c, a multiprocessing spawn child: not a re-launched script
+            return  # python -c: not a re-launched script
         rank = new_rank(spec, os.environ)
         target = this_target() if rank is not None else None
         if rank is None or target is None:
@@ -51,22 +58,31 @@ def start() -> None:
     _run(spec, target, rank)
 
 
-def _run(spec: dict[str, Any], target: Any, rank: int) -> None:
-    """The round in this process, as rank `rank`; then exit as Python would, with its code. A
-    failure before the round starts leaves the process to run the script as it would have (a
-    rank that never starts would leave the others waiting for it)."""
-    from trainprof.capture.child import exit_as_python, run_usercustomize
-    from trainprof.capture.children import rank_identity, register
+def _entered(spec: dict[str, Any], rank: int) -> Callable[..., int] | None:
+    """The round's entry point, this rank registered with the parent; None (said why) where
+    that fails: the rank then runs as it would have, since a rank that never starts would leave
+    the others waiting for it."""
+    from trainprof.capture.children import register
 
-    registry = spec.get("registry")
     try:
         from trainprof.tryfix.round import main
 
-        if registry:
-            register(registry, rank)
+        if spec.get("registry"):
+            register(spec["registry"], rank)
     except Exception as err:  # noqa: BLE001
         print(f"trainprof try: rank {rank} runs without the round's fixes ({type(err).__name__}: "
               f"{err})", file=sys.stderr)
+        return None
+    return main
+
+
+def _run(spec: dict[str, Any], target: Any, rank: int) -> None:
+    """The round in this process, as rank `rank`; then exit as Python would, with its code."""
+    from trainprof.capture.child import exit_as_python, run_usercustomize
+    from trainprof.capture.children import mark_saved, rank_identity
+
+    main = _entered(spec, rank)
+    if main is None:
         return
     code = 1
     try:
@@ -81,7 +97,27 @@ def _run(spec: dict[str, Any], target: Any, rank: int) -> None:
               file=sys.stderr)
     finally:
         try:
-            if registry:
-                register(registry, rank, done=True)
+            mark_saved(spec.get("registry"), rank)
         finally:
             exit_as_python(code)
+
+
+def _run_spawned(spec: dict[str, Any], proc: Any, original: Any, index: int) -> None:
+    """torch's `_wrap(fn, index, ...)` in a round as rank `index`; whatever it raised is raised
+    again for multiprocessing to report (the script's spawn then fails as in the run), but for
+    the round's own end at its last step."""
+    from trainprof.capture.child import recorded_run
+    from trainprof.capture.children import mark_saved
+    from trainprof.capture.launch import MaxStepsReached
+
+    main = _entered(spec, index)
+    if main is None:
+        original(proc)
+        return
+    call, raised = recorded_run(proc, original)
+    try:
+        main([*spec["args"], "--rank", str(index), "--", *spec["command"]], call=call)
+    finally:
+        mark_saved(spec.get("registry"), index)
+    if raised and not isinstance(raised[0], MaxStepsReached):
+        raise raised[0]

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -50,10 +52,13 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv[:cut]), argv[cut + 1 :]
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, call: Callable[[], object] | None = None) -> int:
+    """The round; its exit code. `call`: a function of the script to run instead of the script
+    (a rank torch.multiprocessing.spawn started: tryfix/ranks), the command then naming the
+    script it belongs to."""
     argv = list(sys.argv[1:] if argv is None else argv)
     opts, command = _parse(argv)
-    from trainprof.capture.launch import resolve_target, running, sigterm_guard
+    from trainprof.capture.launch import resolve_target, run_target, running, sigterm_guard
     from trainprof.capture.loadprobe import LoadProbe
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     if opts.ranks_hook:
         from trainprof.tryfix.ranks import hook
 
-        ranks_hook = hook([a for a in argv[: argv.index("--")] if a != "--ranks-hook"])
+        ranks_hook = hook([a for a in argv[: argv.index("--")] if a != "--ranks-hook"], command)
     specs = json.loads(opts.fixes)
     patches = Patches()
     # Where the script's records go stays patched until this process exits: a script's atexit
@@ -140,10 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             S.enabled = True
             load = LoadProbe()  # other processes' CPU use while the script runs (tryfix/machine)
             with ranks_hook if ranks_hook is not None else contextlib.nullcontext():
-                with running(target) as run:
-                    exec(run.code, run.namespace)  # from this frame, as `run` does (handoff.py)
-            outcome = run.outcome
-            assert outcome is not None
+                if call is not None:
+                    outcome = run_target(dataclasses.replace(target, call=call))
+                else:
+                    with running(target) as run:
+                        exec(run.code, run.namespace)  # from this frame, as `run` does
+                    assert run.outcome is not None
+                    outcome = run.outcome
         finally:
             S.enabled = False
             steps = stepper.finish()
