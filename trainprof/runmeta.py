@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -21,6 +22,11 @@ EARLIER_TRY = re.compile(r"try\.(\d+)\.json")  # an earlier try's results, kept 
 # Variables torchrun sets in each rank for that job only (its run id, an error file of that
 # job's): not the script's environment, neither recorded nor replayed by `trainprof try`.
 LAUNCHER_ENV = ("TORCHELASTIC_",)
+
+
+def started_by_torchrun(env: Mapping[str, str]) -> bool:
+    """Whether a process with this environment is a rank that torchrun's agent started."""
+    return "TORCHELASTIC_RUN_ID" in env
 
 
 def is_try_file(name: str) -> bool:

@@ -31,28 +31,44 @@ from typing import Any
 HOOK_ENV = "TRAINPROF_SUBPROCESS"  # children.HOOK_ENV; kept here so that start-up stays light
 
 
+SPAWNED = "spawned"  # rank_to_run: a multiprocessing spawn child
+
+
 def start() -> None:
     """Profile this process when it is a rank; never raises."""
     try:
         spec = json.loads(os.environ.get(HOOK_ENV) or "null")
         if not isinstance(spec, dict) or "out" not in spec:
             return
-        argv = sys.argv
-        if argv[:1] == ["-c"] and "--multiprocessing-fork" in argv[1:]:
+        found = rank_to_run(spec)
+        if found == SPAWNED:
             _hook_spawn(spec)
             return
-        if not argv or argv[0] in ("", "-c", "-"):
-            return
-        rank = new_rank(spec, os.environ)
-        if rank is None:
-            return
-        target = this_target()
-        if target is None:
+        if found is None:
             return
     except Exception as err:  # noqa: BLE001 - the hook must never break a child
         _say(f"not profiling this process ({type(err).__name__}: {err})")
         return
+    target, rank = found
     _run_script(spec, target, rank)
+
+
+def rank_to_run(spec: dict[str, Any]) -> tuple[Any, int] | str | None:
+    """What this process is to the job of the process that set the hook up (`spec`'s identity):
+    (its target, its rank) for a new rank running the user's script or module; SPAWNED for a
+    multiprocessing spawn child (whether it is a torch.multiprocessing.spawn rank shows only when
+    it runs: on_spawned_rank); None for anything else (python -c, a helper, an installed tool).
+    May raise: the caller leaves the process untouched then."""
+    argv = sys.argv
+    if argv[:1] == ["-c"] and "--multiprocessing-fork" in argv[1:]:
+        return SPAWNED
+    if not argv or argv[0] in ("", "-c", "-"):
+        return None
+    rank = new_rank(spec, os.environ)
+    if rank is None:
+        return None
+    target = this_target()
+    return None if target is None else (target, rank)
 
 
 def new_rank(spec: dict[str, Any], env: Any) -> int | None:

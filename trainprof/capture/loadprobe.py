@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from trainprof.runmeta import Load
+from trainprof.runmeta import Load, started_by_torchrun
 
 _PROC = Path("/proc")
 
@@ -100,7 +100,7 @@ def own_cpu_s() -> float:
     """CPU seconds of this process tree: every thread, reaped children, live descendants. A rank
     that torchrun started counts its job's tree instead (the torchrun agent above it: the job's
     ranks on this machine and their workers), since the job's other ranks are no other load."""
-    agent = os.getppid() if "TORCHELASTIC_RUN_ID" in os.environ else None
+    agent = os.getppid() if started_by_torchrun(os.environ) else None
     if agent is not None and agent > 1:
         parent, cpu = _process_table()
         if agent in cpu:

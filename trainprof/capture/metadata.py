@@ -35,6 +35,7 @@ from trainprof.runmeta import (
     Flags,
     MetricInfo,
     OptimizerInfo,
+    started_by_torchrun,
 )
 
 
@@ -308,7 +309,7 @@ def relaunch_context() -> dict[str, Any]:
         and not k.startswith(LAUNCHER_ENV)
     }
     return {"cwd": os.getcwd(), "executable": sys.executable, "env": env,
-            "torchrun": "TORCHELASTIC_RUN_ID" in os.environ}
+            "torchrun": started_by_torchrun(os.environ)}
 
 
 def environment(load: LoadProbe | None = None, init_cuda: bool = True) -> dict[str, Any]:

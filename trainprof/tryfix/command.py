@@ -39,7 +39,14 @@ import msgspec
 from trainprof.analysis import loader_cuts
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
-from trainprof.runmeta import TRY_NAME, RunMeta, earlier_tries, keep_earlier_try, read_meta
+from trainprof.runmeta import (
+    TRY_NAME,
+    RunMeta,
+    earlier_tries,
+    keep_earlier_try,
+    read_meta,
+    started_by_torchrun,
+)
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
 from trainprof.tryfix.estimates import LOADER, NO_CLAIM, estimates
@@ -136,6 +143,8 @@ def load_run(run: Path) -> RunMeta:
                 f"{run} is a job of {job.ranks} ranks {where}: `trainprof try` re-runs a job on "
                 "this machine only; record it on one machine (`trainprof run --nproc-per-node "
                 "N`, one node) and try that run")
+        # the ranks share this machine's CPUs (RunMeta.cpus_per_rank)
+        meta = msgspec.structs.replace(meta, local_world_size=local)
         if top is not None:  # the script's process that started them: its command
             meta = msgspec.structs.replace(meta, argv=top.argv, cwd=top.cwd, env=top.env,
                                            executable=top.executable, module=top.module)
@@ -161,7 +170,7 @@ def _rank_files(run: Path) -> list[Path]:
 
 def _by_torchrun(meta: RunMeta) -> bool:
     # (runs recorded before `torchrun` was kept have torchrun's variables in `env`)
-    return meta.torchrun or "TORCHELASTIC_RUN_ID" in meta.env
+    return meta.torchrun or started_by_torchrun(meta.env)
 
 
 def job_of(run: Path) -> Job | None:
@@ -241,8 +250,6 @@ class Trial:
         # A job's rounds are the job again, on this machine (spawn.Launcher).
         self.job = job_of(self.run)
         self.ranks = self.job.ranks if self.job else None
-        if self.ranks and not meta.local_world_size:  # recorded before it was: load_run's one
-            meta.local_world_size = self.ranks  # machine, whose CPUs the ranks share
         self.launcher = Launcher(meta, self.log, self.job)
         self.clocks: set[str] = set()  # the step clocks the rounds were timed on
         # The script's own profiler in the rounds (tryfix/outputs): the kinds that started, the

@@ -35,26 +35,24 @@ def hook(args: list[str], command: list[str]) -> Any:
 def start() -> None:
     """Run this process as a round when it is a rank the round's script started; never raises
     before the script starts (the process then runs as it would have)."""
-    from trainprof.capture.child import new_rank, on_spawned_rank, this_target
+    from trainprof.capture.child import SPAWNED, on_spawned_rank, rank_to_run
 
     try:
         spec = json.loads(os.environ.get(HOOK_ENV) or "null")
         if not isinstance(spec, dict) or "args" not in spec:
             return
-        if sys.argv[:1] == ["-c"] and "--multiprocessing-fork" in sys.argv[1:]:
+        found = rank_to_run(spec)
+        if found == SPAWNED:
             on_spawned_rank(lambda proc, original, fn, index: _run_spawned(
                 spec, proc, original, index))
             return
-        if not sys.argv or sys.argv[0] in ("", "-c", "-"):
-            return  # python -c: not a re-launched script
-        rank = new_rank(spec, os.environ)
-        target = this_target() if rank is not None else None
-        if rank is None or target is None:
+        if found is None:
             return
     except Exception as err:  # noqa: BLE001 - the hook must never break a child
         print(f"trainprof try: not running this process as a rank ({type(err).__name__}: "
               f"{err})", file=sys.stderr)
         return
+    target, rank = found
     _run(spec, target, rank)
 
 

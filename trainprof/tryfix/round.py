@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
     from trainprof.capture.patching import Patches
     from trainprof.capture.phaseref import PhaseRef, cpu_run
     from trainprof.capture.probes import install_probes
+    from trainprof.capture.runner import env_rank
     from trainprof.capture.state import S
     from trainprof.capture.stepper import Stepper
     from trainprof.capture.userframe import UserCode
@@ -82,12 +83,10 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
     except TrainprofError as err:
         print(f"trainprof: error: {err}", file=sys.stderr)
         return 2
-    # A rank of a job's round (torchrun started this module once per rank) writes a result file
-    # of its own; read before the script can change the variables.
-    world, rank_var = os.environ.get("WORLD_SIZE", ""), os.environ.get("RANK", "")
-    rank = int(rank_var) if world.isdigit() and int(world) > 1 and rank_var.isdigit() else 0
-    if opts.rank is not None:  # a rank the script started (tryfix/ranks): no RANK under Lightning
-        rank = opts.rank
+    # A rank of a job's round writes a result file of its own: torchrun's RANK, read before the
+    # script can change the variables, or --rank for one the script started (tryfix/ranks; no
+    # RANK under Lightning).
+    rank = opts.rank if opts.rank is not None else (env_rank() or 0)
     # The ranks the script starts (Lightning's ddp) run as rounds with these options too.
     ranks_hook = None
     if opts.ranks_hook:
