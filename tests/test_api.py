@@ -200,3 +200,21 @@ def test_python_m_trainprof_is_the_cli(tmp_path: Path) -> None:
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip().splitlines() == [f"trainprof: error: no such file or folder: "
                                              f"{tmp_path / 'nothing'}"]
+
+
+def test_the_process_command_is_recorded_for_try(tmp_path: Path) -> None:
+    """What `trainprof try` starts again (RunMeta.argv): a script with its arguments, a module
+    run with -m (a package by its name), nothing for python -c."""
+    show = "import json, trainprof.api; print(json.dumps(trainprof.api.process_command()))\n"
+    (tmp_path / "train.py").write_text(show)
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "__main__.py").write_text(show)
+    (tmp_path / "pkg" / "fit.py").write_text(show)
+    for cmd, want in ((["train.py", "--lr", "1"], [str(tmp_path / "train.py"), "--lr", "1"]),
+                      (["-m", "pkg", "a"], ["-m", "pkg", "a"]),
+                      (["-m", "pkg.fit", "b"], ["-m", "pkg.fit", "b"]),
+                      (["-c", show, "x"], [])):
+        r = subprocess.run([sys.executable, *cmd], cwd=tmp_path, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert json.loads(r.stdout) == want, cmd

@@ -115,6 +115,11 @@ def test_cell_magic_and_context_manager_in_a_kernel(
     # the context manager in a cell, after the magic: a second session in the same process
     assert "ctx [2, 3] 2" in texts(c[5])
     assert 'class="trainprof-nb"' in texts(c[6], "text/html")
+    # nothing starts a kernel's cell again: `trainprof try` says so in one line
+    assert json.loads((tmp_path / "ctx" / "trainprof.json").read_text())["argv"] == []
+    tried = trainprof_cli("try", "ctx", cwd=tmp_path)
+    assert tried.returncode == 2 and tried.stderr.count("\n") == 1, tried.stderr
+    assert "has no command to start again" in tried.stderr
     # a cell that raises: IPython shows the traceback, the trace is saved and diagnosed
     assert "boom at step 5" in texts(c[7]) and any(o.output_type == "error" for o in c[7].outputs)
     assert 'class="trainprof-nb"' in texts(c[7], "text/html")
@@ -123,10 +128,14 @@ def test_cell_magic_and_context_manager_in_a_kernel(
     assert failed["status"] == "error" and failed["traces"]
 
 
-def trainprof_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+def trainprof_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "trainprof", "run", *args], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, "-m", "trainprof", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=240)
+
+
+def trainprof_run(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return trainprof_cli("run", *args, cwd=cwd)
 
 
 @pytest.mark.slow
@@ -156,6 +165,23 @@ def test_run_a_notebook_cell_by_cell(tmp_path: Path) -> None:
 
     sync = [f for f in trainprof.diagnose(tmp_path / "r").findings if f.rule == "host-sync"]
     assert sync and (sync[0].location or "").endswith(f"nb.ipynb#cell1:{item}")
+
+
+@pytest.mark.slow
+def test_try_runs_a_recorded_notebook_again(tmp_path: Path) -> None:
+    """`trainprof try` on a notebook's run: its cells run again in the rounds, with the fix."""
+    code = nbformat.v4.new_code_cell
+    nb = nbformat.v4.new_notebook(cells=[code("%matplotlib inline\n" + TRAIN), code("train(60)")])
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    r = trainprof_run("--wait", "1", "--warmup", "1", "--active", "2", "--out", "r", "nb.ipynb",
+                      cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    tried = trainprof_cli("try", "r", "--fix", "optimizer-foreach", "--rounds", "1", "--steps",
+                          "40", cwd=tmp_path)
+    assert tried.returncode == 0, tried.stderr
+    (fix,) = json.loads((tmp_path / "r" / "try.json").read_text())["fixes"]
+    assert fix["measured_pct"] is not None and fix["verdict"] != "error", fix
+    assert "fused=True" in fix["change"] or "foreach=True" in fix["change"]
 
 
 def test_unreadable_notebook_is_refused_in_one_line(tmp_path: Path) -> None:

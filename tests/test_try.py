@@ -33,6 +33,7 @@ from trainprof.tryfix.command import Trial, TryOptions, load_run
 from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
 
 MLP = str(SCRIPTS / "try_mlp.py")
+API_BLOCK = str(SCRIPTS / "try_api_block.py")
 SHARING = str(SCRIPTS / "try_sharing.py")
 
 
@@ -326,6 +327,22 @@ def test_jobs_try_cannot_rerun_are_refused_in_one_line(tmp_path: Path) -> None:
         assert not (folder / "try.json").exists()
 
 
+def test_runs_without_a_command_to_start_again_are_refused_in_one_line(tmp_path: Path) -> None:
+    """A trainprof.profile() block in a notebook records no command; a script moved since the
+    run is not found where the rounds would start it. One line each, not a failed baseline."""
+    kernel, moved = tmp_path / "kernel", tmp_path / "moved"
+    kernel.mkdir()
+    moved.mkdir()
+    write_meta(RunMeta(argv=[], cwd=str(tmp_path), script="/tmp/ipykernel_1/2.py"), kernel)
+    write_meta(RunMeta(argv=["train.py", "--lr", "1"], cwd=str(tmp_path)), moved)
+    for folder, words in ((kernel, ["has no command to start again", "notebook"]),
+                          (moved, [f"train.py, is not in {tmp_path} any more"])):
+        done = trainprof("try", str(folder))
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert all(w in done.stderr for w in words), done.stderr
+        assert not (folder / "try.json").exists()
+
+
 def test_unknown_fix_is_refused(tmp_path: Path) -> None:
     write_meta(RunMeta(argv=[MLP], cwd=str(ROOT)), tmp_path)
     done = trainprof("try", str(tmp_path), "--fix", "no-such-rule")
@@ -482,6 +499,28 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     assert "try.1.json" in (folder / "report.html").read_text()
     log = (folder / "try.log").read_text()  # both tries' rounds, each try's begin marked
     assert log.count("##### trainprof try (") == 2 and "(zero-grad-not-none; 1 round)" in log
+
+
+@pytest.mark.slow
+def test_a_with_block_run_is_tried_by_running_its_script_again(tmp_path: Path) -> None:
+    """trainprof.profile() records the process's command (the script and its arguments); `try`
+    runs the script again, its block unprofiled in the rounds (not "already being profiled"),
+    the block's run folder left as it was."""
+    folder = tmp_path / "run"
+    rec = subprocess.run([sys.executable, API_BLOCK, str(folder), "60"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=240)
+    assert rec.returncode == 0 and "profiled" in rec.stdout, rec.stderr
+    meta = json.loads((folder / "trainprof.json").read_text())
+    assert meta["argv"] == [API_BLOCK, str(folder), "60"] and meta["cwd"] == str(tmp_path)
+    recorded = (folder / "trainprof.json").read_bytes()
+    done = trainprof("try", str(folder), "--fix", "zero-grad-not-none", "--rounds", "1",
+                     "--steps", "40")
+    assert done.returncode == 0, done.stderr
+    (fix,) = json.loads((folder / "try.json").read_text())["fixes"]
+    assert fix["measured_pct"] is not None and fix["verdict"] != "error", fix
+    log = (folder / "try.log").read_text()
+    assert "already being profiled" not in log and "not profiled loss" in log
+    assert (folder / "trainprof.json").read_bytes() == recorded
 
 
 @pytest.mark.slow

@@ -105,6 +105,8 @@ class Profile:
         assert self._session is not None and self.folder is not None
         result = self._session.stop(_outcome(exc))
         self.meta = result.meta
+        # what starts this process again, for `trainprof try` (the target's is only a name)
+        self.meta.argv = process_command()
         try:
             write_meta(self.meta, self.folder)
         except OSError as err:
@@ -241,6 +243,23 @@ def _outcome(exc: BaseException | None) -> Outcome:
     if isinstance(exc, Terminated):
         return Outcome(143, "interrupted", None, detail)
     return Outcome(1, "error", None, detail)
+
+
+def process_command() -> list[str]:
+    """The command that starts this process again with python (RunMeta.argv): [script, *args]
+    or ["-m", module, *args]; [] where none would (a notebook, an interactive session,
+    python -c), which `trainprof try` then says."""
+    ipython = sys.modules.get("IPython")
+    if ipython is not None and getattr(ipython, "get_ipython", lambda: None)() is not None:
+        return []
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name and spec.name != "__main__":
+        return ["-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    file = getattr(main, "__file__", None)  # absolute since Python 3.9
+    if spec is None and isinstance(file, str) and os.path.isfile(file):
+        return [file, *sys.argv[1:]]
+    return []
 
 
 def _caller_file() -> str:

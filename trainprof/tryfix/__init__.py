@@ -9,6 +9,7 @@
 * apply    the fixes, patched in at runtime and reversibly (imports torch; only in a round)
 * outputs  in a round, the script's own profiler writes no file, its checkpoints and logs go to
            the round's own folder (imports torch)
+* apiblock a `trainprof.profile()` block in the script runs its code unprofiled in a round
 * catalog  which rules have a runtime fix, their variants and their descriptions (torch-free)
 * measure  saving with a two-level bootstrap interval over rounds and steps; the verdict
 """

@@ -63,7 +63,7 @@ from trainprof.tryfix.measure import (
     verdict,
     within_target,
 )
-from trainprof.tryfix.spawn import Job, Launcher, read_result
+from trainprof.tryfix.spawn import Job, Launcher, read_result, round_cwd
 
 LOG_NAME = "try.log"
 SCHEMA = 1
@@ -148,12 +148,18 @@ def load_run(run: Path) -> RunMeta:
         if top is not None:  # the script's process that started them: its command
             meta = msgspec.structs.replace(meta, argv=top.argv, cwd=top.cwd, env=top.env,
                                            executable=top.executable, module=top.module)
-        return meta
-    if top is None or not top.argv:
+        return _with_script(run, meta)
+    if top is None:
         raise TrainprofError(
             f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
             "a run folder written by `trainprof run`, not a bare trace"
         )
+    if not top.argv:
+        raise TrainprofError(
+            f"{run} has no command to start again: trainprof.profile() or %%trainprof recorded "
+            "it in a notebook or an interactive session; `trainprof try` re-runs a script or a "
+            "notebook, so record it with `trainprof run train.py` (or `trainprof run "
+            "notebook.ipynb`) and try that run")
     world = max(top.world_size or 1, len(files))
     if world > 1 or files:
         raise TrainprofError(
@@ -161,7 +167,19 @@ def load_run(run: Path) -> RunMeta:
             "(trainprof.json of a process that trained, beside or without rank files): "
             "`trainprof try` cannot start them as they were; record the script under torchrun "
             "(`trainprof run --nproc-per-node N`) or as one process, and try that run")
-    return top
+    return _with_script(run, top)
+
+
+def _with_script(run: Path, meta: RunMeta) -> RunMeta:
+    """`meta`, once its command's script is found where the rounds start it (spawn.round_cwd):
+    a script moved or deleted since is one line here, not a failed baseline round."""
+    if meta.argv and meta.argv[0] != "-m":
+        cwd = round_cwd(meta)
+        if not Path(cwd, meta.argv[0]).exists():
+            raise TrainprofError(
+                f"the script of the command {run} recorded, {meta.argv[0]}, is not in {cwd} any "
+                "more: `trainprof try` re-runs that command there")
+    return meta
 
 
 def _rank_files(run: Path) -> list[Path]:

@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
     from trainprof.capture.stepper import Stepper
     from trainprof.capture.userframe import UserCode
     from trainprof.errors import TrainprofError
+    from trainprof.tryfix import apiblock
     from trainprof.tryfix.apply import Applied, install
     from trainprof.tryfix.outputs import hold_profiler_files, redirect_records
     from trainprof.tryfix.spawn import rank_result
@@ -139,6 +140,7 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
             # The probes, the evaluation passes included (their steps are not timed: measure.py).
             user = UserCode(target.user_roots)
             install_probes(patches, stepper, user)
+            apiblock.install(patches)  # the script's trainprof.profile() blocks: unprofiled
             install(specs, patches, applied, switch, user)
             S.reset()
             S.enabled = True

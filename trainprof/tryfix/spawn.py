@@ -35,6 +35,11 @@ class Job:
     torchrun: bool
 
 
+def round_cwd(meta: RunMeta) -> str:
+    """Where a round runs: the run's working folder, or this one where that is gone."""
+    return meta.cwd if meta.cwd and Path(meta.cwd).is_dir() else os.getcwd()
+
+
 class Launcher:
     """The recorded run's way of starting the script, for its rounds; `log` gets their output.
     `job`: the recorded job, each round its ranks again (None: one process)."""
@@ -84,7 +89,7 @@ class Launcher:
 
     def popen(self, cmd: list[str], name: str, log: IO[str], pass_fds: tuple[int, ...] = ()
               ) -> subprocess.Popen:
-        cwd = self.meta.cwd if self.meta.cwd and Path(self.meta.cwd).is_dir() else os.getcwd()
+        cwd = round_cwd(self.meta)
         log.write(f"\n===== {name}: {' '.join(cmd)}\n")
         log.flush()
         return subprocess.Popen(cmd, cwd=cwd, env=self.env(), stdout=log, stderr=log,
