@@ -78,8 +78,10 @@ def test_run_records_machine_and_load(real_run: Path) -> None:
     assert meta["cpu_count"] >= 1
     load = meta["load"]
     assert set(load) == {
-        "interval_s", "loadavg_start", "loadavg_end", "other_cpus", "own_cpus", "steal_cpus"
+        "interval_s", "loadavg_start", "loadavg_end", "other_cpus", "own_cpus", "steal_cpus",
+        "own_tree",
     }
+    assert load["own_tree"] == "process"  # one process: its own tree is the job
     # The probe starts before the script and ends after the save: it spans the script's wall.
     assert load["interval_s"] >= meta["wall_time_s"] - 0.01
     assert load["own_cpus"] > 0
@@ -137,12 +139,16 @@ _RANK = (
     "print('ready', flush=True)\n"
     "sys.stdin.readline()\n"
     "load = probe.finish()\n"
-    "print(json.dumps([load.other_cpus * load.interval_s, load.own_cpus * load.interval_s]))\n"
+    "print(json.dumps([load.other_cpus * load.interval_s, load.own_cpus * load.interval_s,\n"
+    "                  load.own_tree]))\n"
 )
-# torchrun's agent, in small: it starts the rank, then a sibling that burns 0.5 s of CPU.
+# torchrun's agent, in small (or the script's process that starts its ranks, which the
+# start-up hook names as the job's top): it starts the rank, then a sibling that burns 0.5 s.
 _AGENT = (
     "import os, subprocess, sys\n"
-    "env = dict(os.environ, **({'TORCHELASTIC_RUN_ID': 'job'} if sys.argv[1] == 'job' else {}))\n"
+    "env = dict(os.environ, **{'job': {'TORCHELASTIC_RUN_ID': 'job'},\n"
+    "                          'hooked': {'TRAINPROF_JOB_ROOT': str(os.getpid())},\n"
+    "                          'elsewhere': {'TRAINPROF_JOB_ROOT': '1'}}.get(sys.argv[1], {}))\n"
     "rank = subprocess.Popen([sys.executable, '-c', sys.argv[2]], env=env, text=True,\n"
     "                        stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n"
     "assert rank.stdout.readline().strip() == 'ready'\n"
@@ -156,20 +162,22 @@ _AGENT = (
 
 
 @pytest.mark.skipif(not LINUX, reason="/proc")
-@pytest.mark.parametrize("launched", ["job", "alone"])
+@pytest.mark.parametrize("launched", ["job", "hooked", "alone", "elsewhere"])
 def test_a_ranks_job_is_no_other_load(launched: str) -> None:
     """A rank torchrun started counts its job's other ranks (the agent's tree) as its own load,
-    not another process's: a sibling burning 0.5 s shows in own_cpus, not other_cpus. The same
-    process started without torchrun's variables sees the sibling as another process."""
+    not another process's: a sibling burning 0.5 s shows in own_cpus, not other_cpus; so does a
+    rank the script started (Lightning's, spawn's), under the process the start-up hook names.
+    The same process started without either sees the sibling as another process, and so does
+    one that names init (pid 1: every process's ancestor, no job's top)."""
     done = subprocess.run([sys.executable, "-c", _AGENT, launched, _RANK, BURN], cwd=ROOT,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
-    other, own = json.loads(done.stdout)
+    other, own, tree = json.loads(done.stdout)
     # /proc/stat counts in clock ticks, sampled: allow some under-count.
-    if launched == "job":
-        assert own >= 0.4 and other < 0.4
+    if launched in ("job", "hooked"):
+        assert own >= 0.4 and other < 0.4 and tree == "job"
     else:
-        assert other >= 0.4 and own < 0.4
+        assert other >= 0.4 and own < 0.4 and tree == "process"
 
 
 # ---- compare warns when the runs saw different machines or load --------------------------------

@@ -139,6 +139,10 @@ def test_try_reruns_lightnings_ddp_as_the_script_launches_it(lightning: Path) ->
     rank 1. Each round does the same, and the rank it starts runs as a round too (tryfix/ranks):
     with the fixes, its own step times, its own result file."""
     assert not (lightning / "trainprof.json").exists()  # rank files only, not by torchrun
+    # the load of rank 0 (the job's top process) and of rank 1 (under it) leaves the job out
+    trees = [json.loads((lightning / f"trainprof.rank{r}.json").read_text())["load"]["own_tree"]
+             for r in (0, 1)]
+    assert trees == ["process", "job"]
     done = try_(str(lightning), "--fix", "dataloader-starvation", "--fix", "zero-grad-not-none",
                 "--rounds", "1", "--steps", "30")
     assert done.returncode == 0, done.stderr
@@ -194,6 +198,10 @@ def test_try_reruns_the_ranks_the_script_spawns(tmp_path: Path) -> None:
     tried = try_(str(folder), "--fix", "dataloader-starvation", "--rounds", "1", "--steps", "20")
     assert tried.returncode == 0, tried.stderr
     doc = json.loads((folder / "try.json").read_text())
+    # each spawned rank's load counts the job (the script's process and its ranks) as its own
+    for rank in (0, 1):
+        meta = json.loads((folder / f"trainprof.rank{rank}.json").read_text())
+        assert meta["load"]["own_tree"] == "job"
     assert (doc["ranks"], doc["ranks_started_by"]) == (2, "script")
     assert len(doc["baseline"]["step_times_ms"][0]) == 15
     log = (folder / "try.log").read_text()
@@ -219,17 +227,20 @@ def test_a_one_rank_torchrun_run_is_tried_as_a_job(tmp_path: Path) -> None:
     assert doc["ranks"] == 1 and doc["baseline"]["rounds"] == 1
 
 
-@pytest.mark.parametrize("recorded", ["ranks apart", "ranks among other processes"])
+@pytest.mark.parametrize("recorded", ["torchrun's ranks apart", "torchrun's among others",
+                                      "the script's ranks apart", "the script's among others"])
 def test_a_jobs_load_is_compared_only_where_its_ranks_were_left_out(
     tmp_path: Path, recorded: str
 ) -> None:
-    """Ranks recorded before the `torchrun` field counted the job's other ranks as other
+    """Ranks recorded before their load left their job out (torchrun's: before the `torchrun`
+    field; the script's: before Load.own_tree) counted the job's other ranks as other
     processes, which the rounds leave out: no load comparison then, rather than a wrong one."""
-    new = recorded == "ranks apart"
+    new, torchrun = recorded.endswith("apart"), recorded.startswith("torchrun")
     for rank in (0, 1):
+        load = Load(other_cpus=1.5, own_tree="job" if new and not torchrun else None)
+        env = {"TORCHELASTIC_RUN_ID": "old"} if torchrun and not new else {}
         write_meta(RunMeta(argv=[JOB], cwd=str(ROOT), rank=rank, world_size=2,
-                           local_world_size=2, torchrun=new, load=Load(other_cpus=1.5),
-                           env={} if new else {"TORCHELASTIC_RUN_ID": "old"}),
+                           local_world_size=2, torchrun=torchrun and new, load=load, env=env),
                    tmp_path, f"trainprof.rank{rank}.json")
     trial = Trial(TryOptions(run=tmp_path), load_run(tmp_path))
     trial.others = [0.0]  # the rounds' load, as if they had run

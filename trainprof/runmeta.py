@@ -251,9 +251,14 @@ class Load(msgspec.Struct, kw_only=True):
     loadavg_end: float | None = None
     # Average number of CPUs kept busy over the interval by other processes: the machine's busy
     # time (/proc/stat) minus this process tree's CPU time (DataLoader workers included; for a
-    # rank torchrun started, its job's ranks on this machine and theirs).
+    # rank, its job's ranks on this machine and theirs: own_tree).
     other_cpus: float | None = None
     own_cpus: float | None = None  # the same for this process tree (a rank's: its job's)
+    # What own_cpus counts: "process", this process and its descendants (one process, or the
+    # job's top process, which started its ranks); "job", the tree of the process above that
+    # holds the job's ranks on this machine (torchrun's agent, or the process that started the
+    # ranks). None: recorded before 2026-11-29, when only torchrun's ranks counted their job.
+    own_tree: str | None = None
     steal_cpus: float | None = None  # CPU time the hypervisor gave to other virtual machines
 
 

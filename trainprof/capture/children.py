@@ -9,7 +9,9 @@ script starts (inherited only, never exported further):
 - TRAINPROF_SUBPROCESS: JSON with the run folder, the resolved profiling options, the target,
   a registry folder and the rank identity of the profiled process that started it;
 - PYTHONPATH: trainprof/capture/startup first (the user's entries kept after it), whose
-  sitecustomize.py runs any sitecustomize it hides, then trainprof.capture.child.start().
+  sitecustomize.py runs any sitecustomize it hides, then trainprof.capture.child.start();
+- TRAINPROF_JOB_ROOT: this process, whose tree holds the job (capture/loadprobe: a rank's
+  own CPU time is its job's).
 
 child.py decides there whether the process is a rank (not a DataLoader worker, a compiler or
 any other helper) and profiles it exactly as a torchrun worker would be: rank<R>.* traces and
@@ -36,6 +38,7 @@ from trainprof.analysis.job import rank_list
 from trainprof.capture.config import ProfileConfig
 from trainprof.capture.environ import restore_env
 from trainprof.capture.launch import Target
+from trainprof.capture.loadprobe import JOB_ROOT_ENV
 from trainprof.capture.patching import Patches
 from trainprof.runmeta import RunMeta
 
@@ -94,6 +97,7 @@ class ChildHook:
         for key, value in (
             (self.env, json.dumps(self.spec)),
             ("PYTHONPATH", STARTUP_DIR + (os.pathsep + path if path else "")),
+            (JOB_ROOT_ENV, str(os.getpid())),  # the ranks' job is this process's tree
         ):
             self._saved[key] = os.environ.get(key)
             os.environ[key] = value

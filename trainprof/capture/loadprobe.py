@@ -3,7 +3,7 @@
 Read twice, when the script starts and at the end of the capture; no background thread. The
 "other processes" figure is the machine's busy CPU time (/proc/stat) minus this process tree's
 (this process, its reaped children, and its live descendants such as DataLoader workers; for a
-rank torchrun started, its job's ranks on this machine with theirs), so a
+rank, its job's ranks on this machine with theirs: job_root), so a
 second job on the machine shows even when the load average, which counts this run's own
 threads, does not. Linux only; elsewhere only the load average (None where absent too).
 No torch here: the probe must not initialise anything in the script's process.
@@ -96,15 +96,43 @@ def _live_descendants_cpu_s(root: int) -> float:
     return sum(cpu.get(pid, 0.0) for pid in _descendants(root, parent))
 
 
-def own_cpu_s() -> float:
-    """CPU seconds of this process tree: every thread, reaped children, live descendants. A rank
-    that torchrun started counts its job's tree instead (the torchrun agent above it: the job's
-    ranks on this machine and their workers), since the job's other ranks are no other load."""
+# The process whose tree is the job on this machine: the run's (or a round's) top process,
+# set by capture/children.ChildHook for the ranks the script starts (Lightning's, spawn's).
+JOB_ROOT_ENV = "TRAINPROF_JOB_ROOT"
+
+
+def _ancestors(pid: int, parent: dict[int, int]) -> list[int]:
+    out = []
+    while pid in parent and parent[pid] > 0 and parent[pid] not in out:
+        pid = parent[pid]
+        out.append(pid)
+    return out
+
+
+def job_root() -> int | None:
+    """The process above this one whose tree holds its job's ranks on this machine: the process
+    that started the ranks the script starts (JOB_ROOT_ENV), else the torchrun agent of a rank
+    torchrun started; None: this process's own tree (one process, or the job's top)."""
+    parent, _ = _process_table()
+    above = _ancestors(os.getpid(), parent)
+    root = os.environ.get(JOB_ROOT_ENV, "")
+    # the topmost (init, pid 1 or a container's) is every process's ancestor, never a job's
+    if root.isdigit() and int(root) in above[:-1]:
+        return int(root)
     agent = os.getppid() if started_by_torchrun(os.environ) else None
-    if agent is not None and agent > 1:
+    if agent is not None and agent > 1 and agent in parent:
+        return agent
+    return None
+
+
+def own_cpu_s(root: int | None = None) -> float:
+    """CPU seconds of this process tree: every thread, reaped children, live descendants; or of
+    `root`'s tree (job_root: the job's ranks on this machine and their workers), since the job's
+    other ranks are no other load."""
+    if root is not None:
         parent, cpu = _process_table()
-        if agent in cpu:
-            return cpu[agent] + sum(cpu.get(pid, 0.0) for pid in _descendants(agent, parent))
+        if root in cpu:
+            return cpu[root] + sum(cpu.get(pid, 0.0) for pid in _descendants(root, parent))
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(
         os.getpid()
@@ -189,14 +217,16 @@ class LoadProbe:
         self.t0 = time.monotonic()
         self.loadavg = loadavg()
         self.machine = machine_cpu_s()
-        self.own = own_cpu_s()
+        self.root = job_root()
+        self.own = own_cpu_s(self.root)
 
     def finish(self) -> Load:
         interval = time.monotonic() - self.t0
         load = Load(
             interval_s=round(interval, 3), loadavg_start=self.loadavg, loadavg_end=loadavg()
         )
-        end, own = machine_cpu_s(), own_cpu_s()
+        end, own = machine_cpu_s(), own_cpu_s(self.root)
+        load.own_tree = "job" if self.root is not None else "process"
         if interval <= 0:
             return load
         load.own_cpus = round((own - self.own) / interval, 3)

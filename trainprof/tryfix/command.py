@@ -326,13 +326,17 @@ class Trial:
             v.turns, v.block = True, self.block
 
     def _run_other_cpus(self) -> float | None:
-        """The CPUs other processes kept busy in the run. A torchrun job's ranks recorded
-        before the `torchrun` field counted the job's other ranks among them, which its rounds
-        leave out (capture/loadprobe): not comparable, so not compared."""
-        old = self.job is not None and self.job.torchrun and not self.meta.torchrun
-        if self.meta.load is None or (old and self.job.ranks > 1):
+        """The CPUs other processes kept busy in the run. A job's ranks recorded before their
+        load left out the job (Load.own_tree; torchrun's ranks: before the `torchrun` field)
+        counted its other ranks among them, which its rounds leave out (capture/loadprobe):
+        not comparable, so not compared."""
+        load = self.meta.load
+        if load is None:
             return None
-        return self.meta.load.other_cpus
+        if self.job is not None and self.job.ranks > 1 and load.own_tree is None and not (
+                self.job.torchrun and self.meta.torchrun):
+            return None
+        return load.other_cpus
 
     def _optimizer(self) -> str | None:
         """The class of the run's first torch.optim optimizer, for the code change."""
