@@ -49,6 +49,7 @@ class Profile:
         self._sync_debug = sync_debug
         self._show = show
         self._session: Session | None = None
+        self._command: list[str] = []
         #: the run folder (set on entering the block)
         self.folder: Path | None = None
         #: the run metadata, as written to trainprof.json (set on leaving the block)
@@ -80,6 +81,9 @@ class Profile:
         folder = prepare_run_dir(self._out, stem, self._force, files, claim_meta=True)
         self.folder = folder.resolve()
         target = Target(argv0=stem, args=[], path=path, path0="", stem=stem)
+        # what starts this process again, for `trainprof try` (the target's is only a name);
+        # read with the working folder, as the block starts
+        self._command = process_command()
         progress = Progress()
         progress.line(
             f"profiling {stem}: steps {cfg.first_recorded}-{cfg.last_recorded} will be recorded "
@@ -105,8 +109,7 @@ class Profile:
         assert self._session is not None and self.folder is not None
         result = self._session.stop(_outcome(exc))
         self.meta = result.meta
-        # what starts this process again, for `trainprof try` (the target's is only a name)
-        self.meta.argv = process_command()
+        self.meta.argv = self._command
         try:
             write_meta(self.meta, self.folder)
         except OSError as err:
