@@ -141,7 +141,10 @@ def compare(
 
 @app.command(name="try")
 def try_(
-    run_dir: Path = typer.Argument(..., metavar="RUN", help="A run folder of `trainprof run`."),
+    run_dir: Path = typer.Argument(
+        ..., metavar="RUN",
+        help="A run folder of `trainprof run` (or of trainprof.profile() in a script).",
+    ),
     fix: list[str] = typer.Option(
         None, "--fix", metavar="RULE", help="Only this fix (repeatable; default: every finding)."
     ),
