@@ -523,6 +523,27 @@ def test_a_with_block_run_is_tried_by_running_its_script_again(tmp_path: Path) -
     assert (folder / "trainprof.json").read_bytes() == recorded
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="a realtime signal")
+def test_a_round_past_its_time_limit_says_where_it_hung(tmp_path: Path) -> None:
+    """A round killed at its deadline first prints every thread's stack into its log (for
+    try.log), so that a hang can be told from a slow round, and where it hung."""
+    from trainprof.tryfix.spawn import wait
+
+    (tmp_path / "stuck.py").write_text("import time\n\ndef stuck():\n    time.sleep(120)\n\n"
+                                       "stuck()\n")
+    with open(tmp_path / "try.log", "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainprof.tryfix.round", "--result",
+             str(tmp_path / "result.json"), "--", str(tmp_path / "stuck.py")],
+            cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
+        time.sleep(3)  # the round has started the script
+        t0 = time.monotonic()
+        code = wait(proc, time.monotonic())
+    assert code == -signal.SIGKILL and time.monotonic() - t0 < 60
+    text = (tmp_path / "try.log").read_text()
+    assert "most recent call first" in text and "in stuck" in text, text
+
+
 @pytest.mark.slow
 def test_a_fix_that_crashes_the_script_does_not_stop_the_others(tmp_path: Path) -> None:
     folder = _recorded(tmp_path / "run", "40", "--strict")

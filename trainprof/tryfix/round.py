@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import faulthandler
 import json
 import os
 import sys
@@ -58,6 +59,10 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
     script it belongs to."""
     argv = list(sys.argv[1:] if argv is None else argv)
     opts, command = _parse(argv)
+    from trainprof.tryfix.spawn import DUMP_SIGNAL
+
+    if DUMP_SIGNAL is not None:  # past its time limit, the round says where it hung
+        faulthandler.register(DUMP_SIGNAL, all_threads=True)
     from trainprof.capture.launch import resolve_target, run_target, running, sigterm_guard
     from trainprof.capture.loadprobe import LoadProbe
     from trainprof.capture.patching import Patches

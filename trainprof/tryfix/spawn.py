@@ -126,11 +126,23 @@ def signal_tree(pid: int, sig: int) -> None:
             pass
 
 
+# Sent to a round past its time limit before it is killed: each round process (a rank, and its
+# DataLoader workers, forked with the handler) prints every thread's stack into try.log
+# (faulthandler, round.py), so that a hang says where it hung. A realtime signal, not SIGUSR1
+# or SIGUSR2, which scripts and frameworks take (SLURM's requeue); None off Linux.
+DUMP_SIGNAL: int | None = signal.SIGRTMIN + 3 if hasattr(signal, "SIGRTMIN") else None
+DUMP_WAIT_S = 2.0
+
+
 def wait(proc: subprocess.Popen, deadline: float) -> int:
-    """The process's exit code; killed (with what it started) at the deadline: -SIGKILL."""
+    """The process's exit code; killed (with what it started) at the deadline: -SIGKILL, its
+    stacks dumped first (DUMP_SIGNAL)."""
     try:
         return proc.wait(timeout=max(deadline - time.monotonic(), 0.0))
     except subprocess.TimeoutExpired:
+        if DUMP_SIGNAL is not None:
+            signal_tree(proc.pid, DUMP_SIGNAL)
+            time.sleep(DUMP_WAIT_S)
         signal_tree(proc.pid, signal.SIGKILL)
         proc.wait()
         return -signal.SIGKILL
