@@ -90,9 +90,11 @@ def descendants(root: int) -> list[int]:
     return _descendants(root, _process_table()[0])
 
 
-def _live_descendants_cpu_s(root: int) -> float:
+def _live_descendants_cpu_s(
+    root: int, table: tuple[dict[int, int], dict[int, float]] | None = None
+) -> float:
     """CPU seconds of the live descendants of `root` (their own and their reaped children's)."""
-    parent, cpu = _process_table()
+    parent, cpu = table or _process_table()
     return sum(cpu.get(pid, 0.0) for pid in _descendants(root, parent))
 
 
@@ -109,11 +111,13 @@ def _ancestors(pid: int, parent: dict[int, int]) -> list[int]:
     return out
 
 
-def job_root() -> int | None:
+def job_root(parent: dict[int, int] | None = None) -> int | None:
     """The process above this one whose tree holds its job's ranks on this machine: the process
     that started the ranks the script starts (JOB_ROOT_ENV), else the torchrun agent of a rank
-    torchrun started; None: this process's own tree (one process, or the job's top)."""
-    parent, _ = _process_table()
+    torchrun started; None: this process's own tree (one process, or the job's top). `parent`:
+    the process table's parents, where the caller has read it."""
+    if parent is None:
+        parent = _process_table()[0]
     above = _ancestors(os.getpid(), parent)
     root = os.environ.get(JOB_ROOT_ENV, "")
     # the topmost (init, pid 1 or a container's) is every process's ancestor, never a job's
@@ -125,17 +129,19 @@ def job_root() -> int | None:
     return None
 
 
-def own_cpu_s(root: int | None = None) -> float:
+def own_cpu_s(
+    root: int | None = None, table: tuple[dict[int, int], dict[int, float]] | None = None
+) -> float:
     """CPU seconds of this process tree: every thread, reaped children, live descendants; or of
     `root`'s tree (job_root: the job's ranks on this machine and their workers), since the job's
-    other ranks are no other load."""
+    other ranks are no other load. `table`: the process table, where the caller has read it."""
     if root is not None:
-        parent, cpu = _process_table()
+        parent, cpu = table or _process_table()
         if root in cpu:
             return cpu[root] + sum(cpu.get(pid, 0.0) for pid in _descendants(root, parent))
     t = os.times()
     return t.user + t.system + t.children_user + t.children_system + _live_descendants_cpu_s(
-        os.getpid()
+        os.getpid(), table
     )
 
 
@@ -217,8 +223,9 @@ class LoadProbe:
         self.t0 = time.monotonic()
         self.loadavg = loadavg()
         self.machine = machine_cpu_s()
-        self.root = job_root()
-        self.own = own_cpu_s(self.root)
+        table = _process_table()  # read once for both
+        self.root = job_root(table[0])
+        self.own = own_cpu_s(self.root, table)
 
     def finish(self) -> Load:
         interval = time.monotonic() - self.t0
