@@ -87,6 +87,12 @@ def test_fixed_step_model():
     assert fixed_step(m=10.0, f=20.0, k=1, r=0.0, w=2.0, cores=2, n=1) == 22.0
     assert fixed_step(m=10.0, f=20.0, k=1, r=0.0, w=2.0, cores=2, n=1, warm=0.9) == 20.0
     assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2, warm=0.5) == 22.0
+    # The receiving from busy workers counts on the cores where the workers fill them: (10 + 30
+    # + 8) / 2 = 24 with two workers on two cores. With one (a core for each process) the cores
+    # take the loop's own receiving, as its path does: the loop's path 14 + 2 = 16 bounds the
+    # step, where the busy figure on the cores would say (14 + 12 + 8) / 2 = 17.
+    assert fixed_step(m=10.0, f=30.0, k=1, r=2.0, w=0.0, cores=2, n=2, r_busy=8.0) == 24.0
+    assert fixed_step(m=14.0, f=12.0, k=1, r=2.0, w=0.0, cores=2, n=1, r_busy=8.0) == 16.0
 
 
 def test_the_unprofiled_fetch_is_what_counts(loop: Path, tmp_path: Path):

@@ -178,9 +178,12 @@ def fixed_step(
     threads), fetch `f` per step, `k` batches per step, receive `r` and hand-over `w` per batch,
     on `cores` cores. `r` is the loop's path while the workers keep ahead (the worker handing a
     batch over is idle then); `r_busy` (default `r`), the receiving from workers busy fetching,
-    counts in full on the cores, the loop's wait for a busy worker's hand-shake included: the
-    workers do not take up all of the loop's core while it waits (measured: the rule's
-    docstring). `ahead`: the batches per step the workers make during evaluation passes instead
+    counts in full on the cores where the workers and the model's threads fill them (n = cores),
+    the loop's wait for a busy worker's hand-shake included: the workers do not take up all of
+    the loop's core while it waits (measured: the rule's docstring). With a core for each
+    process (n < cores) the cores take `r`: the probe timed `r_busy` with the cores
+    oversubscribed, and its excess is then partly a wait for a core the fix does not meet.
+    `ahead`: the batches per step the workers make during evaluation passes instead
     (`eval_ahead`), work taken off the training steps. `wasted`: the batches per step the
     workers fetch for iterators the script leaves before their end (analysis/loader_cuts), each
     a batch's work, on the cores only: those are mostly another loader's workers, an
@@ -189,7 +192,7 @@ def fixed_step(
     the cores they share them with the model's threads, and `f` stands."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
-    busy = r if r_busy is None else r_busy
+    busy = r if r_busy is None or n < cores else r_busy
     own = warm if n < cores else 1.0
     return max(
         m + k * r,

@@ -112,7 +112,7 @@ On a CPU trace the workers take the fetch off the loop, but:
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
   own work M(T') + k R (k fetches per step), the workers' rate (F h + k W) / n (h below, 1
   where n = C), and all the CPU work spread over the cores, (M(T') min(T', C) + F + k (W + R))
-  / C (R in full, below).
+  / C (R in full where n = C, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
   The metrics hold what solves the model again (analysis/loader_workers.step_with): M with the
   run's threads, M with each n's threads, F, R, W, k and C. `trainprof try` estimates each
@@ -227,6 +227,19 @@ wall, and the cores idled all the same, 1.6 ms per step (3.1 %) in try_fakedata'
 try` measured on 6 of 7 rows of two benchmarks where the cores bound it (1.10x on average;
 1.04x with R in full), and try_fakedata's estimate was 36.2 % against 25.7 % measured (31.8 %
 with R in full). Older metadata: R = the idle figure.
+That holds where the fix's workers and the model's threads fill the cores (n = C). The probe
+times the busy receiving with min(2, C) workers fetching flat out beside the loop, on two cores
+three busy processes, so its excess over the idle figure is partly the wait for a core. A fix
+that leaves each process a core of its own (n < C: one worker and one thread on two) does not
+meet that wait, and the loop's wait on the hand-shake leaves its core to nobody: the cores'
+bound takes the loop's own R there, as its path does. Lightning's example with one worker
+(prefetch_factor 4, one thread, its validation every 20 steps; a plain script, five runs): the
+mean training step 7.5-8.0 ms (median 7.3-7.5), the loop using 0.59-0.61 of a core and the
+workers 1.0 (its validation loader's worker among them) in the two runs that counted; without
+the validation (two runs) 8.6-8.9 ms, the worker's CPU 8.5-8.9 ms a step (busy throughout),
+where its rate bound is 8.6 ms. The cores' bound with R in full was
+8.4 ms with the validation and 9.2 without; with the loop's R, 7.2 and 8.0. Its estimate, 27.4
+% against +39.2 % measured, became 37.6 % (stop 52's folders; docs/fix-efficacy.md, stop 53).
 The receiving where the workers keep ahead, timed in the run: the probe's figures come seconds
 after the steps, and on this VM the hand-over moved with the machine's speed more than the
 reference says. The Hugging Face example's steps ran 10.6 ms with the probe's receiving at 1.97
