@@ -184,12 +184,14 @@ def fixed_step(
     process (n < cores) the cores take `r`: the probe timed `r_busy` with the cores
     oversubscribed, and its excess is then partly a wait for a core the fix does not meet.
     `ahead`: the batches per step the workers make during evaluation passes instead
-    (`eval_ahead`), work taken off the training steps. `wasted`: the batches per step the
-    workers fetch for iterators the script leaves before their end (analysis/loader_cuts), each
-    a batch's work, on the cores only: those are mostly another loader's workers, an
-    evaluation's. `warm`: a worker's fetch batch after batch over `f` (timed cold, between the
-    loop's steps), taken in the workers' rate where each has a core of its own (n < cores); on
-    the cores they share them with the model's threads, and `f` stands."""
+    (`eval_ahead`), taken off the workers' rate only: workers that keep ahead of the loop have
+    their batches made when a pass starts, so a pass relieves only workers that are the bound.
+    `wasted`: the batches per step the workers fetch for iterators the script leaves before
+    their end (analysis/loader_cuts), each a batch's work, on the cores only: those are mostly
+    another loader's workers, an evaluation's. `warm`: a worker's fetch batch after batch over
+    `f` (timed cold, between the loop's steps), taken in the workers' rate where each has a core
+    of its own (n < cores); on the cores they share them with the model's threads, and `f`
+    stands."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
     busy = r if r_busy is None or n < cores else r_busy
@@ -197,8 +199,7 @@ def fixed_step(
     return max(
         m + k * r,
         (f * own + k * w) * share / n,
-        (m * min(threads, cores) + (f + k * w) * share + k * busy
-         + wasted * batch_work(f, k, w)) / cores,
+        (m * min(threads, cores) + f + k * w + k * busy + wasted * batch_work(f, k, w)) / cores,
     )
 
 

@@ -123,12 +123,24 @@ On a CPU trace the workers take the fetch off the loop, but:
   loop evaluates, up to prefetch_factor batches each. Where the run's unprofiled steps hold two
   or more passes, a pass every E steps (the median gap) D longer than a plain step, n workers
   make b = min(D n / (F / k + W), prefetch_factor n, E k) batches meanwhile, and the workers'
-  part of the steps, in their rate and on the cores, is (F + k W)(1 - b / (E k)). The
-  suggestion's prefetch_factor is 2; `trainprof try` solves its variants with its own, 4. The
-  Lightning example (a pass every 20 steps, 72-91 ms over a step): one worker made its batches
-  in 13.0 ms, the model's bound, with the passes turned off (its fetch 11.6 ms timed in the
-  worker), and the training steps took 9.7-12.3 ms with them; its estimates, 20.8 % for one
-  worker and 26.1 % for two against +38.7 % and +28.6 % measured, became 31.4 % for both.
+  rate is (F + k W)(1 - b / (E k)) / n. The suggestion's prefetch_factor is 2; `trainprof try`
+  solves its variants with its own, 4. The Lightning example (a pass every 20 steps, 72-91 ms
+  over a step): one worker made its batches in 13.0 ms, the model's bound, with the passes
+  turned off (its fetch 11.6 ms timed in the worker), and the training steps took 9.7-12.3 ms
+  with them; its estimates, 20.8 % for one worker and 26.1 % for two against +38.7 % and
+  +28.6 % measured, became 31.4 % for both.
+  Only the workers' rate, not the cores' bound nor the loop's path: workers that keep ahead of
+  the loop (their rate under the step) have their batches made when a pass starts, and it
+  leaves them nothing to make. Lightning's example in the plain script (one thread, prefetch
+  factor 4; the training iterator's queue read as each of one run's first 12 passes started and
+  ended):
+  two workers had 5-8 of their 8 batches made at the start (7-8 at the end), one worker 0-2 of
+  4 (4 at the end); the two workers' mean training step was 8.5-8.7 ms with the passes and 8.3-
+  8.7 without them, one worker's 7.5-8.0 against 8.6-8.9. Taking the passes' batches off the
+  cores too had put two workers at 33.1 % against +19.9 % measured (now 18.0 %), 36.3 against
+  +24.6 % (now 32.0 %) and 35.9 against +19.4 % (now 26.5 %) in three benchmarks; one worker,
+  whose rate binds, 37.6 against +39.2 % and 35.9 against +35.5 % (now 30.0 and 30.6 %: the
+  cores' bound, (M(T') + F + k (W + R)) / C, binds there).
 - iterators left before their end: a loader with workers keeps prefetch_factor batches per
   worker requested ahead, and where the script stops taking batches before the iterator's end
   (Lightning's limit_val_batches, a `break` out of an evaluation loop) the workers fetch them
