@@ -402,9 +402,10 @@ def _cpu_evidence(
     if model.eval_every:
         text += (
             f" The run evaluates every {model.eval_every:.0f} steps, a pass "
-            f"{ms(model.eval_extra)} longer than a step: persistent workers fetch the training "
-            f"batches ahead meanwhile, up to prefetch_factor ({SUGGESTED_PREFETCH}) each, work "
-            "taken off the training steps."
+            f"{ms(model.eval_extra)} longer than a step: persistent workers that fall behind "
+            f"fetch the training batches ahead meanwhile, up to prefetch_factor "
+            f"({SUGGESTED_PREFETCH}) each, which shortens their rate (workers that keep ahead "
+            "have theirs made when a pass starts)."
         )
     text += _cuts_evidence(model)
     text += (
