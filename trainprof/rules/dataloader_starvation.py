@@ -132,15 +132,14 @@ On a CPU trace the workers take the fetch off the loop, but:
   Only the workers' rate, not the cores' bound nor the loop's path: workers that keep ahead of
   the loop (their rate under the step) have their batches made when a pass starts, and it
   leaves them nothing to make. Lightning's example in the plain script (one thread, prefetch
-  factor 4; the training iterator's queue read as each of one run's first 12 passes started and
-  ended):
-  two workers had 5-8 of their 8 batches made at the start (7-8 at the end), one worker 0-2 of
-  4 (4 at the end); the two workers' mean training step was 8.5-8.7 ms with the passes and 8.3-
-  8.7 without them, one worker's 7.5-8.0 against 8.6-8.9. Taking the passes' batches off the
-  cores too had put two workers at 33.1 % against +19.9 % measured (now 18.0 %), 36.3 against
-  +24.6 % (now 32.0 %) and 35.9 against +19.4 % (now 26.5 %) in three benchmarks; one worker,
-  whose rate binds, 37.6 against +39.2 % and 35.9 against +35.5 % (now 30.0 and 30.6 %: the
-  cores' bound, (M(T') + F + k (W + R)) / C, binds there).
+  factor 4; the training iterator's queue read as each of one run's first 12 passes started
+  and ended): two workers had 5-8 of their 8 batches made at the start (7-8 at the end), one
+  worker 0-2 of 4 (4 at the end); the two workers' mean training step was 8.5-8.7 ms with the
+  passes and 8.3-8.7 without them, one worker's 7.5-8.0 against 8.6-8.9. Taking the passes'
+  batches off the cores too had put two workers at 33.1 % against +19.9 % measured (now
+  18.0 %), 36.3 against +24.6 % (now 32.0 %) and 35.9 against +19.4 % (now 26.5 %) in three
+  benchmarks; one worker, whose rate binds, 37.6 against +39.2 % and 35.9 against +35.5 % (now
+  30.0 and 30.6 %: the cores' bound, (M(T') + F + k (W + R)) / C, binds there).
 - iterators left before their end: a loader with workers keeps prefetch_factor batches per
   worker requested ahead, and where the script stops taking batches before the iterator's end
   (Lightning's limit_val_batches, a `break` out of an evaluation loop) the workers fetch them
@@ -249,9 +248,10 @@ bound takes the loop's own R there, as its path does. Lightning's example with o
 mean training step 7.5-8.0 ms (median 7.3-7.5), the loop using 0.59-0.61 of a core and the
 workers 1.0 (its validation loader's worker among them) in the two runs that counted; without
 the validation (two runs) 8.6-8.9 ms, the worker's CPU 8.5-8.9 ms a step (busy throughout),
-where its rate bound is 8.6 ms. The cores' bound with R in full was
-8.4 ms with the validation and 9.2 without; with the loop's R, 7.2 and 8.0. Its estimate, 27.4
-% against +39.2 % measured, became 37.6 % (stop 52's folders; docs/fix-efficacy.md, stop 53).
+where its rate bound is 8.6 ms. The cores' bound with R in full was 9.2 ms (8.4 with the
+passes' batches taken off it, which the model no longer does: above), with the loop's R 8.0.
+Its estimate, 27.4 % against +39.2 % measured, became 37.6 % with this change alone and 30.0 %
+with the passes' (stop 52's folders; docs/fix-efficacy.md, stop 53).
 The receiving where the workers keep ahead, timed in the run: the probe's figures come seconds
 after the steps, and on this VM the hand-over moved with the machine's speed more than the
 reference says. The Hugging Face example's steps ran 10.6 ms with the probe's receiving at 1.97
