@@ -250,10 +250,10 @@ def test_old_metadata_without_load_is_unknown(tmp_path: Path) -> None:
 # ---- --fail-if-slower ------------------------------------------------------------------------
 def _synthetic(
     tmp: Path, name: str, median_ms: float, seed: int, n: int = 200, recorded_load: bool = True,
-    times_ms: list[float] | None = None,
+    times_ms: list[float] | None = None, steal: float | None = None,
 ) -> Path:
     """A run folder holding only metadata: `n` step times around `median_ms` (5 % sd), or
-    `times_ms`."""
+    `times_ms`; `steal`: the hypervisor's (CPUs), beside 1.0 of its own."""
     x = np.random.default_rng(seed).normal(median_ms, 0.05 * median_ms, n)
     if times_ms is not None:
         x = np.asarray(times_ms)
@@ -267,7 +267,8 @@ def _synthetic(
             cpu_model="Same CPU",
             cpu_count=2,
             load=(
-                Load(interval_s=10.0, loadavg_start=1.0, loadavg_end=1.0, other_cpus=0.1)
+                Load(interval_s=10.0, loadavg_start=1.0, loadavg_end=1.0, other_cpus=0.1,
+                     own_cpus=1.0, steal_cpus=steal)
                 if recorded_load
                 else None
             ),
@@ -275,6 +276,28 @@ def _synthetic(
         folder,
     )
     return folder
+
+
+def test_a_run_the_hypervisor_held_warns(tmp_path: Path) -> None:
+    """A run with 28 % of its CPU time stolen by the host's other guests (a try_fakedata run took
+    146 ms a step, 43-48 ms without steal) against one with none: the interval cannot be
+    trusted, whatever the load of this machine's own processes says (the same here)."""
+    a = _synthetic(tmp_path, "a", 100.0, 1, steal=0.004)
+    b = _synthetic(tmp_path, "b", 100.0, 2, steal=0.38)
+    c = json.loads(invoke("compare", str(a), str(b), "--json").stdout)
+    (w,) = c["warnings"]
+    assert w.startswith("Different host load: the hypervisor held the CPUs for 0 % of the time "
+                        "they wanted to run during A, 26 % during B")
+    assert c["change"]["ci_trusted"] is False
+    assert c["a"]["machine"]["steal_share"] == 0.0036  # 0.004 of 1.0 + 0.1 + 0.004
+    assert c["b"]["machine"]["steal_cpus"] == 0.38
+    out = " ".join(invoke("compare", str(a), str(b)).output.split())
+    assert "the hypervisor held them 26 % of the time (steal)" in out
+    # Steal a tenth apart or less, or unknown on one side (older metadata): no warning.
+    near = _synthetic(tmp_path, "near", 100.0, 3, steal=0.12)
+    old = _synthetic(tmp_path, "old", 100.0, 4)
+    for other in (near, old):
+        assert json.loads(invoke("compare", str(a), str(other), "--json").stdout)["warnings"] == []
 
 
 def test_fail_if_slower_exits_3_on_a_slower_b(tmp_path: Path) -> None:

@@ -237,7 +237,9 @@ def test_tensorboard_serves_trainprof_views_to_a_browser(tmp_path: Path):
     title = diags[0].findings[0].title
 
     proc = subprocess.Popen([TRAINPROF, "tensorboard", str(logdir)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"})
+                            stderr=subprocess.PIPE, env={**os.environ, "NO_COLOR": "1"},
+                            # SIGINT as in a terminal, not ignored as in a background job's
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         url = _read_url(proc, timeout=30)
         assert url.startswith("http://127.0.0.1:")

@@ -479,6 +479,9 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     # Other processes' CPU use in the run and (each round's, their median) in the rounds.
     assert machine["run_other_cpus"] >= 0 and machine["rounds_other_cpus"] >= 0
     assert isinstance(machine["load_differs"], bool) and machine["cpus"] >= 1
+    # The hypervisor's steal likewise (a share of the CPU time wanted, each round's)
+    assert 0 <= machine["run_steal_share"] <= 1 and 0 <= machine["rounds_steal_share"] <= 1
+    assert isinstance(machine["steal_differs"], bool)
     assert doc["run_step_basis"] == "unprofiled" and doc["run_step_ms"] > 0
     assert "machine: a fixed piece of work between steps took" in done.stdout
     assert 'id="try"' in (folder / "report.html").read_text()
@@ -567,6 +570,9 @@ def test_ctrl_c_keeps_the_rounds_done_so_far(tmp_path: Path) -> None:
          "zero-grad-not-none", "--rounds", "5", "--steps", "8"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
+        # A shell runs background jobs with SIGINT ignored, which the child would inherit (and
+        # Python then never raises KeyboardInterrupt): a suite started that way failed here.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 90
     while not (folder / "try.json").exists() and time.monotonic() < deadline:

@@ -102,6 +102,25 @@ def test_a_run_under_other_load_is_flagged_against_quiet_rounds() -> None:
     assert compare(run, [FAST] * 10, 2.0, [0.0], cpus=16)["load_differs"]
 
 
+def test_rounds_the_hypervisor_held_less_than_the_run_are_flagged() -> None:
+    """A try_fakedata run with 28 % of its CPU time stolen (146 ms a step) and rounds with none
+    (73 ms), the reference 1.01x: the steal says what the reference missed."""
+    run = [FAST] * 30
+    m = compare(run, [FAST * 1.01] * 10, 0.02, [0.0], 2, 0.276, [0.002, 0.0, 0.004])
+    assert m is not None and not m["moved"] and not m["load_differs"] and m["steal_differs"]
+    assert m["run_steal_share"] == 0.276 and m["rounds_steal_share"] == 0.002
+    lines = machine_text({"machine": m})
+    assert len(lines) == 2
+    assert lines[1].startswith("the hypervisor held the CPUs for 28 % of the time they wanted to "
+                               "run during the run, 0 % during the rounds")
+    assert "the estimates were made on a busier host" in lines[1]
+    # Apart by a tenth or less, or not known for the run (older metadata): no sentence.
+    near = compare(run, [FAST] * 10, 0.0, [0.0], 2, 0.15, [0.06])
+    assert near is not None and not near["steal_differs"]
+    assert "run_steal_share" not in compare(run, [FAST] * 10, 0.0, [0.0], 2, None, [0.3])
+    assert len(machine_text({"machine": near})) == 1
+
+
 def test_load_without_the_reference_still_compares() -> None:
     """A GPU run times no reference, but its load is known."""
     m = compare([], [], 0.0, [1.5], cpus=2)

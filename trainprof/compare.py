@@ -78,7 +78,8 @@ JSON schema 1 (`--json`):
             "gpu_busy_pct": float | null,
             "machine": null | {"cpu_model", "cpu_count", "cpus_online", "devices": [str],
                                "torch_version", "loadavg_start", "loadavg_end",
-                               "other_cpus", "steal_cpus"}}   # from run metadata; null = unknown
+                               "other_cpus", "steal_cpus", "steal_share"}}
+                                                  # from run metadata; null = unknown
 """
 
 from __future__ import annotations
@@ -96,7 +97,7 @@ from trainprof import stats
 from trainprof.analysis.model import Diagnosis, Finding
 from trainprof.diagnose import FAIL_EXIT  # the same exit code as `diagnose --fail-on`
 from trainprof.errors import TrainprofError
-from trainprof.runmeta import META_NAME, RunMeta, other_load_differs, read_meta
+from trainprof.runmeta import META_NAME, RunMeta, other_load_differs, read_meta, steal_differs
 
 SCHEMA = 1
 MIN_STEPS = 5  # below this a median's interval means nothing
@@ -129,6 +130,7 @@ class Machine(msgspec.Struct, kw_only=True):
     loadavg_end: float | None
     other_cpus: float | None  # CPUs other processes kept busy on average during the run
     steal_cpus: float | None
+    steal_share: float | None = None  # runmeta.Load.steal_share
 
 
 class Side(msgspec.Struct, kw_only=True):
@@ -470,6 +472,8 @@ def _machine(meta: RunMeta | None) -> Machine | None:
         loadavg_end=load.loadavg_end if load else None,
         other_cpus=load.other_cpus if load else None,
         steal_cpus=load.steal_cpus if load else None,
+        steal_share=round(share, 4) if load and (share := load.steal_share()) is not None
+        else None,
     )
 
 
@@ -509,6 +513,23 @@ def _load_warning(a: Machine, b: Machine) -> str | None:
     )
 
 
+def _steal_warning(a: Machine, b: Machine) -> str | None:
+    """A sentence when the hypervisor held one run's CPUs much more than the other's (steal:
+    the host's other guests), else None. Independent of the load: no process of this machine's
+    shows it."""
+    if a.steal_share is None or b.steal_share is None:
+        return None
+    if not steal_differs(a.steal_share, b.steal_share):
+        return None
+    return (
+        f"Different host load: the hypervisor held the CPUs for {100 * a.steal_share:.0f} % of "
+        f"the time they wanted to run during A, {100 * b.steal_share:.0f} % during B (steal: "
+        "other virtual machines on the same host). The confidence interval only sees the noise "
+        "between steps of each run: it cannot be trusted. Rerun A and B, or alternate several "
+        "runs of each."
+    )
+
+
 def _machine_warning(a: Machine, b: Machine) -> str | None:
     """A sentence when the two runs ran on different machines or torch versions, else None."""
     diffs = []
@@ -539,7 +560,8 @@ def noise_check(sa: Side, sb: Side) -> tuple[list[str], list[str], bool | None]:
         missing = " and ".join(n for n, m in (("A", ma), ("B", mb)) if m is None)
         return [], [f"No run metadata in {missing}: its machine and load are unknown, so "
                     "whether both runs saw the same machine cannot be checked."], None
-    warnings = [w for w in (_machine_warning(ma, mb), _load_warning(ma, mb)) if w]
+    warnings = [w for w in (_machine_warning(ma, mb), _load_warning(ma, mb),
+                            _steal_warning(ma, mb)) if w]
     notes = []
     unknown = [n for n, m in (("A", ma), ("B", mb)) if m.other_cpus is None and _loadavg(m) is None]
     if unknown and not warnings:

@@ -261,6 +261,15 @@ class Load(msgspec.Struct, kw_only=True):
     own_tree: str | None = None
     steal_cpus: float | None = None  # CPU time the hypervisor gave to other virtual machines
 
+    def steal_share(self) -> float | None:
+        """The share (0-1) of the CPU time this machine's busy CPUs wanted that the hypervisor
+        gave to other virtual machines (steal: a vCPU ready to run, held by the host); None
+        where not recorded or nothing ran."""
+        if self.steal_cpus is None or self.other_cpus is None or self.own_cpus is None:
+            return None
+        wanted = self.own_cpus + self.other_cpus + self.steal_cpus
+        return self.steal_cpus / wanted if wanted > 0 else None
+
 
 # Two runs saw the machine differently loaded (`compare`, `try`) when the CPUs other processes
 # kept busy (Load.other_cpus) are apart by more than max(0.5, 10 % of the CPUs): half a core
@@ -274,6 +283,22 @@ def other_load_differs(a: float, b: float, cpus: int) -> bool:
     """Other processes' busy CPUs `a` and `b` (Load.other_cpus) of two runs on `cpus` CPUs are
     far enough apart that the runs did not see the same machine."""
     return abs(a - b) > max(OTHER_CPUS_DIFF, OTHER_CPUS_SHARE * cpus)
+
+
+# A run's steal (Load.steal_share) worth a note from this share on, and two runs' steal apart by
+# more than it: the host's other guests. A `trainprof run` of try_fakedata (a 43-48 ms step on
+# this 2-vCPU VM) with 28 % of its CPU time stolen took 146 ms a step, a fixed piece of work
+# timed between its steps (capture/phaseref) only 1.17x as long as its typical time there, and
+# its one-worker estimate came out at +38 % where `trainprof try` measured +3 % at 73 ms a step;
+# four runs that hour stole 0.2-3 %. Of 112 runs kept from stops 48-54's benchmarks on this VM,
+# 3 stole 10 % or more (11-28 %), the 95th percentile 1.8 %.
+STEAL_SHARE = 0.10
+
+
+def steal_differs(a: float, b: float) -> bool:
+    """Two runs' steal shares (Load.steal_share) are far enough apart that the runs did not see
+    the same host."""
+    return abs(a - b) > STEAL_SHARE
 
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA

@@ -15,7 +15,7 @@ from trainprof.analysis.model import (
     severity_rank,
 )
 from trainprof.analysis.queued import gpu_bound
-from trainprof.runmeta import other_load_differs
+from trainprof.runmeta import STEAL_SHARE, other_load_differs
 from trainprof.trace import intervals as iv
 from trainprof.trace.steps import SOURCE_TEXT
 
@@ -126,7 +126,7 @@ def notes_for(ctx: Context) -> list[str]:
     elif not d.gpu_timeline:
         notes.append("The trace lists GPUs but holds no GPU kernels or copies: GPU idle "
                      "cannot be measured, so GPU costs are not estimated.")
-    return notes + load_notes(ctx) + idle_notes(ctx) + eval_notes(ctx)
+    return notes + load_notes(ctx) + steal_notes(ctx) + idle_notes(ctx) + eval_notes(ctx)
 
 
 def load_notes(ctx: Context) -> list[str]:
@@ -145,6 +145,23 @@ def load_notes(ctx: Context) -> list[str]:
         "estimates are for a machine that busy. On a quieter one they move, most for fixes "
         "that use every core (intra-op threads, fused kernels, DataLoader workers); "
         "`trainprof try` says when its rounds saw another load."
+    ]
+
+
+def steal_notes(ctx: Context) -> list[str]:
+    """The hypervisor held this VM's CPUs for a share of the time they wanted to run (steal,
+    capture/loadprobe) of at least STEAL_SHARE: every figure of the run is slowed by the host's
+    other guests, unevenly, beyond what the reference timed between steps sees."""
+    load = ctx.meta.load if ctx.meta is not None else None
+    share = load.steal_share() if load is not None else None
+    if share is None or share < STEAL_SHARE:
+        return []
+    return [
+        f"The hypervisor held this machine's CPUs for {100 * share:.0f} % of the time they "
+        f"wanted to run during the run (steal: {load.steal_cpus:.2f} CPUs on average went to "
+        "other virtual machines): the steps and the probes ran slower for it, unevenly (a "
+        "held vCPU stops the work on it), so the estimates are for a host that busy and may "
+        "not repeat on a quiet one; `trainprof try` says when its rounds saw another steal."
     ]
 
 

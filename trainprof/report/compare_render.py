@@ -73,6 +73,8 @@ def machine_line(m: Machine | None) -> str | None:
         parts.append(f"{cpus} ({m.cpu_model})" if m.cpu_model else cpus)
     if m.other_cpus is not None:
         parts.append(f"other processes kept {m.other_cpus:.2f} CPUs busy")
+    if m.steal_share is not None:
+        parts.append(f"the hypervisor held them {100 * m.steal_share:.0f} % of the time (steal)")
     if m.loadavg_start is not None and m.loadavg_end is not None:
         parts.append(f"load average {m.loadavg_start:.2f} → {m.loadavg_end:.2f}")
     return ", ".join(parts) if parts else None

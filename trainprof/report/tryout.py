@@ -108,8 +108,9 @@ def _header(doc: dict) -> str:
 def machine_text(doc: dict[str, Any]) -> list[str]:
     """The machine's speed in the baseline's rounds against the run's (tryfix/machine), and the
     baseline's step against the run's; a sentence where the rounds ran at a speed the run did
-    not see most of the time, and one where other processes loaded the machine differently.
-    Empty where neither was timed (a GPU run without load figures, older files)."""
+    not see most of the time, one where other processes loaded the machine differently, and
+    one where the hypervisor held its CPUs more or less (steal). Empty where none was timed (a
+    GPU run without load figures, older files)."""
     out = []
     m = doc.get("machine")
     if m and m.get("ratio"):
@@ -144,6 +145,15 @@ def machine_text(doc: dict[str, Any]) -> list[str]:
             f"{'busier' if run > here else 'quieter'} machine, and what uses every core "
             "(intra-op threads, fused kernels, DataLoader workers) gains differently with "
             "cores taken; run and try again under the same load to compare them"
+        )
+    if m and m.get("steal_differs"):
+        run, here = m["run_steal_share"], m["rounds_steal_share"]
+        lines.append(
+            f"the hypervisor held the CPUs for {100 * run:.0f} % of the time they wanted to run "
+            f"during the run, {100 * here:.0f} % during the rounds (steal: other virtual "
+            f"machines on this host): the estimates were made on a "
+            f"{'busier' if run > here else 'quieter'} host, at another speed than the rounds'; "
+            "run and try again when the host is as it was to compare them"
         )
     return lines
 

@@ -261,6 +261,7 @@ class Trial:
         self.edit: list[dict] = []
         self.combined: Variant | None = None
         self.others: list[float] = []  # CPUs other processes kept busy, each round's (any variant)
+        self.steals: list[float] = []  # the hypervisor's steal (Load.steal_share), each round's
         self.combined_note: str | None = None
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
@@ -529,6 +530,8 @@ class Trial:
         self._note_outputs(res)
         if res is not None and res.get("other_cpus") is not None:
             self.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
+        if res is not None and res.get("steal_share") is not None:
+            self.steals.append(res["steal_share"])
         error, skipped = self._outcome(res, code, v.specs)
         if error or skipped:
             v.error, v.skipped = error, skipped
@@ -586,9 +589,11 @@ class Trial:
             codes, ran, why = turns.run_group(self.launcher, command, names, sides, deadline,
                                               Path(tmp))
             results = [read_result(f) for f in files]
-        other = load.finish().other_cpus
-        if other is not None:
-            self.others.append(other)
+        finished = load.finish()
+        if finished.other_cpus is not None:
+            self.others.append(finished.other_cpus)
+        if (steal := finished.steal_share()) is not None:
+            self.steals.append(steal)
         for res in results:
             self._note_outputs(res)
         base_error = self._outcome(results[0], codes[0], [])[0]
@@ -865,6 +870,8 @@ class Trial:
                 self._run_other_cpus(),
                 self.others,
                 self.meta.machine_cpus(),
+                self.meta.load.steal_share() if self.meta.load else None,
+                self.steals,
             ),
             "script_profiler": (
                 {k: sorted(v) for k, v in self.script_profiler.items()}

@@ -34,6 +34,13 @@ try_mlp saw 0.56 CPUs of 2 busy elsewhere and its rounds none, the reference 0.8
 but the optimizer probe had timed fused Adam's two-thread kernel under that load, at 0.72x the
 single-tensor loop against 0.48-0.61x on the quiet machine, and the estimate, 8.6 %, fell short
 of the +13.0 % the rounds measured.
+
+Nor does the reference see the host's other guests: a vCPU the hypervisor holds (steal) stops
+whatever runs on it, in stretches the reference between steps mostly misses. A run of
+try_fakedata with 28 % of its CPU time stolen took 146 ms a step where `try`'s rounds of it,
+minutes later, took 73, the reference 1.01x. So each round records its steal too (Load.steal_share),
+and `steal_differs` is set where the rounds' median and the run's are apart by more than
+runmeta.STEAL_SHARE.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from trainprof.runmeta import other_load_differs
+from trainprof.runmeta import other_load_differs, steal_differs
 
 RANGE = (10.0, 90.0)  # percentiles of the run's references: the speeds it saw most of the time
 TOLERANCE = 1.2  # how far outside that range (as a ratio) the rounds' median counts as moved
@@ -57,13 +64,16 @@ def compare(
     run_other: float | None = None,
     rounds_other: Sequence[float] = (),
     cpus: int = 1,
+    run_steal: float | None = None,
+    rounds_steal: Sequence[float] = (),
 ) -> dict | None:
     """try.json's `machine`: the reference in the run and in the baseline's rounds (ms), their
     ratio (rounds over run: above 1, the machine ran slower during the rounds) and `moved`
     (the rounds' median outside the run's RANGE by more than TOLERANCE, or that ratio beyond
     SPEED_RATIO either way), None where either timed none (a GPU run, older metadata); and
     the CPUs other processes kept busy during the run and (median) during the rounds, with
-    `load_differs`, where both are known. None where neither part is."""
+    `load_differs`, where both are known; likewise the hypervisor's steal (Load.steal_share)
+    with `steal_differs`. None where no part is."""
     out: dict = {}
     if len(run_s) and len(rounds_s):
         run = np.asarray(run_s, dtype=float) * 1000
@@ -87,5 +97,12 @@ def compare(
             rounds_other_cpus=round(here_other, 3),
             cpus=cpus,
             load_differs=other_load_differs(run_other, here_other, cpus),
+        )
+    if run_steal is not None and len(rounds_steal):
+        here_steal = float(np.median(rounds_steal))
+        out.update(
+            run_steal_share=round(run_steal, 4),
+            rounds_steal_share=round(here_steal, 4),
+            steal_differs=steal_differs(run_steal, here_steal),
         )
     return out or None

@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
             steps = stepper.finish()
             if ranks_hook is not None:  # they outlive this script: their results come first
                 ranks_hook.wait(lambda line: print(f"trainprof try: {line}", file=sys.stderr))
-            other = load.finish().other_cpus if load is not None else None
+            finished = load.finish() if load is not None else None
             patches.restore()
     if outcome.message:
         sys.stderr.write(outcome.message)
@@ -184,7 +184,9 @@ def main(argv: list[str] | None = None, call: Callable[[], object] | None = None
         "pid": os.getpid(),
         "ended_at": time.time(),  # a job's first rank to fail ended first (spawn.merge_ranks)
         "phase_ref_s": phase.times,
-        "other_cpus": other,  # CPUs other processes kept busy on average (capture/loadprobe)
+        # CPUs other processes kept busy on average, and the hypervisor's steal (runmeta.Load)
+        "other_cpus": finished.other_cpus if finished is not None else None,
+        "steal_share": finished.steal_share() if finished is not None else None,
         # with --alternate: whether the fixes were on in each step (tryfix/switch)
         "fix_on": alternation.sides[: len(steps.step_times)] if alternation else None,
         **held.result(),
