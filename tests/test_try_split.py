@@ -32,6 +32,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.script_profiler, t.redirected = {"started": set(), "unwritten": set()}, set()
     t.others = []  # other processes' CPUs, per round (none: no round ran)
+    t.steals = []  # the hypervisor's steal, per round (likewise)
     t.job, t.ranks = None, None  # one process, not a job
     t.base = Variant("baseline", [])
     ctl = Variant("control", [{"rule": RULE, "options": {"threads": 1, "control": True}}])
