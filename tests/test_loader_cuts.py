@@ -44,6 +44,7 @@ def ran(tmp_path_factory) -> tuple[Path, str]:
     return folder, done.stdout
 
 
+@pytest.mark.slow  # `trainprof run` of a script in a subprocess
 def test_an_iterable_datasets_iterator_is_not_kept_alive(ran) -> None:
     """The script drops its iterator over an iterable dataset after one batch each pass: its
     generator closes when freed, each of the 6 times (a reference held until the next pass
@@ -58,6 +59,7 @@ def loaders(ran) -> dict[int, DataLoaderInfo]:
     return {int(d.location.rsplit(":", 1)[1]): d for d in meta.dataloaders}
 
 
+@pytest.mark.slow  # `trainprof run` of a script in a subprocess
 def test_the_run_records_where_iterators_start_and_what_cut_ones_had_left(loaders) -> None:
     train, val, stream = (loaders[line_of(m)] for m in ("TRAIN", "VAL", "STREAM"))
     # Three epochs of 8 steps, each to its end: nothing left.
@@ -77,6 +79,7 @@ def test_the_run_records_where_iterators_start_and_what_cut_ones_had_left(loader
     assert (train.grad_off_iters, val.grad_off_iters, stream.grad_off_iters) == (0, 6, 6)
 
 
+@pytest.mark.slow  # `trainprof run` of a script in a subprocess
 def test_cuts_per_training_step(loaders) -> None:
     found = {c.location: c for c in cuts(list(loaders.values()))}
     assert len(found) == 3  # the training loader ran to its end every epoch
@@ -144,6 +147,7 @@ def test_no_cut_without_a_cadence_in_the_training_steps() -> None:
     assert wasted_batches([], 2, 4) == 0.0
 
 
+@pytest.mark.slow  # `trainprof run` of a script in a subprocess
 def test_the_report_lists_the_iterators_left_early(ran) -> None:
     html = (ran[0] / "report.html").read_text()
     assert "left before the end" in html

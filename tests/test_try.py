@@ -526,6 +526,7 @@ def test_a_with_block_run_is_tried_by_running_its_script_again(tmp_path: Path) -
     assert (folder / "trainprof.json").read_bytes() == recorded
 
 
+@pytest.mark.slow  # a round in a subprocess, left to run past its limit
 @pytest.mark.skipif(not hasattr(signal, "SIGRTMIN"), reason="a realtime signal")
 def test_a_round_past_its_time_limit_says_where_it_hung(tmp_path: Path) -> None:
     """A round killed at its deadline first prints every thread's stack into its log (for

@@ -167,11 +167,12 @@ class _TimedBatches(torch.utils.data.Dataset):
     VM's vCPUs can differ in speed for seconds at a time, try_jpeg's worker measuring 1.7-1.9x
     and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
-    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any) -> None:
+    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any, stop: Any) -> None:
         self.src = src
         self.batches = batches  # items: the source holds at least twice as many batches
         self.gate = gate
         self.cpu = cpu
+        self.stop = stop  # set: the pairs are over, the item asked for is not fetched
         self.allowed = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
     def __len__(self) -> int:
@@ -180,6 +181,8 @@ class _TimedBatches(torch.utils.data.Dataset):
     def __getitem__(self, i: int) -> tuple[float, float, Any]:
         if not self.gate.acquire(timeout=TIMEOUT_S):
             raise TimeoutError("the run never let the worker fetch")
+        if self.stop.value:
+            return 0.0, 0.0, None
         if self.cpu.value >= 0:
             with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
                 os.sched_setaffinity(0, {self.cpu.value})
@@ -277,6 +280,7 @@ class WorkerPairs:
         self._it: Any = None
         self._gate: Any = None
         self._cpu: Any = None  # where the worker fetches next (a shared int)
+        self._stop: Any = None  # a shared flag: the worker's pending item is not fetched
         self._src: Source | None = None
         self._wanted = 0
         self._timeout = TIMEOUT_S
@@ -408,9 +412,11 @@ class WorkerPairs:
         try:
             self._gate = multiprocessing.get_context("fork").Semaphore(0)
             self._cpu = multiprocessing.get_context("fork").Value("i", this_cpu(), lock=False)
+            self._stop = multiprocessing.get_context("fork").Value("b", 0, lock=False)
             with _unseen():
                 self._it = iter(torch.utils.data.DataLoader(
-                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu),
+                    _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu,
+                                  self._stop),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=self._timeout,
@@ -429,6 +435,12 @@ class WorkerPairs:
         if self.first is not None and self.stopped is None:  # (a fork that failed: stopped too)
             self.stopped = self.steps_done()
         it, self._it = self._it, None
+        if self._stop is not None and self._gate is not None:
+            # The worker waits at the gate for the item it prefetched: let it through, unfetched.
+            # Left waiting, it missed torch's word to stop, and the shutdown waited out its 5 s
+            # join timeout (each close after a process's first, in the tests).
+            self._stop.value = 1
+            self._gate.release()
         shutdown = getattr(it, "_shutdown_workers", None)
         if shutdown is not None:
             try:

@@ -101,12 +101,10 @@ def saving(
     point = 100.0 * (1.0 - np.median(b_all) / np.median(a_all))
     rng = np.random.default_rng(SEED)
     k = len(pairs)
-    out = np.empty(RESAMPLES)
-    for r in range(RESAMPLES):
-        rounds = rng.integers(0, k, k)
-        a = np.concatenate([rng.choice(pairs[i][0], len(pairs[i][0])) for i in rounds])
-        b = np.concatenate([rng.choice(pairs[i][1], len(pairs[i][1])) for i in rounds])
-        out[r] = 100.0 * (1.0 - np.median(b) / np.median(a))
+    picks = rng.integers(0, k, (RESAMPLES, k))  # the rounds of each resample, both sides alike
+    a = resampled_medians([x for x, _ in pairs], picks, rng)
+    b = resampled_medians([y for _, y in pairs], picks, rng)
+    out = 100.0 * (1.0 - b / a)
     lo, hi = np.percentile(out, [2.5, 97.5])
     if k >= 2:
         # Widened to the round-level t interval: the bootstrap of 3 rounds has only 10 distinct
@@ -115,6 +113,33 @@ def saving(
         hw = _t975(k - 1) * float(np.std(_savings(pairs), ddof=1)) / np.sqrt(k)
         lo, hi = min(lo, point - hw), max(hi, point + hw)
     return float(point), float(min(lo, point)), float(max(hi, point))
+
+
+CHUNK_VALUES = 2_000_000  # values drawn at once by resampled_medians (16 MB of float64)
+
+
+def resampled_medians(
+    groups: list[np.ndarray], picks: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
+    """The two-level bootstrap's draws, all at once: for each row of `picks` (resamples x k,
+    indices into `groups`), the median of the groups it names, each resampled with replacement
+    to its own length. Drawn in arrays, not a loop per resample (2000 resamples of 3 rounds took
+    0.25 s a fix that way, and `try` computes every fix's after each round)."""
+    lens = np.array([len(g) for g in groups])
+    width = int(lens.max())
+    padded = np.full((len(groups), width), np.nan)
+    for i, g in enumerate(groups):
+        padded[i, : len(g)] = g
+    out = np.empty(len(picks))
+    rows = max(1, CHUNK_VALUES // (picks.shape[1] * width))
+    for start in range(0, len(picks), rows):
+        chosen = picks[start : start + rows]
+        n = lens[chosen][..., None]  # each chosen group's length
+        at = (rng.random((*chosen.shape, width)) * n).astype(np.intp)  # below n: in the group
+        values = padded[chosen[..., None], at]
+        values[np.arange(width) >= n] = np.nan  # past a group's length: no draw
+        out[start : start + rows] = np.nanmedian(values.reshape(len(chosen), -1), axis=1)
+    return out
 
 
 def _ratios(base: list[float], variant: list[float], block: int) -> np.ndarray:
@@ -153,10 +178,7 @@ def switched_saving(
     point = 100.0 * (1.0 - float(np.median(np.concatenate(rounds))))
     rng = np.random.default_rng(SEED)
     k = len(rounds)
-    out = np.empty(RESAMPLES)
-    for r in range(RESAMPLES):
-        pick = rng.integers(0, k, k)
-        out[r] = np.median(np.concatenate([rng.choice(rounds[i], len(rounds[i])) for i in pick]))
+    out = resampled_medians(rounds, rng.integers(0, k, (RESAMPLES, k)), rng)
     lo, hi = 100.0 * (1.0 - np.percentile(out, [97.5, 2.5]))
     return point, float(min(lo, point)), float(max(hi, point))
 
