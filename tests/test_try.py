@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from test_run_cli import ROOT, SCRIPTS, SMALL, run, trainprof
@@ -30,7 +31,14 @@ from trainprof.runmeta import (
 from trainprof.tryfix import catalog, measure
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions, load_run
-from trainprof.tryfix.measure import pace, saving, timed_steps, verdict, within_target
+from trainprof.tryfix.measure import (
+    pace,
+    resampled_medians,
+    saving,
+    timed_steps,
+    verdict,
+    within_target,
+)
 
 MLP = str(SCRIPTS / "try_mlp.py")
 API_BLOCK = str(SCRIPTS / "try_api_block.py")
@@ -206,6 +214,28 @@ def test_saving_interval_and_verdicts() -> None:
     m3, lo3, hi3 = saving(fast, base)
     assert verdict(5.0, m3, lo3, hi3) == "slower"
     assert within_target(18.1, -0.9) is False  # the issue's FakeData case
+
+
+def test_each_resample_draws_from_the_rounds_it_picked_at_their_own_lengths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bootstrap's draws (measure.resampled_medians): a row of picks names the rounds of one
+    resample, each drawn to its own length, and nothing past it (the padding) counts."""
+    rng = np.random.default_rng(0)
+    short, long = np.array([5.0]), np.array([1.0, 1.0, 1.0])
+    picks = np.array([[0, 0], [1, 1], [0, 1], [1, 0]])
+    assert resampled_medians([short, long], picks, rng).tolist() == [5.0, 1.0, 1.0, 1.0]
+    # Within a round, draws with replacement: a round of 0s and 10s gives medians of 0, 5 or
+    # 10, each sometimes, and about as often 0 as 10 over many resamples.
+    mixed = np.array([0.0, 10.0])
+    got = resampled_medians([mixed], np.zeros((4000, 1), dtype=int), rng)
+    assert set(got.tolist()) == {0.0, 5.0, 10.0}
+    assert abs(float(np.mean(got)) - 5.0) < 0.3
+    # Drawn in chunks of rows (here one at a time: 2 rounds of up to 3 values a row is 6 of
+    # the 7 allowed): every row is drawn, once.
+    monkeypatch.setattr(measure, "CHUNK_VALUES", 7)
+    rows = resampled_medians([short, long], picks, rng)
+    assert rows.tolist() == [5.0, 1.0, 1.0, 1.0]
 
 
 def test_three_rounds_that_disagree_confirm_nothing() -> None:

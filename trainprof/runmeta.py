@@ -300,6 +300,7 @@ def steal_differs(a: float, b: float) -> bool:
     the same host."""
     return abs(a - b) > STEAL_SHARE
 
+
 class RunMeta(msgspec.Struct, kw_only=True):
     schema: int = SCHEMA
     trainprof_version: str = ""

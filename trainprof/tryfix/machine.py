@@ -38,9 +38,9 @@ of the +13.0 % the rounds measured.
 Nor does the reference see the host's other guests: a vCPU the hypervisor holds (steal) stops
 whatever runs on it, in stretches the reference between steps mostly misses. A run of
 try_fakedata with 28 % of its CPU time stolen took 146 ms a step where `try`'s rounds of it,
-minutes later, took 73, the reference 1.01x. So each round records its steal too (Load.steal_share),
-and `steal_differs` is set where the rounds' median and the run's are apart by more than
-runmeta.STEAL_SHARE.
+minutes later, took 73, the reference 1.01x. So each round records its steal too
+(Load.steal_share), and `steal_differs` is set where the rounds' median and the run's are
+apart by more than runmeta.STEAL_SHARE.
 """
 
 from __future__ import annotations
