@@ -326,6 +326,14 @@ class Trial:
         if not self.opts.separate and not v.block and not self.ranks:
             v.turns, v.block = True, self.block
 
+    def _note_load(self, other: float | None, steal: float | None) -> None:
+        """A round's load (capture/loadprobe): other processes' CPUs and the host's steal share,
+        where known, for tryfix/machine."""
+        if other is not None:
+            self.others.append(other)
+        if steal is not None:
+            self.steals.append(steal)
+
     def _run_other_cpus(self) -> float | None:
         """The CPUs other processes kept busy in the run. A job's ranks recorded before their
         load left out the job (Load.own_tree; torchrun's ranks: before the `torchrun` field)
@@ -528,10 +536,8 @@ class Trial:
             code = self.launcher.run(cmd, v.name, self._extra_s(v))
             res = read_result(result_file, self.ranks or 1)
         self._note_outputs(res)
-        if res is not None and res.get("other_cpus") is not None:
-            self.others.append(res["other_cpus"])  # the machine's load, whatever the round's end
-        if res is not None and res.get("steal_share") is not None:
-            self.steals.append(res["steal_share"])
+        if res is not None:  # the machine's load, whatever the round's end
+            self._note_load(res.get("other_cpus"), res.get("steal_share"))
         error, skipped = self._outcome(res, code, v.specs)
         if error or skipped:
             v.error, v.skipped = error, skipped
@@ -590,10 +596,7 @@ class Trial:
                                               Path(tmp))
             results = [read_result(f) for f in files]
         finished = load.finish()
-        if finished.other_cpus is not None:
-            self.others.append(finished.other_cpus)
-        if (steal := finished.steal_share()) is not None:
-            self.steals.append(steal)
+        self._note_load(finished.other_cpus, finished.steal_share())
         for res in results:
             self._note_outputs(res)
         base_error = self._outcome(results[0], codes[0], [])[0]
