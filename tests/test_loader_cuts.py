@@ -77,6 +77,9 @@ def test_the_run_records_where_iterators_start_and_what_cut_ones_had_left(loader
     assert rebuilt.left_early == [4] * 5
     # The evaluations' iterators were made under torch.no_grad(), the training's not.
     assert (train.grad_off_iters, val.grad_off_iters, stream.grad_off_iters) == (0, 6, 6)
+    # The stream's dataset never asks which worker it is in (capture/iterable_split).
+    assert (stream.iterable, stream.worker_split, stream.num_shards) == (True, "", None)
+    assert not train.iterable and not val.iterable
 
 
 @pytest.mark.slow  # `trainprof run` of a script in a subprocess

@@ -80,6 +80,14 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     # Iterators made with autograd off (torch.no_grad, inference_mode): an evaluation's, as
     # Lightning's validation loop and a plain `with torch.no_grad(): for x in val:` make them.
     grad_off_iters: int = 0
+    # An IterableDataset: each worker runs its whole __iter__. `worker_split`: how its code is
+    # seen to split the stream between workers ("get_worker_info", "worker_init_fn",
+    # "datapipe"; "": not seen to, so every worker would yield every sample); `num_shards`: a
+    # Hugging Face streaming dataset's shards, the most workers that get any
+    # (capture/iterable_split).
+    iterable: bool = False
+    worker_split: str = ""
+    num_shards: int | None = None
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):

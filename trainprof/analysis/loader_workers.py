@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from trainprof.analysis import loader_cuts, phase, unprofiled
+from trainprof.analysis import loader_cuts, loader_streams, phase, unprofiled
 from trainprof.analysis.context import Context
 from trainprof.runmeta import LoaderIpc
 from trainprof.trace import intervals as iv
@@ -405,9 +405,11 @@ def cpu_model(
     # the script leaves before their end
     have = workers(ctx) or 0
     found = loader_cuts.cuts(ctx.meta.dataloaders) if have == 0 else []
+    # A dataset split by shards feeds no more workers than it has shards
+    most = min(max(cores, 1), loader_streams.shard_cap(ctx.meta.dataloaders) or cores)
 
     def solve(draw: _Draw) -> CpuModel:
-        return _model(ctx, draw, fetch, k, cores, wait_share, timed, found, have)
+        return _model(ctx, draw, fetch, k, cores, wait_share, timed, found, have, most)
 
     draw = _Draw(None, timed.ratios if timed else None, None)
     model = solve(draw)
@@ -448,10 +450,10 @@ def _spread(
 
 def _model(
     ctx: Context, draw: _Draw, fetch: float, k: float, cores: int, wait_share: float,
-    timed: StepThreads | None, found: list[loader_cuts.Cut], have: int,
+    timed: StepThreads | None, found: list[loader_cuts.Cut], have: int, most: int,
 ) -> CpuModel:  # fmt: skip
     """The model's figures from one draw of the run's samples (see `cpu_model`); `have`: the
-    training loader's workers in the run."""
+    training loader's workers in the run; `most`: the most workers to suggest."""
     meta = ctx.meta
     samples = phase.unprofiled(ctx)
     pick = slice(None) if draw.positions is None else draw.positions
@@ -531,7 +533,7 @@ def _model(
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
         return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, wasted(n), warm)
 
-    best = min(range(1, max(cores, 1) + 1), key=fixed)
+    best = min(range(1, max(most, 1) + 1), key=fixed)
     return CpuModel(
         step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
         receive_busy=rb, receive_in_run=got.in_run,
@@ -703,6 +705,9 @@ def estimate(
     # suggested_max_num_workers leaves it too)
     cap = max(1, cpus - 1) if cpus else 8
     suggest = max(2, min(need, cap))
+    shards = loader_streams.shard_cap(ctx.meta.dataloaders) if ctx.meta else None
+    if shards:  # workers past a dataset's shards get none of it
+        suggest = min(suggest, shards)
     left = 0.0
     if need > suggest and ctx.gpu_timeline:
         # Fewer workers than that hand a batch over every f / n and the loop waits the rest:

@@ -21,6 +21,8 @@ Modules, one job each:
 * metrics    TorchMetrics ranges and metadata, patched only if the script imports it
 * evaluation trainprof/eval ranges: Lightning/HF evaluation loops, eval-mode no-grad forwards
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
+* iterable_split whether an IterableDataset's code splits its samples between DataLoader
+             workers, and a Hugging Face streaming dataset's shards (read, not run)
 * dynamo     torch.compile over the whole run: compiles, recompiles (step, call, guard), breaks
 * loadprobe  the machine's load over the run: load average, other processes' CPU time
 * traces     the profiler and its trace files (tensorboard_trace_handler layout), each

@@ -21,6 +21,7 @@ import torch
 from torch.utils.data import IterableDataset
 
 import trainprof
+from trainprof.capture import iterable_split
 from trainprof.capture.compat import is_compiling
 from trainprof.capture.dynamo import DynamoWatch
 from trainprof.capture.loadprobe import LoadProbe, cpu_model, cpu_quota, usable_cpus
@@ -132,6 +133,10 @@ class MetaCollector:
             dataset=_qualname(loader.dataset),
             location=where,
         )
+        if isinstance(loader.dataset, IterableDataset):
+            info.iterable = True
+            info.worker_split = iterable_split.worker_split(loader)
+            info.num_shards = iterable_split.num_shards(loader.dataset)
         for seen in self.dataloaders:  # the same call, same settings: a loader built per epoch
             if msgspec.structs.replace(
                 info, instances=seen.instances, iterators=seen.iterators,

@@ -278,13 +278,23 @@ accelerate's LOCAL_WORLD_SIZE, or a rendezvous on 127.0.0.1: 8 ranks on 32 CPUs 
 so 3 workers; Lightning's `suggested_max_num_workers` divides the same way). Where the cap
 binds, n workers hand a batch over every F / n and the loop still waits F / n - C per step, so
 the saving counts only the rest, F - (F / n - C), and the evidence says so.
+
+An IterableDataset (analysis/loader_streams): each worker runs the dataset's whole `__iter__`,
+so workers split its samples only where its code asks `get_worker_info()` which worker it is
+(capture/iterable_split reads the code; a `worker_init_fn` or a torch DataPipe count too).
+Where nothing is seen to, two or more workers would each run all of it, and a stream read from
+data (files, a list; not random draws, which workers are seeded apart for) would yield every
+sample once per worker: the fix then says how to split it first (its estimate is the split
+stream's; one worker needs no split). A Hugging Face `datasets` streaming dataset gives each
+worker whole shards (files) and stops the workers beyond its `num_shards`: the suggestion stops
+there, and where that few workers fetch no faster than the loop, the fix is more shards first.
 """
 
 from __future__ import annotations
 
 import os
 
-from trainprof.analysis import loader_cuts
+from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.loader_workers import (
@@ -628,15 +638,27 @@ def check(ctx: Context) -> list[Finding]:
         evidence += _too_few_evidence(ctx, est, cpus)
     if _multiprocess(ctx, n_workers):
         evidence += _split_evidence(est)
+    loaders = ctx.meta.dataloaders if ctx.meta else []
+    unsplit = loader_streams.unsplit(loaders)
+    shards = loader_streams.shard_cap(loaders)
+    few_shards = bool(shards and suggest == shards and shards < (cpus or 8))  # not the CPUs
+    if few_shards:
+        evidence += loader_streams.shard_note(shards)
     no_gain = model is not None and model.saving <= 0
-    if no_gain and n_workers == 0:
+    if no_gain and n_workers == 0 and few_shards:
+        title = (f"DataLoader fetching takes {share:.0f} % of the step, but the dataset's "
+                 f"{shards} shard(s) feed too few workers")
+        fix = loader_streams.reshard_fix(shards)
+    elif no_gain and n_workers == 0:
         title = (
             f"DataLoader fetching takes {share:.0f} % of the step, but workers would not pay off"
         )
+        whole = ("yield whole batches from the dataset's __iter__ (DataLoader(batch_size=None))"
+                 if any(d.iterable for d in loaders) else
+                 "index whole batches at once (a BatchSampler as `sampler=` with batch_size=None)")
         fix = (
             "Keep num_workers=0: handing each batch between processes costs more than fetching "
-            "it. Make the fetch itself cheaper: index whole batches at once (a BatchSampler as "
-            "`sampler=` with batch_size=None), or fewer, larger batches."
+            f"it. Make the fetch itself cheaper: {whole}, or fewer, larger batches."
         )
     elif n_workers == 0 or n_workers is None and "_SingleProcess" in ctx.trace.name(
         int(ctx.dataloader_idx[0])
@@ -650,6 +672,8 @@ def check(ctx: Context) -> list[Finding]:
         fix += _threads_line(model, threads)
         fix = run_fix(ctx, "dataloader", fix, workers=suggest, pin=ctx.on_gpu)
         fix += _evaluation_fix(model, suggest)
+        if unsplit and suggest > 1:
+            fix += loader_streams.unsplit_fix(unsplit, suggest)
     else:
         have = f"num_workers={n_workers}" if n_workers is not None else "worker processes"
         title = f"DataLoader starves the step despite {have}: {share:.0f} % fetching"
@@ -674,6 +698,8 @@ def check(ctx: Context) -> list[Finding]:
                    + (f"  # {_cpus_here(ctx, cpus)}" if cpus else "")
                    + _threads_line(model, threads))
             fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
+            if unsplit:
+                fix += loader_streams.unsplit_fix(unsplit, model.workers)
     metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
     if model is not None:
         metrics.update(

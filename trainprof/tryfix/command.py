@@ -36,11 +36,12 @@ from typing import Any
 
 import msgspec
 
-from trainprof.analysis import loader_cuts
+from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import (
     TRY_NAME,
+    DataLoaderInfo,
     RunMeta,
     earlier_tries,
     keep_earlier_try,
@@ -115,6 +116,28 @@ class TryOptions:
     rounds: int = DEFAULT_ROUNDS
     steps: int | None = None
     separate: bool = False  # every fix in rounds of its own, none switched (tryfix/switch)
+
+
+def _within_streams(options: list[dict], loaders: list[DataLoaderInfo]) -> list[dict]:
+    """The sweep without worker counts past a dataset's shards: those workers get none of the
+    stream (analysis/loader_streams)."""
+    cap = loader_streams.shard_cap(loaders)
+    if cap is None:
+        return options
+    return [o for o in options if o.get("num_workers", 0) <= cap]
+
+
+def _stream_notes(options: dict, loaders: list[DataLoaderInfo]) -> list[str]:
+    """What a variant's workers do to a dataset that does not split its stream."""
+    n = options.get("num_workers", 0)
+    found = loader_streams.unsplit(loaders) if n > 1 else []
+    if not found:
+        return []
+    names = ", ".join(sorted({d.dataset or "the dataset" for d in found}))
+    return [f"{names} (an IterableDataset) is not seen to split its samples between workers: "
+            f"in these rounds each of the {n} workers ran all of it. The step is timed as a "
+            "split dataset's would be; split it before you keep the change, or a stream read "
+            "from data yields every sample once per worker (`trainprof diagnose` says how)"]
 
 
 def load_run(run: Path) -> RunMeta:
@@ -310,8 +333,12 @@ class Trial:
                 pinned=bool(loaders) and all(d.pin_memory for d in loaders),
                 evaluation=evaluation,
             )
+            if rule == LOADER and loaders:
+                options = _within_streams(options, loaders)
             self.by_rule[rule] = [
-                Variant(_name(rule, o), [{"rule": rule, "options": o}]) for o in options
+                Variant(_name(rule, o), [{"rule": rule, "options": o}],
+                        notes=_stream_notes(o, loaders))
+                for o in options
             ]
             if not self.opts.separate and catalog.switchable(rule, self.cuda) and len(options) == 1:
                 self.by_rule[rule][0].block = self.block
