@@ -26,7 +26,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.opts, t.run, t.steps = TryOptions(run=Path(".")), Path("."), 30
     t.meta = RunMeta(argv=["train.py"])
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
-    t.threads_modelled, t.spread, t.basis = set(), {}, None
+    t.threads_modelled, t.basis = set(), None
     t.found = RunEstimates(est=t.est)  # no DataLoader model: the rule's estimate throughout
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
@@ -79,7 +79,7 @@ def test_the_estimates_spread_is_shown_beside_it():
     (f,) = t.document()["fixes"]
     assert "estimated_spread_pct" not in f
     assert "within the run's own noise" not in render_try_text(t.document())
-    t.spread = {RULE: [3.13, 26.91]}
+    t.found.spread = {RULE: [3.13, 26.91]}
     doc = t.document()
     assert doc["fixes"][0]["estimated_spread_pct"] == [3.13, 26.91]
     assert "estimated: +21.9 % (3.1-26.9 % within the run's own noise)" in render_try_text(doc)
@@ -153,7 +153,7 @@ def test_each_worker_count_is_checked_against_its_own_estimate():
         "worker_fetch_ms": 20.0, "fetches_per_step": 1.0, "receive_ms_per_batch": 0.5,
         "worker_ms_per_batch": 1.0,
     }  # fmt: skip
-    t.spread = {RULE: [30.0, 40.0]}  # the suggestion's spread
+    t.found.spread = {RULE: [30.0, 40.0]}  # the suggestion's spread
     t.threads_modelled = {RULE}  # M timed with one thread: checked against the whole variant
     (f,) = t.document()["fixes"]
     assert f["change"].startswith("DataLoader(num_workers=1,")  # 30 % measured against 25
@@ -169,12 +169,24 @@ def test_each_worker_count_is_checked_against_its_own_estimate():
     text = render_try_text(t.document())
     assert ("estimated: +30.0 % (the diagnosis's model, for this change; it suggested "
             "num_workers=2: +37.5 %)") in text
-    assert "(estimated +37.5 %)" in text
+    assert "(estimated +37.5 %, 30.0-40.0 % within the run's own noise)" in text
     # The suggestion measured best: its own estimate and spread, nothing beside them.
     two.rounds = [[0.0165 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
     (g,) = t.document()["fixes"]
     assert g["estimated_pct"] == 37.5 and g["estimated_spread_pct"] == [30.0, 40.0]
     assert "suggested_estimated_pct" not in g
+    # With each count's spread in the finding's metrics, every count's estimate carries its own:
+    # the best row and the sweep's lines; the control and the suggestion's as before.
+    t.found.loader.update(saving_lo_by_workers=[2.5, 30.0], saving_hi_by_workers=[31.5, 40.0])
+    two.rounds = [[0.0225 * (1 + 0.01 * (i % 3)) for i in range(12)] for _ in range(3)]
+    (h,) = t.document()["fixes"]
+    assert h["estimated_pct"] == 30.0 and h["estimated_spread_pct"] == [2.5, 31.5]
+    by_change = {v["change"][:26]: v for v in h["variants"]}
+    assert by_change["DataLoader(num_workers=1, "]["estimated_spread_pct"] == [2.5, 31.5]
+    assert by_change["DataLoader(num_workers=2, "]["estimated_spread_pct"] == [30.0, 40.0]
+    assert "estimated_spread_pct" not in by_change["torch.set_num_threads(1) o"]
+    text = render_try_text(t.document())
+    assert "(estimated +30.0 %, 2.5-31.5 % within the run's own noise)" in text
 
 
 def test_all_together_says_how_it_was_estimated():

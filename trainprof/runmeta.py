@@ -196,6 +196,7 @@ class LoaderIpc(msgspec.Struct, kw_only=True):
     # not measured, why in `worker_fetch_skipped`). A worker can spend more than the loop.
     worker_fetch_ms: float | None = None
     worker_fetch_ratio: float | None = None
+    worker_fetch_ratio_all: list[float] = []  # each pair's, worker_fetch_ratio their median
     worker_fetch_batches: int = 0
     worker_fetch_skipped: str = ""
     # The same worker's next batch, fetched straight after each timed one, over it (median, and

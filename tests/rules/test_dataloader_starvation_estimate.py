@@ -399,6 +399,39 @@ def test_the_estimates_spread_within_the_run(loop: Path, tmp_path: Path):
     assert c.metrics["saving_lo_pct"] < 32.0
 
 
+def test_the_workers_fetch_ratio_is_resampled_for_each_counts_spread(loop: Path, tmp_path: Path):
+    """The worker forked between the run's steps times 8-12 pairs, and where one worker barely
+    keeps up their median decides the one-worker estimate (try_fakedata: medians 1.41-1.61,
+    1.20-1.57, 1.13-1.40 over resamples of three runs' pairs). Each count's saving is resampled
+    with them: its spread goes into the metrics for `trainprof try`'s sweep."""
+    steps, fetch = [20.0] * 30, [10.0] * 30
+
+    def run(name: str, ratios: list[float]):
+        ipc = LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2, worker_fetch_ms=13.0,
+                        worker_fetch_ratio=1.3, worker_fetch_ratio_all=ratios,
+                        worker_fetch_batches=len(ratios))
+        return _starvation(with_meta(loop, tmp_path / name, _meta(steps, fetch, ipc)))
+
+    steady = run("steady", [1.3] * 9)
+    # One worker: its rate, 13 + 1 ms a batch, bounds the 20 ms step: 30 % saved, every resample.
+    lo, hi = steady.metrics["saving_lo_by_workers"], steady.metrics["saving_hi_by_workers"]
+    assert len(lo) == len(hi) == 2  # each count up to the cores
+    assert lo[0] == pytest.approx(30.0, abs=0.05) and hi[0] == pytest.approx(30.0, abs=0.05)
+    # The same median, the pairs 1.0-1.8: the estimate stands, its spread at one worker widens.
+    noisy = run("noisy", [1.0, 1.0, 1.1, 1.2, 1.3, 1.5, 1.6, 1.7, 1.8])
+    lo, hi = noisy.metrics["saving_lo_by_workers"], noisy.metrics["saving_hi_by_workers"]
+    assert noisy.est_saving_pct == steady.est_saving_pct
+    assert lo[0] < 25.0 and hi[0] > 35.0
+    # `trainprof try` gives it to the one-worker variant; the suggestion keeps the finding's.
+    found = estimates(tmp_path / "noisy")
+    assert found.suggested_workers() == 2
+    assert found.spread_for("dataloader-starvation", {"num_workers": 1, "threads": 1}) == [
+        lo[0], hi[0]]
+    assert found.spread_for("dataloader-starvation", {"num_workers": 2, "threads": 1}) == [
+        noisy.metrics["saving_lo_pct"], noisy.metrics["saving_hi_pct"]]
+    assert found.spread_for("dataloader-starvation", {"threads": 1, "control": True}) is None
+
+
 def test_the_model_is_solved_again_for_other_counts_and_fixes_together(loop: Path, tmp_path: Path):
     """`trainprof try` measures every worker count of its sweep and all fixes together; their
     estimates come from the same model, re-solved from the finding's metrics, not from a sum.

@@ -141,6 +141,10 @@ class CpuModel:
     # The saving's spread within the run (% of the step S; `SPREAD` percentiles over resamples
     # of the run's samples): None where nothing was resampled (older metadata).
     spread: tuple[float, float] | None = None
+    # The same for each worker count n (index n - 1): the step with n workers, and the saving's
+    # spread at n (try's sweep states each count's estimate with it)
+    fixed_by_workers: list[float] = field(default_factory=list)
+    spread_by_workers: list[tuple[float, float]] = field(default_factory=list)
     # M at the run's threads, and M with the threads each worker count n leaves (index n - 1):
     # what `step_with` re-solves the model from (another worker count, other fixes together).
     run_compute: float = 0.0
@@ -374,7 +378,9 @@ def unprofiled_fetch(ctx: Context) -> float | None:
 
 
 # The estimate's spread within the run: RESAMPLES draws of the run's samples with replacement
-# (its unprofiled steps, each thread count's paired ratios, the probe's busy receives), seeded,
+# (its unprofiled steps, each thread count's paired ratios, the probe's busy receives, its
+# worker's fetch ratios: try_fakedata's 8-12 pairs gave medians 1.41-1.61, 1.20-1.57 and
+# 1.13-1.40 over resamples in three runs, where one worker barely keeps up), seeded,
 # so that one run always reads the same; SPREAD the percentiles kept.
 RESAMPLES = 400
 SPREAD = (5.0, 95.0)
@@ -390,6 +396,7 @@ class _Draw:
     receive: float | None  # the probe's busy receiving, ms per batch (None: the median)
     receive_run: float | None = None  # the run's own receiving, ms per batch (None: the median)
     warm: float | None = None  # the worker's warm ratio (None: the median)
+    ratio: float | None = None  # the worker's fetch over the loop's (None: the median)
 
 
 def cpu_model(
@@ -413,27 +420,28 @@ def cpu_model(
 
     draw = _Draw(None, timed.ratios if timed else None, None)
     model = solve(draw)
-    model.spread = _spread(ctx, draw, solve)
+    model.spread, model.spread_by_workers = _spread(ctx, draw, solve)
     return model
 
 
 def _spread(
     ctx: Context, draw: _Draw, solve: Callable[[_Draw], CpuModel]
-) -> tuple[float, float] | None:
+) -> tuple[tuple[float, float] | None, list[tuple[float, float]]]:
     """The SPREAD percentiles of the saving (% of the step) over RESAMPLES resamples of the
-    run's samples, each solved by `solve`; None where the fetch was not timed (older metadata:
-    nothing to resample)."""
+    run's samples, each solved by `solve`, and of each worker count's; None and [] where the
+    fetch was not timed (older metadata: nothing to resample)."""
     samples = phase.unprofiled(ctx)
     if samples is None or samples.fetch is None:
-        return None
+        return None, []
     ipc = ctx.meta.loader_ipc
     received = ipc.receive_busy_all_ms if ipc and ipc.receive_busy_ms is not None else []
     in_run = ipc.receive_run_all_ms if ipc else []
     in_run = in_run if len(in_run) >= MIN_RUN_RECEIVES else []
     warm = ipc.worker_fetch_warm_all if ipc and ipc.worker_fetch_warm_ratio is not None else []
+    ratios = ipc.worker_fetch_ratio_all if ipc and ipc.worker_fetch_ratio is not None else []
     rng = np.random.default_rng(0)
     n = len(samples.time)
-    savings = []
+    savings, by_workers = [], []
     for _ in range(RESAMPLES):
         threads = None
         if draw.threads is not None:
@@ -441,11 +449,14 @@ def _spread(
         receive = float(np.median(rng.choice(received, len(received)))) if received else None
         run = float(np.median(rng.choice(in_run, len(in_run)))) if in_run else None
         hot = float(np.median(rng.choice(warm, len(warm)))) if warm else None
-        one = _Draw(rng.integers(0, n, n), threads, receive, run, hot)
+        ratio = float(np.median(rng.choice(ratios, len(ratios)))) if ratios else None
+        one = _Draw(rng.integers(0, n, n), threads, receive, run, hot, ratio)
         m = solve(one)
         savings.append(100 * m.saving / m.step)
+        by_workers.append([100 * max(m.step - f, 0.0) / m.step for f in m.fixed_by_workers])
     lo, hi = np.percentile(savings, SPREAD)
-    return float(lo), float(hi)
+    each = np.percentile(np.array(by_workers), SPREAD, axis=0)
+    return (float(lo), float(hi)), [(float(a), float(b)) for a, b in zip(*each, strict=True)]
 
 
 def _model(
@@ -496,7 +507,7 @@ def _model(
     # thread there, a deeper stack); else from the run's one-thread steps (a fetch that ran
     # faster on the run's threads, large tensor ops in the transform, costs a worker more).
     if have == 0:
-        ratio, fetch_source = worker_ratio(ipc, timed)
+        ratio, fetch_source = worker_ratio(ipc, timed, draw.ratio)
         fwk, warm = fw * ratio, warm_ratio(ipc, draw.warm)
     else:
         # The loader has workers and the loop waits for them: a batch is not there because
@@ -533,17 +544,19 @@ def _model(
         ahead = eval_ahead(every, extra, fwk, k, w, n, SUGGESTED_PREFETCH)
         return fixed_step(compute(n), fwk, k, r, w, cores, n, ahead, rb, wasted(n), warm)
 
-    best = min(range(1, max(most, 1) + 1), key=fixed)
+    by_n = [fixed(n) for n in range(1, max(cores, 1) + 1)]  # the step with n workers at n - 1
+    best = min(range(1, max(most, 1) + 1), key=lambda n: by_n[n - 1])
     return CpuModel(
         step=step, fetch=f, removable=fw, measured=measured, receive=r, receive_idle=ri,
         receive_busy=rb, receive_in_run=got.in_run,
         busy_workers=ipc.busy_workers if ipc and ipc.receive_busy_ms is not None else 0, worker=w,
         startup_ms=ipc.startup_ms if ipc else None, workers=best,
-        threads=max(1, cores - best), fixed=fixed(best), compute=compute(best),
+        threads=max(1, cores - best), fixed=by_n[best - 1], compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
         worker_fetch_source=fetch_source, warm=warm, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
+        fixed_by_workers=by_n,
         eval_every=every, eval_extra=extra, cuts=found, run_workers=have,
         waste=wasted(best) * batch_work(fwk, k, w),
     )  # fmt: skip
@@ -586,13 +599,15 @@ def step_with(
     return fixed_step(compute, fetch, k, r, w, cores, workers, ahead, r_busy, wasted, warm)
 
 
-def worker_ratio(ipc: LoaderIpc | None, timed: StepThreads | None) -> tuple[float, str]:
+def worker_ratio(
+    ipc: LoaderIpc | None, timed: StepThreads | None, drawn: float | None = None
+) -> tuple[float, str]:
     """A worker's fetch over the loop's, at least 1 (below is the noise between fetches: a
     worker does the same work with fewer threads), and where it comes from: "worker" (a worker
-    fetching the script's batches between its steps), "threads" (the run's one-thread steps),
-    "" (neither: 1)."""
+    fetching the script's batches between its steps; `drawn`: a resample's median of its
+    pairs), "threads" (the run's one-thread steps), "" (neither: 1)."""
     if ipc is not None and ipc.worker_fetch_ratio is not None:
-        return max(ipc.worker_fetch_ratio, 1.0), "worker"
+        return max(ipc.worker_fetch_ratio if drawn is None else drawn, 1.0), "worker"
     if timed is not None and 1 in timed.fetch_ms:
         return timed.fetch_ratio(), "threads"
     return 1.0, ""

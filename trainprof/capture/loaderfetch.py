@@ -452,7 +452,7 @@ class WorkerPairs:
 
     def figures(self) -> tuple[float | None, float | None, int, str]:
         """(the worker's median fetch in s, the median ratio to the loop's, pairs, why none)."""
-        ratios = [w / m for m, w in self.pairs if m > 0]
+        ratios = self.ratios()
         if len(ratios) < MIN_PAIRS:
             why = self.skipped or (
                 f"{len(ratios)} fetch pair(s) before the run ended" if self.state != "waiting"
@@ -461,6 +461,10 @@ class WorkerPairs:
             return None, None, len(ratios), why
         worker = statistics.median(w for _, w in self.pairs)
         return worker, statistics.median(ratios), len(ratios), ""
+
+    def ratios(self) -> list[float]:
+        """Each pair's worker fetch over the loop's (what `figures` takes the median of)."""
+        return [w / m for m, w in self.pairs if m > 0]
 
     def warm_ratio(self) -> float | None:
         """The median of each pair's worker's next batch, fetched straight after, over its first

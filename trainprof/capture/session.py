@@ -411,6 +411,7 @@ class Session:
                 if worker is not None and ratio is not None:
                     ipc.worker_fetch_ms = round(1e3 * worker, 3)
                     ipc.worker_fetch_ratio = round(ratio, 4)
+                    ipc.worker_fetch_ratio_all = [round(r, 4) for r in pairs.ratios()]
                     warm = pairs.warm_ratio()
                     ipc.worker_fetch_warm_ratio = round(warm, 4) if warm is not None else None
                     ipc.worker_fetch_warm_all = [round(r, 4) for r in pairs.warm]

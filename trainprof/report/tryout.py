@@ -269,7 +269,10 @@ def render_try_text(doc: dict[str, Any]) -> str:
         for v in f.get("variants", []):
             shown = _measured(v) if "measured_pct" in v or "error" in v else "not run"
             if v.get("estimated_pct") is not None:
-                shown += f" (estimated {_pct(v['estimated_pct'])})"
+                spread = v.get("estimated_spread_pct")
+                within = (f", {spread[0]:.1f}-{spread[1]:.1f} % within the run's own noise"
+                          if spread else "")
+                shown += f" (estimated {_pct(v['estimated_pct'])}{within})"
             lines.append(f"      · {v['change']}: {shown}")
         for note in f.get("notes", []):
             lines.append(f"    note:      {note}")

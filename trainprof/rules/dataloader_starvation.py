@@ -197,9 +197,13 @@ On a CPU trace the workers take the fetch off the loop, but:
 The spread: the saving is about F - R - (M(T') - M), a difference of figures each timed on a few
 steps or batches. So the model is also computed on RESAMPLES (400) resamples of the run's own
 samples, seeded: its unprofiled steps (S and F, with their references), each thread count's
-paired ratios, the probe's busy receives (each of its 9 batches is kept) and the run's own. The
-5th and 95th percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the
-evidence and beside the estimate in `trainprof try`. The severity stays the estimate's: taken
+paired ratios, the probe's busy receives (each of its 9 batches is kept) and the run's own, and
+the pairs of the worker forked between the steps (each one's ratio to the loop's fetch: where one
+worker barely keeps up, their median decides its estimate; try_fakedata's 8-12 pairs gave
+medians of 1.41-1.61, 1.20-1.57 and 1.13-1.40 over resamples in three runs). The 5th and 95th
+percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the evidence and
+beside the estimate in `trainprof try`; each worker count's, `saving_lo_by_workers` and
+`saving_hi_by_workers`, go beside the model's estimate for that count in `try`'s sweep. The severity stays the estimate's: taken
 from the low end, it flipped Lightning's example between low and high in four identical runs
 (the low end 0-25.3 % where the estimates were 11.9-27.3 %, high in all four by the estimate,
 `trainprof try` measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples
@@ -733,6 +737,10 @@ def check(ctx: Context) -> list[Finding]:
         if model.spread is not None:
             metrics.update(saving_lo_pct=round(model.spread[0], 2),
                            saving_hi_pct=round(model.spread[1], 2))
+        if model.spread_by_workers:  # each worker count's (index n - 1): try's sweep
+            metrics.update(
+                saving_lo_by_workers=[round(lo, 2) for lo, _ in model.spread_by_workers],
+                saving_hi_by_workers=[round(hi, 2) for _, hi in model.spread_by_workers])
     return [
         finding(
             ctx,

@@ -277,7 +277,6 @@ class Trial:
         self.est, self.rule_fix, self.est_note = found.est, found.fix, found.note
         self.kind = found.kind
         self.threads_modelled = found.threads_modelled
-        self.spread = found.spread
         self.basis = found.basis
         self.base = Variant("baseline", [])
         self.by_rule: dict[str, list[Variant]] = {}
@@ -413,8 +412,10 @@ class Trial:
         opts = x.specs[0]["options"]
         est = self._est_for(rule, opts)
         m = self.measured(x)
+        spread = self.found.spread_for(rule, opts) if est is not None else None
         out = {"change": catalog.change_text(rule, opts),
-               **({"estimated_pct": est} if est is not None else {}), **(m or {}),
+               **({"estimated_pct": est} if est is not None else {}),
+               **({"estimated_spread_pct": spread} if spread is not None else {}), **(m or {}),
                **({"error": x.error} if x.error else {})}
         if m is not None and est is not None:
             out["estimate_within_target"] = self._checked(rule, est, m, self.split_threads(rule, x))
@@ -795,8 +796,8 @@ class Trial:
                 "change": catalog.change_text(rule, options),
                 "estimated_pct": est,
                 **self._no_claim(rule),
-                **({"estimated_spread_pct": self.spread[rule]}
-                   if rule in self.spread and est == suggested else {}),
+                **({"estimated_spread_pct": spread}
+                   if (spread := self.found.spread_for(rule, options)) is not None else {}),
                 **({"suggested_change": self._suggested_change(rule),
                     "suggested_estimated_pct": suggested} if est != suggested else {}),
                 "measured_pct": None,

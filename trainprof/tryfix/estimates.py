@@ -76,6 +76,24 @@ class RunEstimates:
                                       or self.loader.get("cut_iterators_per_step")))
         return None if n == self.suggested_workers() and not ahead else self._loader_pct(n, 0.0)
 
+    def spread_for(self, rule: str, options: dict[str, Any]) -> list[float] | None:
+        """The spread within the run ([lo, hi] %) of the estimate for one option set: the
+        finding's where the estimate is the finding's own, the CPU model's at that worker count
+        where it is the model's (at the suggested prefetch: none where the run evaluates every
+        few steps or leaves iterators before their end), None for the sweep's control and its
+        no-workers variant."""
+        if options.get("control") or (rule == LOADER and options.get("num_workers") == 0):
+            return None
+        if self.for_workers(rule, options) is None:
+            return self.spread.get(rule)
+        n, metrics = options["num_workers"], self.loader or {}
+        los, his = metrics.get("saving_lo_by_workers"), metrics.get("saving_hi_by_workers")
+        if (metrics.get("eval_every_steps") or metrics.get("cut_iterators_per_step")
+                or not isinstance(los, list) or not isinstance(his, list)
+                or not 1 <= n <= min(len(los), len(his))):
+            return None
+        return [los[n - 1], his[n - 1]]
+
     def together(self, specs: Iterable[dict[str, Any]]) -> tuple[float | None, str]:
         """The estimate (%) of the fixes in `specs` applied together, and how it was made (MODEL
         or SUM); None where no fix in it has an estimate."""
