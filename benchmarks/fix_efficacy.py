@@ -309,9 +309,11 @@ def try_main(args: argparse.Namespace) -> None:
                 if v.get("estimated_pct") is None or v.get("measured_pct") is None:
                     continue
                 vlo, vhi = v["ci_pct"]
+                spread = v.get("estimated_spread_pct")
+                within = f" ({spread[0]:.1f}-{spread[1]:.1f} % in its run)" if spread else ""
                 print(f"{'':14s} {'  · ' + _count(v['change']):22s} {v['estimated_pct']:7.1f} % "
                       f"{v['measured_pct']:+.1f} % [{vlo:+.1f}, {vhi:+.1f}]".ljust(75)
-                      + target_mark(v), flush=True)
+                      + target_mark(v) + within, flush=True)
             if r.get("workers_pct") is not None:
                 # The worker variant also set the intra-op threads: its two parts (try.json).
                 wlo, whi = r["workers_ci_pct"]

@@ -84,10 +84,11 @@ def main() -> int:
     if not folders:
         print("no try.json below " + ", ".join(map(str, args.dirs)), file=sys.stderr)
         return 2
-    print(f"{'run':40s} {'n':>2s} {'now':>7s} {'then':>7s} {'measured [95 % CI]':>26s} "
-          f"{'ref':>6s} target")
+    print(f"{'run':40s} {'n':>2s} {'now':>7s} {'spread now':>13s} {'then':>7s} "
+          f"{'measured [95 % CI]':>26s} {'ref':>6s} target")
     errors: dict[int, list[float]] = {}
     hits = total = 0
+    inside = spreads = 0  # rows claiming a saving whose measured interval meets its spread
     for folder in folders:
         metrics = loader_metrics(folder)
         tried = json.loads((folder / "try.json").read_text())
@@ -114,9 +115,20 @@ def main() -> int:
                     errors.setdefault(n, []).append(est - measured)
                 name = "/".join(p for p in folder.parts[-3:] if p != "runs")
                 then_s = f"{then:6.1f}%" if isinstance(then, (int, float)) else "      -"
-                print(f"{name[-40:]:40s} {n:2d} {est:6.1f}% {then_s} "
+                spread = "            -"
+                los, his = metrics.get("saving_lo_by_workers"), metrics.get("saving_hi_by_workers")
+                if isinstance(los, list) and isinstance(his, list) and n <= min(len(los), len(his)):
+                    slo, shi = los[n - 1], his[n - 1]
+                    spread = f"{slo:5.1f}-{shi:5.1f}%"
+                    if shi > 0:  # a saving claimed: does the measurement's interval meet it?
+                        spreads += 1
+                        inside += slo <= hi and lo <= shi
+                print(f"{name[-40:]:40s} {n:2d} {est:6.1f}% {spread:>13s} {then_s} "
                       f"{measured:+7.1f}% [{lo:+6.1f}, {hi:+6.1f}] {ref:>6s} {mark}")
     print(f"within target or the right call: {hits} of {total}")
+    if spreads:
+        print(f"the measurement's 95 % interval meets the estimate's spread within its run: "
+              f"{inside} of {spreads} rows that claim a saving")
     for n, errs in sorted(errors.items()):
         print(f"num_workers={n}: estimate - measured, mean {statistics.mean(errs):+.1f} points, "
               f"median {statistics.median(errs):+.1f} over {len(errs)} runs (rounds at the "
