@@ -431,9 +431,10 @@ def _cpu_evidence(
     text += "."
     if model.spread is not None and model.saving > 0:
         lo, hi = model.spread
+        pairs = " and the worker's fetches" if model.worker_fetch_source == "worker" else ""
         text += (
-            f" Within this run's own noise (its steps, the thread steps and the probe's receives "
-            f"resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile)."
+            f" Within this run's own noise (its steps, the thread steps, the probe's receives"
+            f"{pairs} resampled) the saving is {lo:.1f}-{hi:.1f} % (5th to 95th percentile)."
         )
         low, high = severity_for(lo), severity_for(hi)
         if low != high:  # the severity is the estimate's; say where an identical run may land
