@@ -88,6 +88,11 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     iterable: bool = False
     worker_split: str = ""
     num_shards: int | None = None
+    # With 2 or more workers over an iterable dataset: the first batches of its first iterator
+    # digested, and how many were copies of one before them (capture/repeats): a stream every
+    # worker yields whole comes num_workers times.
+    checked_batches: int = 0
+    repeated_batches: int = 0
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):

@@ -23,6 +23,8 @@ Modules, one job each:
 * metadata   DataLoaders, optimizers, flags, environment -> RunMeta fields
 * iterable_split whether an IterableDataset's code splits its samples between DataLoader
              workers, and a Hugging Face streaming dataset's shards (read, not run)
+* repeats    the first batches of iterable datasets' loaders with workers: copies of earlier
+             ones, as workers that each yield the whole stream give them
 * dynamo     torch.compile over the whole run: compiles, recompiles (step, call, guard), breaks
 * loadprobe  the machine's load over the run: load average, other processes' CPU time
 * traces     the profiler and its trace files (tensorboard_trace_handler layout), each

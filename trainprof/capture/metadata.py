@@ -26,6 +26,7 @@ from trainprof.capture.compat import is_compiling
 from trainprof.capture.dynamo import DynamoWatch
 from trainprof.capture.loadprobe import LoadProbe, cpu_model, cpu_quota, usable_cpus
 from trainprof.capture.patching import Patches
+from trainprof.capture.repeats import RepeatWatch
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
 from trainprof.runmeta import (
@@ -86,6 +87,8 @@ class MetaCollector:
         self.grad_scaler_used = False
         self.compile_used = False
         self.dynamo = DynamoWatch(patches, user)
+        # the first batches of iterable datasets' loaders with workers (the fetch probe's)
+        self.repeats = RepeatWatch()
 
     # ----- constructors ----------------------------------------------------------------------
     def install(self) -> None:
@@ -141,7 +144,8 @@ class MetaCollector:
             if msgspec.structs.replace(
                 info, instances=seen.instances, iterators=seen.iterators,
                 iter_steps=seen.iter_steps, left_early=seen.left_early,
-                grad_off_iters=seen.grad_off_iters,
+                grad_off_iters=seen.grad_off_iters, checked_batches=seen.checked_batches,
+                repeated_batches=seen.repeated_batches,
             ) == seen:
                 seen.instances += 1
                 info = seen
@@ -167,6 +171,11 @@ class MetaCollector:
                     except Exception:  # metadata is best effort; the script must not notice
                         pass
             it = orig(loader)
+            if follow and info.iterable:
+                try:
+                    self.repeats.watch(it, info, int(loader.num_workers))
+                except Exception:  # metadata is best effort; the script must not notice
+                    pass
             if follow:
                 try:
                     iterable = isinstance(loader.dataset, IterableDataset)

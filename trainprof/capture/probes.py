@@ -129,6 +129,8 @@ def _install_fetch(patches: Patches, stepper: Stepper) -> None:
             stepper.on_fetch_end(self)
             if stepper.first_batch is None and not S.fetch_depth:
                 stepper.first_batch = batch_spec(batch)
+            if stepper.after_fetch is not None and not S.fetch_depth:
+                stepper.after_fetch(self, batch)
             return batch
 
         return __next__

@@ -225,6 +225,7 @@ class Session:
             )
         theirs = ScriptProfiler(stepper, prof, user, self.folder)
         collector.watch_steps(lambda: len(stepper.step_times))
+        stepper.after_fetch = collector.repeats.seen
         outcome = Outcome(1, "error", "trainprof: the script did not start\n")
         wall = 0.0
         started_at = _now()

@@ -168,6 +168,8 @@ class Stepper:
         # At the loop's fetch, after its step boundary: called by the fetch probe itself (one
         # frame below it: what runs there sees the loop's stack, capture/loaderfetch).
         self.before_fetch: Callable[[Any], None] | None = None
+        # After it, with the iterator and its batch (capture/repeats)
+        self.after_fetch: Callable[[Any, Any], None] | None = None
         # Around the prof.step() that closes a window (stops the collection, writes the trace):
         # the session's makes a Ctrl-C there wait for the trace to be saved.
         self.guard: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext

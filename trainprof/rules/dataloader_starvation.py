@@ -203,12 +203,13 @@ worker barely keeps up, their median decides its estimate; try_fakedata's 8-12 p
 medians of 1.41-1.61, 1.20-1.57 and 1.13-1.40 over resamples in three runs). The 5th and 95th
 percentiles are the finding's `saving_lo_pct` and `saving_hi_pct`, given in the evidence and
 beside the estimate in `trainprof try`; each worker count's, `saving_lo_by_workers` and
-`saving_hi_by_workers`, go beside the model's estimate for that count in `try`'s sweep. The severity stays the estimate's: taken
-from the low end, it flipped Lightning's example between low and high in four identical runs
-(the low end 0-25.3 % where the estimates were 11.9-27.3 %, high in all four by the estimate,
-`trainprof try` measuring 12.9-28 % in the benchmarks), as the 5th percentile of a few samples
-moves more than their median. It does not cover what moves between runs: the Hugging Face
-Trainer's example gave 0 to 14.9 % (high in one run, info in others) in identical runs one
+`saving_hi_by_workers`, go beside the model's estimate for that count in `try`'s sweep. The
+severity stays the estimate's: taken from the low end, it flipped Lightning's example between
+low and high in four identical runs (the low end 0-25.3 % where the estimates were 11.9-27.3 %,
+high in all four by the estimate, `trainprof try` measuring 12.9-28 % in the benchmarks), as the
+5th percentile of a few samples moves more than their median. It does not cover what moves
+between runs: the Hugging Face Trainer's example gave 0 to 14.9 % (high in one run, info in
+others) in identical runs one
 session, each spread 5-19 points wide and not overlapping (the machine moved between them), and
 0 % in all sixteen runs of the next. Where the spread crosses a severity line, the evidence says
 so ("That spans low to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM

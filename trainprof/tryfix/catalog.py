@@ -48,6 +48,8 @@ EDIT_THE_CODE = {
     "memory-pressure": "activation checkpointing, AMP or a smaller batch",
     "comm-bound": "DDP bucket sizes, no_sync() with accumulation",
     "gpu-idle": "move that CPU work off the step",
+    "iterable-duplicates": "split the IterableDataset's stream between workers in its __iter__ "
+    "(get_worker_info)",
 }
 
 # rules whose variants share one model-forward patch: never combined twice
