@@ -2,8 +2,9 @@
 a dataset that does not split its stream come with how to split it, and no more workers than a
 dataset split by shards has shards.
 
-The trace is a real CPU loop recorded here; the step, fetch and hand-over times are given in
-the metadata (as in test_dataloader_starvation_estimate), so the figures follow from them."""
+The trace is test_dataloader_starvation_estimate's CPU loop, recorded here; the loader's kind
+(iterable, how it splits), the step, fetch and hand-over times are given in the metadata, so the
+figures follow from them."""
 
 from __future__ import annotations
 
@@ -12,34 +13,12 @@ from pathlib import Path
 import msgspec
 import pytest
 from cpu_trace import record, with_meta
+from test_dataloader_starvation_estimate import LOOP
 
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta, write_meta
 from trainprof.tryfix.command import Trial, TryOptions, load_run
 
-LOOP = """
-import torch
-import torch.nn as nn
-from torch.utils.data import DataLoader, IterableDataset
-
-class Slow(IterableDataset):
-    def __iter__(self):
-        for i in range(10_000):
-            x = torch.zeros(16)
-            for k in range(16):
-                x[k] = float((i * k) % 7)
-            yield x, i % 4
-
-model = nn.Linear(16, 4)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-it = iter(DataLoader(Slow(), batch_size=16))
-
-def step(i):
-    x, y = next(it)
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
 IPC = LoaderIpc(receive_ms=0.5, worker_ms=1.0, startup_ms=50.0, tensors=2)
 SPLIT = "First split the stream"
 
