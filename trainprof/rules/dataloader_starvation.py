@@ -209,12 +209,11 @@ low and high in four identical runs (the low end 0-25.3 % where the estimates we
 high in all four by the estimate, `trainprof try` measuring 12.9-28 % in the benchmarks), as the
 5th percentile of a few samples moves more than their median. It does not cover what moves
 between runs: the Hugging Face Trainer's example gave 0 to 14.9 % (high in one run, info in
-others) in identical runs one
-session, each spread 5-19 points wide and not overlapping (the machine moved between them), and
-0 % in all sixteen runs of the next. Where the spread crosses a severity line, the evidence says
-so ("That spans low to medium: an identical run may rate it either way"): on a 2-core Zen 3 VM
-that example's estimate was 0.2-8.5 % in ten runs (`medium` eight times, `low` twice),
-`trainprof try` measuring +4.5 to +8.7 %.
+others) in identical runs one session, each spread 5-19 points wide and not overlapping (the
+machine moved between them), and 0 % in all sixteen runs of the next. Where the spread crosses a
+severity line, the evidence says so ("That spans low to medium: an identical run may rate it
+either way"): on a 2-core Zen 3 VM that example's estimate was 0.2-8.5 % in ten runs (`medium`
+eight times, `low` twice), `trainprof try` measuring +4.5 to +8.7 %.
 With workers already (n0 of them), only the waiting part of F leaves the loop (the receiving
 stays in its M = S minus the waiting), and the loop's fetch says nothing of the workers' work: a
 batch is not there because every worker is still making one, so they spend n0 S of their time
