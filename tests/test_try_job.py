@@ -113,7 +113,9 @@ def test_try_reruns_the_job_with_the_fix_in_every_rank(job: Path) -> None:
     loader = fixes["dataloader-starvation"]
     assert loader["change"].startswith("DataLoader(num_workers=1")
     assert loader["measured_pct"] is not None and "turns" not in loader
-    assert fixes["optimizer-foreach"]["switched"] and fixes["optimizer-foreach"]["measured_pct"]
+    # measured, whatever it measured (a fused update on a tiny model can round to -0.0 %)
+    assert fixes["optimizer-foreach"]["switched"]
+    assert fixes["optimizer-foreach"]["measured_pct"] is not None
     # Both ranks ran each round with the round's fixes: the script says what its loader has.
     log = (job / "try.log").read_text()
     assert " -m torch.distributed.run --standalone --nproc-per-node 2 " in log
