@@ -12,6 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from conftest import trace_path
 from cpu_trace import record, with_meta
 from test_dataloader_starvation_estimate import LOOP
 
@@ -123,3 +124,22 @@ def test_a_stream_that_workers_cannot_help_is_told_to_yield_batches(loop: Path, 
     f = _starvation(with_meta(loop, tmp_path, meta))
     assert "would not pay off" in f.title
     assert "yield whole batches from the dataset's __iter__" in f.fix and "sampler" not in f.fix
+
+
+NW0 = "kineto/samples/resnet50_num_workers_0/worker0.1623143089861.pt.trace.json.gz"
+
+
+@pytest.mark.parametrize(("shards", "suggested", "noted"), [(None, 2, False), (2, 2, False),
+                                                            (1, 1, True)])
+def test_a_gpu_runs_suggestion_stops_at_the_shards(tmp_path: Path, shards, suggested, noted):
+    """A real GPU trace (ResNet-50, num_workers=0): its fetch asks for 2 workers. A dataset of
+    one shard gets one, and the evidence says why; of two, the shards do not bind: no word."""
+    trace = trace_path(NW0)
+    (tmp_path / trace.name).symlink_to(trace)
+    write_meta(RunMeta(cpu_count=16, dataloaders=[_stream(worker_split="get_worker_info",
+                                                          num_shards=shards)]), tmp_path)
+    f = _starvation(tmp_path)
+    assert f.metrics["suggested_num_workers"] == suggested
+    assert f"num_workers={suggested}," in f.fix
+    assert ("workers beyond 1 get none" in f.evidence) is noted
+    assert f.est_saving_pct == pytest.approx(33.9, abs=0.2)  # one worker keeps up with the GPU

@@ -643,6 +643,9 @@ class Estimate:
     # `suggest` workers still leave the loop; 0 and 0.0 where they keep up.
     need: int = 0
     left_wait: float = 0.0
+    # The shards of a dataset split by them (analysis/loader_streams) held `suggest` below what
+    # the model or the fetch alone asked for
+    shard_bound: bool = False
 
     @property
     def starving(self) -> float:
@@ -705,9 +708,12 @@ def estimate(
         saving = fetch * q
     wait = share * q
     receive = share - wait if split is not None else 0.0
+    shards = loader_streams.shard_cap(ctx.meta.dataloaders) if ctx.meta else None
     if model is not None:
+        by_n = model.fixed_by_workers
+        free = 1 + min(range(len(by_n)), key=by_n.__getitem__) if by_n else model.workers
         return Estimate(share, saving, model, model.workers, split, wait, receive,
-                        receive_saving, plain)
+                        receive_saving, plain, shard_bound=bool(shards) and free > model.workers)
     # Without a CPU model: enough workers to produce one batch per compute-only step, from the
     # steps without the profiler where the run timed them (the profiler inflates a Python-heavy
     # fetch), at most the CPUs (this rank's share of them: RunMeta.cpus_per_rank).
@@ -720,9 +726,9 @@ def estimate(
     # suggested_max_num_workers leaves it too)
     cap = max(1, cpus - 1) if cpus else 8
     suggest = max(2, min(need, cap))
-    shards = loader_streams.shard_cap(ctx.meta.dataloaders) if ctx.meta else None
-    if shards:  # workers past a dataset's shards get none of it
-        suggest = min(suggest, shards)
+    bound = bool(shards) and shards < suggest
+    if bound:  # workers past a dataset's shards get none of it
+        suggest = shards
     left = 0.0
     if need > suggest and ctx.gpu_timeline:
         # Fewer workers than that hand a batch over every f / n and the loop waits the rest:
@@ -730,4 +736,4 @@ def estimate(
         left = max(0.0, f / suggest - compute)
         saving = min(saving, (f - left) / total * ctx.mean_step_us)
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
-                    need if need > suggest else 0, left)
+                    need if need > suggest else 0, left, bound)

@@ -646,7 +646,7 @@ def check(ctx: Context) -> list[Finding]:
     loaders = ctx.meta.dataloaders if ctx.meta else []
     unsplit = loader_streams.unsplit(loaders)
     shards = loader_streams.shard_cap(loaders)
-    few_shards = bool(shards and suggest == shards and shards < (cpus or 8))  # not the CPUs
+    few_shards = bool(shards) and est.shard_bound
     if few_shards:
         evidence += loader_streams.shard_note(shards)
     no_gain = model is not None and model.saving <= 0
