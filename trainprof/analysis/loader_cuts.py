@@ -63,12 +63,17 @@ def evaluation_loader(d: DataLoaderInfo, loaders: Sequence[DataLoaderInfo]) -> b
         grad_off(x) for x in loaders if x.location == d.location)
 
 
+def training_loaders(loaders: Sequence[DataLoaderInfo]) -> list[DataLoaderInfo]:
+    """The loaders that feed the training steps: all but the evaluation loaders
+    (`evaluation_loader`), or every loader where none is told apart."""
+    return [d for d in loaders if not evaluation_loader(d, loaders)] or list(loaders)
+
+
 def training_workers(loaders: Sequence[DataLoaderInfo]) -> int:
     """The most workers a loader that feeds the training steps has: an evaluation loader's
-    workers (`evaluation_loader`) neither feed the steps nor say what the training loader's
-    workers do; every loader's where none is told apart. 0 without loaders."""
-    training = [d for d in loaders if not evaluation_loader(d, loaders)] or list(loaders)
-    return max((d.num_workers for d in training), default=0)
+    workers neither feed the steps nor say what the training loader's workers do. 0 without
+    loaders."""
+    return max((d.num_workers for d in training_loaders(loaders)), default=0)
 
 
 def cuts(loaders: Sequence[DataLoaderInfo]) -> list[Cut]:

@@ -14,25 +14,27 @@ from trainprof.analysis import loader_cuts
 from trainprof.runmeta import DataLoaderInfo
 
 
-def _training(loaders: Sequence[DataLoaderInfo]) -> list[DataLoaderInfo]:
-    return [d for d in loaders if not loader_cuts.evaluation_loader(d, loaders)] or list(loaders)
-
-
 def unsplit(loaders: Sequence[DataLoaderInfo]) -> list[DataLoaderInfo]:
     """The training loaders over an iterable dataset not seen to split its stream."""
-    return [d for d in _training(loaders) if d.iterable and not d.worker_split]
+    return [d for d in loader_cuts.training_loaders(loaders) if d.iterable and not d.worker_split]
 
 
 def shard_cap(loaders: Sequence[DataLoaderInfo]) -> int | None:
     """The most workers that get any of a training loader's stream: the fewest shards of a
     dataset that splits by shards (None: no such cap)."""
-    caps = [d.num_shards for d in _training(loaders) if d.iterable and d.num_shards]
+    caps = [d.num_shards for d in loader_cuts.training_loaders(loaders)
+            if d.iterable and d.num_shards]
     return min(caps) if caps else None
+
+
+def dataset_names(found: Sequence[DataLoaderInfo]) -> str:
+    """The loaders' datasets by class name, each once."""
+    return ", ".join(sorted({d.dataset or "the dataset" for d in found}))
 
 
 def unsplit_fix(found: Sequence[DataLoaderInfo], workers: int) -> str:
     """The fix's caveat for `workers` workers over datasets that do not split their stream."""
-    names = ", ".join(sorted({d.dataset or "the dataset" for d in found}))
+    names = dataset_names(found)
     return (
         f"\nFirst split the stream: {names} is an IterableDataset whose code never asks "
         f"torch.utils.data.get_worker_info(), so each of the {workers} workers would run all of "

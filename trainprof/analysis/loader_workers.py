@@ -400,11 +400,13 @@ class _Draw:
 
 
 def cpu_model(
-    ctx: Context, fetch: float, k: float, cores: int, wait_share: float = 1.0
+    ctx: Context, fetch: float, k: float, cores: int, wait_share: float = 1.0,
+    shards: int | None = None,
 ) -> CpuModel | None:
     """The CPU estimate (None without unprofiled steps in the metadata). `wait_share`: the part
     of the fetch that workers take off the loop (1 with num_workers=0; with workers, the waiting
-    for them: the receiving stays the loop's own work)."""
+    for them: the receiving stays the loop's own work); `shards`: the most workers a dataset
+    split by shards feeds (analysis/loader_streams; None: no such cap)."""
     if ctx.unprofiled_step_us is None:
         return None
     timed = step_threads(ctx)
@@ -412,8 +414,7 @@ def cpu_model(
     # the script leaves before their end
     have = workers(ctx) or 0
     found = loader_cuts.cuts(ctx.meta.dataloaders) if have == 0 else []
-    # A dataset split by shards feeds no more workers than it has shards
-    most = min(max(cores, 1), loader_streams.shard_cap(ctx.meta.dataloaders) or cores)
+    most = min(max(cores, 1), shards or cores)
 
     def solve(draw: _Draw) -> CpuModel:
         return _model(ctx, draw, fetch, k, cores, wait_share, timed, found, have, most)
@@ -643,9 +644,9 @@ class Estimate:
     # `suggest` workers still leave the loop; 0 and 0.0 where they keep up.
     need: int = 0
     left_wait: float = 0.0
-    # The shards of a dataset split by them (analysis/loader_streams) held `suggest` below what
-    # the model or the fetch alone asked for
-    shard_bound: bool = False
+    # The shards of a dataset split by them (analysis/loader_streams), where they held
+    # `suggest` below what the model or the fetch alone asked for (else None)
+    held_by_shards: int | None = None
 
     @property
     def starving(self) -> float:
@@ -681,6 +682,8 @@ def estimate(
         split = None  # no frames: the whole fetch counts, as for a loader without workers
     q = split.wait_share(ctx) if split is not None else 1.0
     share = ctx.pct(fetch)
+    # A dataset split by shards feeds no more workers than it has shards
+    shards = loader_streams.shard_cap(ctx.meta.dataloaders) if ctx.meta else None
     # The fetch without the profiler, which inflates a Python-heavy fetch many times over (1.36
     # ms profiled vs 0.10 ms unprofiled per step with 4 workers on an H100): timed by the run at
     # every step.
@@ -698,7 +701,7 @@ def estimate(
         if split is not None:
             rest = None if plain is None else plain * (1 - q)
             receive_saving = _gpu_saving(ctx, split.receive_spans, rest)
-    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus, q)) is not None:
+    elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus, q, shards)) is not None:
         if plain is None:  # older metadata: the fetch's traced share, the profiler taken out
             share = 100 * unprofiled.share(ctx, fetch, ctx.dataloader_spans)
         # A share of the unprofiled step, handed over in the profiled step's units (as `finding`
@@ -708,12 +711,12 @@ def estimate(
         saving = fetch * q
     wait = share * q
     receive = share - wait if split is not None else 0.0
-    shards = loader_streams.shard_cap(ctx.meta.dataloaders) if ctx.meta else None
     if model is not None:
-        by_n = model.fixed_by_workers
-        free = 1 + min(range(len(by_n)), key=by_n.__getitem__) if by_n else model.workers
+        by_n = model.fixed_by_workers  # the count the model picks without the shards' cap
+        free = min(range(1, len(by_n) + 1), key=lambda n: by_n[n - 1], default=model.workers)
         return Estimate(share, saving, model, model.workers, split, wait, receive,
-                        receive_saving, plain, shard_bound=bool(shards) and free > model.workers)
+                        receive_saving, plain,
+                        held_by_shards=shards if free > model.workers else None)
     # Without a CPU model: enough workers to produce one batch per compute-only step, from the
     # steps without the profiler where the run timed them (the profiler inflates a Python-heavy
     # fetch), at most the CPUs (this rank's share of them: RunMeta.cpus_per_rank).
@@ -726,9 +729,9 @@ def estimate(
     # suggested_max_num_workers leaves it too)
     cap = max(1, cpus - 1) if cpus else 8
     suggest = max(2, min(need, cap))
-    bound = bool(shards) and shards < suggest
-    if bound:  # workers past a dataset's shards get none of it
-        suggest = shards
+    held = shards if shards is not None and shards < suggest else None
+    if held is not None:  # workers past a dataset's shards get none of it
+        suggest = held
     left = 0.0
     if need > suggest and ctx.gpu_timeline:
         # Fewer workers than that hand a batch over every f / n and the loop waits the rest:
@@ -736,4 +739,4 @@ def estimate(
         left = max(0.0, f / suggest - compute)
         saving = min(saving, (f - left) / total * ctx.mean_step_us)
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
-                    need if need > suggest else 0, left, bound)
+                    need if need > suggest else 0, left, held)

@@ -645,12 +645,11 @@ def check(ctx: Context) -> list[Finding]:
         evidence += _split_evidence(est)
     loaders = ctx.meta.dataloaders if ctx.meta else []
     unsplit = loader_streams.unsplit(loaders)
-    shards = loader_streams.shard_cap(loaders)
-    few_shards = bool(shards) and est.shard_bound
-    if few_shards:
+    shards = est.held_by_shards
+    if shards is not None:
         evidence += loader_streams.shard_note(shards)
     no_gain = model is not None and model.saving <= 0
-    if no_gain and n_workers == 0 and few_shards:
+    if no_gain and n_workers == 0 and shards is not None:
         title = (f"DataLoader fetching takes {share:.0f} % of the step, but the dataset's "
                  f"{shards} shard(s) feed too few workers")
         fix = loader_streams.reshard_fix(shards)

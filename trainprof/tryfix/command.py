@@ -133,7 +133,7 @@ def _stream_notes(options: dict, loaders: list[DataLoaderInfo]) -> list[str]:
     found = loader_streams.unsplit(loaders) if n > 1 else []
     if not found:
         return []
-    names = ", ".join(sorted({d.dataset or "the dataset" for d in found}))
+    names = loader_streams.dataset_names(found)
     return [f"{names} (an IterableDataset) is not seen to split its samples between workers: "
             f"in these rounds each of the {n} workers ran all of it. The step is timed as a "
             "split dataset's would be; split it before you keep the change, or a stream read "
