@@ -14,7 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import trainprof
-from trainprof.capture.threadsteps import CYCLES
+from trainprof.analysis.loader_workers import thread_blocks
+from trainprof.capture import loaderfetch, threadsteps
+from trainprof.capture.threadsteps import BLOCKS, CYCLES
 from trainprof.runmeta import RunMeta
 
 
@@ -68,6 +70,39 @@ def test_steps_after_the_window_run_round_robin(tmp_path: Path, two_threads):
     assert any("ran with fewer intra-op threads" in n for n in run.diagnosis.notes)
     page = (tmp_path / "run" / "report.html").read_text(encoding="utf-8")
     assert "ran with 1 intra-op thread(s) instead of 2" in page  # the step chart's note
+
+
+@pytest.mark.slow
+def test_a_run_that_goes_on_times_later_blocks(tmp_path: Path, two_threads, monkeypatch):
+    """Later blocks (up to BLOCKS) start once the worker's fetch pairs (capture/loaderfetch) and
+    their settling steps are over and LATER_S has passed (0 here), each round-robin like the
+    first, and the worker times another session of pairs after each: block, pairs, block, pairs.
+    Their one-thread steps and the pairs' steps are left out of the statistics too, and the
+    estimate says it pooled the blocks."""
+    monkeypatch.setattr(threadsteps, "LATER_S", 0.0)
+    run = _train(tmp_path / "run", batches=160)
+    meta = run.meta
+    blocks = thread_blocks(meta.thread_steps)
+    assert len(blocks) == BLOCKS
+    for block in blocks:
+        first = block[0][0]
+        assert block == [[first + k, 2 if k % 2 == 0 else 1] for k in range(2 * CYCLES)]
+    # The pairs' steps: one span per session, each between two blocks or after the last.
+    disturbed = meta.worker_fetch_steps
+    spans = [[s for s in disturbed if lo < s < hi] for lo, hi in zip(
+        [b[-1][0] for b in blocks], [b[0][0] for b in blocks[1:]] + [len(meta.step_times_s)],
+        strict=True)]  # fmt: skip
+    assert all(spans) and sum(map(len, spans)) == len(disturbed)
+    assert all(span == list(range(span[0], span[-1] + 1)) for span in spans)
+    assert meta.loader_ipc is not None
+    assert meta.loader_ipc.worker_fetch_batches == len(meta.loader_ipc.worker_fetch_ratio_all)
+    assert meta.loader_ipc.worker_fetch_batches > loaderfetch.PAIRS  # pooled over the sessions
+    assert [run.seen[s] for s, _ in meta.thread_steps] == [t for _, t in meta.thread_steps]
+    assert set(run.seen[blocks[-1][-1][0] + 1 :]) == {2} and torch.get_num_threads() == 2
+    assert meta.fewer_thread_steps() == {s for s, t in meta.thread_steps if t == 1}
+    (f,) = [f for f in run.diagnosis.findings if f.rule == "dataloader-starvation"]
+    assert f"timed on {BLOCKS * CYCLES} of the run's steps run with fewer threads" in f.evidence
+    assert f", in {BLOCKS} blocks over " in f.evidence
 
 
 @pytest.mark.slow

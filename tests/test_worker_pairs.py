@@ -351,6 +351,53 @@ def test_the_steps_it_disturbs_and_max_steps(monkeypatch: pytest.MonkeyPatch):
     assert late.steps(30) == [] and late.skipped.startswith("--max-steps left no steps")
 
 
+def test_a_later_session_of_pairs(monkeypatch: pytest.MonkeyPatch):
+    """Sessions: after a session's PAIRS the worker stops and, where more are allowed, the pairs
+    wait between sessions (settled once SETTLE steps have passed) until `again` says a later one
+    may begin (capture/threadsteps ended another block); its worker is forked anew at the loop's
+    next fetch, its steps a span of their own, its pairs pooled with the first's."""
+    it = iter(DataLoader(TwoCosts(main_s=0.0, worker_s=0.0005, n=8 * 80), batch_size=8))
+    done = [10]
+    again = [False]
+    pairs = loaderfetch.WorkerPairs(
+        lambda: True, lambda: True, lambda: (it, 0.001), steps_done=lambda: done[0],
+        again=lambda: again[0], sessions=2,
+    )  # fmt: skip
+    monkeypatch.setattr(S, "enabled", True)
+
+    def step() -> None:
+        boundary(pairs, it)
+        done[0] += 1
+
+    try:
+        while pairs.state != "between":
+            step()
+            assert done[0] < 40
+        stop = done[0] - 1  # the first session's worker stopped before this step
+        assert len(pairs.pairs) == loaderfetch.PAIRS and pairs.sessions == 1
+        assert not pairs.settled(done[0])
+        for _ in range(loaderfetch.SETTLE + 3):
+            step()
+        assert pairs.settled(done[0]) and pairs.state == "between"  # `again` not yet
+        settled = stop + loaderfetch.SETTLE
+        assert pairs.steps(done[0]) == list(range(10, settled))
+        again[0] = True
+        start = done[0]
+        while pairs.state != "done":
+            step()
+            assert done[0] < 80
+    finally:
+        pairs.close()
+    assert pairs.sessions == 2 and len(pairs.pairs) == 2 * loaderfetch.PAIRS
+    steps = pairs.steps(done[0] + loaderfetch.SETTLE)
+    later = [s for s in steps if s >= start]
+    assert later and later[0] == start and later == list(range(start, later[-1] + 1))
+    assert steps[: settled - 10] == list(range(10, settled))
+    assert not set(range(settled, start)) & set(steps)  # the plain steps between
+    worker, ratio, n, why = pairs.figures()
+    assert why == "" and n == 2 * loaderfetch.PAIRS and ratio > 1
+
+
 @pytest.mark.slow
 def test_pairs_with_the_training_loader_after_an_evaluation_pass(tmp_path: Path):
     """The loader paired is the one the steps fetch from when the window ends, not the first

@@ -11,11 +11,18 @@ asserts.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from cpu_trace import record, with_meta
 
-from trainprof.analysis.loader_workers import eval_ahead, fixed_step, step_with, thread_scale
+from trainprof.analysis.loader_workers import (
+    eval_ahead,
+    fixed_step,
+    step_threads,
+    step_with,
+    thread_scale,
+)
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta
 from trainprof.tryfix.estimates import MODEL, SUM, estimates
@@ -326,6 +333,44 @@ def test_thread_steps_are_paired_with_their_neighbours(loop: Path, tmp_path: Pat
     # M(1) = 10 x 1.2. The medians of each count (15 / 10) would say 1.5.
     assert f.metrics["compute_ms_with_fix"] == pytest.approx(12.0)
     assert f.metrics["fixed_step_ms"] == pytest.approx(12.5)
+
+
+def test_later_blocks_of_thread_steps_are_pooled(loop: Path, tmp_path: Path):
+    """A run that goes on times a block again later (capture/threadsteps): this VM's speed moves
+    in stretches of seconds, and one block samples one. Each block is cut where its steps stop
+    following each other; its first step is left out, and its one-thread steps are paired with
+    the run's-count steps of the same block only (never across the seconds between blocks)."""
+    steps, fetch = [20.0] * 80, [10.0] * 80
+    threads = _block(steps, {k: 18.0 for k in range(1, 16, 2)})  # first block: 1.8x
+    later = [[s, 2 if k % 2 == 0 else 1] for k, s in enumerate(range(50, 66))]
+    for k, (s, _) in enumerate(later):
+        steps[s] = 10.0 + (12.0 if k % 2 else 10.0)  # second block: 1.2x
+    steps[49] = steps[66] = 10.0 + 40.0  # slow steps just outside it: no neighbours of its own
+    meta = _meta(steps, fetch, LoaderIpc(receive_ms=0.5, worker_ms=1.0, tensors=2))
+    meta.thread_steps = threads + later
+    f = _starvation(with_meta(loop, tmp_path / "blocks", meta))
+    # 16 ratios, 8 at 1.8 and 8 at 1.2: the median 1.5, M(1) = 15; the loop's path 15.5.
+    assert f.metrics["compute_ms_with_fix"] == pytest.approx(15.0)
+    assert f.metrics["fixed_step_ms"] == pytest.approx(15.5)
+    # 14 of 16 steps each left their own first; 1-thread steps: 8 per block, all paired.
+    assert "timed on 16 of the run's steps run with fewer threads" in f.evidence
+    span = sum(steps[14:66]) / 1000
+    assert f", in 2 blocks over {span:.0f} s of the run" in f.evidence
+    # One block alone says nothing of blocks.
+    meta.thread_steps = threads
+    g = _starvation(with_meta(loop, tmp_path / "one", meta))
+    assert g.metrics["compute_ms_with_fix"] == pytest.approx(18.0)
+    assert "blocks over" not in g.evidence
+    # The pairs stay inside their block: with the second block's steps twice as fast, the
+    # first block's last one-thread step (29) is taken against step 28 alone, not against 28
+    # and the second block's first step of the run's count.
+    for s in range(50, 66):
+        steps[s] = 10.0 + (steps[s] - 10.0) / 2
+    meta = _meta(steps, fetch, None)
+    meta.thread_steps = threads + later
+    timed = step_threads(SimpleNamespace(meta=meta))
+    assert timed is not None and timed.blocks == 2 and timed.steps == 16
+    assert timed.ratios[1] == pytest.approx([1.8] * 8 + [1.2] * 8)
 
 
 def test_fewer_threads_make_the_model_no_faster(loop: Path, tmp_path: Path):

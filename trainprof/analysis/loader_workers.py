@@ -125,6 +125,8 @@ class CpuModel:
     # them in `thread_steps`), "copy" (a copy of the model timed after the run), "" (neither).
     threads_source: str = ""
     thread_steps: int = 0
+    thread_blocks: int = 0  # the blocks those steps ran in, over `thread_span_s` of the run
+    thread_span_s: float = 0.0
     # The fetch as a worker does it (the removable fetch where nothing timed that): the workers'
     # work in the model. `worker_fetch_source`: "worker" (a worker fetching the script's batches
     # between its steps), "threads" (the run's steps with one thread), "workers" (the loader's
@@ -263,15 +265,19 @@ MIN_THREAD_STEPS = 3  # steps per thread count from which the run's own times ar
 @dataclass(frozen=True)
 class StepThreads:
     """The run's steps run round-robin with other intra-op thread counts (capture/threadsteps),
-    evaluation passes and the block's first step left out. Each step with another count is
-    taken against the steps with the run's count on either side of it (its step minus its fetch
-    over theirs): `ratios` per other count; `fetch_ms` ({threads: ms}) the median fetch per
-    count; `steps`: how many ran with another count than the run's (the block's first, `run`)."""
+    in one block or several, evaluation passes and each block's first step left out. Each step
+    with another count is taken against the steps with the run's count on either side of it in
+    its block (its step minus its fetch over theirs): `ratios` per other count; `fetch_ms`
+    ({threads: ms}) the median fetch per count; `steps`: how many ran with another count than the
+    run's (each block's first, `run`); `blocks` and `span_s`, the run's seconds from the first
+    block's start to the last one's end."""
 
     fetch_ms: dict[int, float]
     steps: int
     run: int
     ratios: dict[int, list[float]] = field(default_factory=dict)
+    blocks: int = 1
+    span_s: float = 0.0
 
     def fetch_ratio(self) -> float:
         """The fetch with one thread (as a DataLoader worker runs it: torch sets one there) over
@@ -279,6 +285,16 @@ class StepThreads:
         cheaper: below 1 is the noise between steps). 1 where one thread was not timed."""
         one, run = self.fetch_ms.get(1), self.fetch_ms.get(self.run)
         return max(one / run, 1.0) if one and run else 1.0
+
+
+def thread_blocks(steps: list[list[int]]) -> list[list[list[int]]]:
+    """`thread_steps` cut into its blocks: a step that does not follow the one before begins one."""
+    blocks: list[list[list[int]]] = []
+    for s, t in steps:
+        if not blocks or s != blocks[-1][-1][0] + 1:
+            blocks.append([])
+        blocks[-1].append([s, t])
+    return blocks
 
 
 def step_threads(ctx: Context) -> StepThreads | None:
@@ -290,39 +306,47 @@ def step_threads(ctx: Context) -> StepThreads | None:
     times, fetches = meta.step_times_s, meta.fetch_times_s
     evals = set(meta.eval_steps)
     run = meta.thread_steps[0][1]
-    # The block's first step is the first after the profiling window, where the profiler stops
-    # and a DataLoader worker may be forked (capture/loaderfetch): the Hugging Face Trainer's
-    # example took 39-56 ms there against 10-16 ms in the rest of the block, in six runs.
-    block = [
-        (s, t, 1000 * max(times[s] - fetches[s], 0.0), 1000 * fetches[s])
-        for s, t in meta.thread_steps[1:]
-        if s not in evals and s < min(len(times), len(fetches))
-    ]
-    ours = [(s, rest) for s, t, rest, _ in block if t == run]
+    blocks = thread_blocks(meta.thread_steps)
     ratios: dict[int, list[float]] = {}
     fetch: dict[int, list[float]] = {}
-    for s, t, rest, f in block:
-        fetch.setdefault(t, []).append(f)
-        if t == run:
-            continue
-        # Paired with its neighbours, not the medians of each count: a machine whose speed
-        # drifts during the block moves a step and its neighbours alike (the Hugging Face
-        # Trainer's example: the ratio's 5-95 % spread over resamples 0.91-1.49 as medians,
-        # 1.08-1.20 paired).
-        before = [r for j, r in ours if j < s][-1:]
-        after = [r for j, r in ours if j > s][:1]
-        near = before + after
-        if near and np.mean(near) > 0:
-            ratios.setdefault(t, []).append(rest / float(np.mean(near)))
-    if len(ours) < MIN_THREAD_STEPS or not ratios:
+    ours_all = 0
+    for block in blocks:
+        # A block's first step: the first block's is the first after the profiling window,
+        # where the profiler stops and a DataLoader worker may be forked (capture/loaderfetch):
+        # the Hugging Face Trainer's example took 39-56 ms there against 10-16 ms in the rest of
+        # the block, in six runs. A later block's is left out alike (one rule for all).
+        timed = [
+            (s, t, 1000 * max(times[s] - fetches[s], 0.0), 1000 * fetches[s])
+            for s, t in block[1:]
+            if s not in evals and s < min(len(times), len(fetches))
+        ]
+        ours = [(s, rest) for s, t, rest, _ in timed if t == run]
+        ours_all += len(ours)
+        for s, t, rest, f in timed:
+            fetch.setdefault(t, []).append(f)
+            if t == run:
+                continue
+            # Paired with its neighbours, not the medians of each count: a machine whose speed
+            # drifts during the block moves a step and its neighbours alike (the Hugging Face
+            # Trainer's example: the ratio's 5-95 % spread over resamples 0.91-1.49 as medians,
+            # 1.08-1.20 paired).
+            before = [r for j, r in ours if j < s][-1:]
+            after = [r for j, r in ours if j > s][:1]
+            near = before + after
+            if near and np.mean(near) > 0:
+                ratios.setdefault(t, []).append(rest / float(np.mean(near)))
+    if ours_all < MIN_THREAD_STEPS or not ratios:
         return None
     if min(len(v) for v in ratios.values()) < MIN_THREAD_STEPS:
         return None
+    first, last = blocks[0][0][0], min(blocks[-1][-1][0], len(times) - 1)
     return StepThreads(
         fetch_ms={t: float(np.median(v)) for t, v in fetch.items()},
         steps=sum(len(v) for v in ratios.values()),
         run=run,
         ratios=ratios,
+        blocks=len(blocks),
+        span_s=float(sum(times[first : last + 1])),
     )
 
 
@@ -555,6 +579,8 @@ def _model(
         threads=max(1, cores - best), fixed=by_n[best - 1], compute=compute(best),
         run_threads=run_threads if scale else 0, threads_source=source,
         thread_steps=timed.steps if timed and source == "steps" else 0, worker_fetch=fwk,
+        thread_blocks=timed.blocks if timed and source == "steps" else 0,
+        thread_span_s=timed.span_s if timed and source == "steps" else 0.0,
         worker_fetch_source=fetch_source, warm=warm, pace=pace, run_compute=m,
         compute_by_workers=[compute(n) for n in range(1, max(cores, 1) + 1)], cores=max(cores, 1),
         fixed_by_workers=by_n,

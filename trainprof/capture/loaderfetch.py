@@ -63,7 +63,12 @@ try` measured over 17 benchmark runs, the measured step a median 0.88 of the wor
 and 0.95 of the probe's fetch alone; by hand a second batch straight after the first took
 0.93-0.98 of it. Up to PAIRS pairs within BUDGET_S of pauses (each pause two of the worker's
 fetches); fewer than MIN_PAIRS (the script ended, the worker failed: the reason is kept): no
-figure. The dataset's __getitem__ and collate run in the
+figure. A run that goes on times another session after each later block of thread steps
+(capture/threadsteps, up to its BLOCKS; `again` says when), with a worker forked anew and other
+batches, its steps a span of their own; the ratios are pooled. One session is a few seconds of
+this VM, whose speed moves in stretches: try_fakedata's 700-step runs timed ratios of 1.2-1.4 in
+one session and 2.0-2.4 in half the pairs of another (its estimate 10.6 % against 24.7-27.2 in
+the three runs beside it). The dataset's __getitem__ and collate run in the
 forked worker as the fix would run them. Each batch comes back as a fix's worker hands it over
 (shared memory, a file descriptor per tensor), where it is tensors, arrays and plain values in
 lists, tuples and mappings (`sendable`: anything else could fail to pickle in the worker's queue,
@@ -167,9 +172,12 @@ class _TimedBatches(torch.utils.data.Dataset):
     VM's vCPUs can differ in speed for seconds at a time, try_jpeg's worker measuring 1.7-1.9x
     and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
-    def __init__(self, src: Source, batches: int, gate: Any, cpu: Any, stop: Any) -> None:
+    def __init__(
+        self, src: Source, batches: int, gate: Any, cpu: Any, stop: Any, offset: int = 0
+    ) -> None:
         self.src = src
         self.batches = batches  # items: the source holds at least twice as many batches
+        self.offset = offset  # item i fetches pair offset + i (of the source's, around again)
         self.gate = gate
         self.cpu = cpu
         self.stop = stop  # set: the pairs are over, the item asked for is not fetched
@@ -186,13 +194,14 @@ class _TimedBatches(torch.utils.data.Dataset):
         if self.cpu.value >= 0:
             with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
                 os.sched_setaffinity(0, {self.cpu.value})
+        first = 2 * ((self.offset + i) % max(self._pairs(), 1))
         t0 = time.perf_counter()
-        batch = self._fetch(2 * i)
+        batch = self._fetch(first)
         took = time.perf_counter() - t0
         # The next batch straight after, as a fix's worker fetches batch after batch on a core
         # of its own (its caches warm), where the first came after the loop's step (cold).
         t0 = time.perf_counter()
-        self._fetch(2 * i + 1)
+        self._fetch(first + 1)
         warm = time.perf_counter() - t0
         # The hand-over off the loop's CPU again, as a fix's worker's: the queue's feeder thread
         # and the resource sharer's, started by this thread, would inherit the pin, and a
@@ -201,6 +210,11 @@ class _TimedBatches(torch.utils.data.Dataset):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.allowed)
         return took, warm, batch if sendable(batch) else None
+
+    def _pairs(self) -> int:
+        """The source's batches, two by two."""
+        size = self.src.batch_size or 1
+        return len(self.src.dataset) // size // 2
 
     def _fetch(self, i: int) -> Any:
         """Batch i of the source, collated as a fetcher does."""
@@ -262,8 +276,14 @@ class WorkerPairs:
         enabled: bool = True,
         steps_done: Callable[[], int] = lambda: 0,
         max_steps: int = 0,
+        again: Callable[[], bool] = lambda: False,
+        sessions: int = 1,
     ) -> None:
         self.ready = ready
+        self.again = again  # a later session may begin (capture/threadsteps ended another block)
+        self.most = sessions  # sessions at most
+        self.sessions = 0  # sessions begun (a worker forked, or about to be)
+        self.spans: list[tuple[int, int]] = []  # (first, stopped) of the sessions ended
         self.wanted = wanted
         self.last_fetch = last_fetch
         self.enabled = enabled
@@ -282,7 +302,9 @@ class WorkerPairs:
         self._cpu: Any = None  # where the worker fetches next (a shared int)
         self._stop: Any = None  # a shared flag: the worker's pending item is not fetched
         self._src: Source | None = None
-        self._wanted = 0
+        self._wanted = 0  # pairs this session times
+        self._got = 0  # pairs this session timed
+        self._offset = 0  # the worker's first item: later sessions fetch other batches
         self._timeout = TIMEOUT_S
         self._skip = 0  # pairs still to leave out (SKIP)
         self._threads = 0  # the run's intra-op threads when the worker was forked
@@ -296,6 +318,10 @@ class WorkerPairs:
                 self.skipped = "worker_fetch = false in the config"
                 self.state = "done"
             elif self.ready():
+                self._start()
+            return
+        if self.state == "between":
+            if self.again():
                 self._start()
             return
         if self.state == "forking":
@@ -337,12 +363,13 @@ class WorkerPairs:
             self._skip -= 1
             return
         self.pairs.append((loop_s, worker))
+        self._got += 1
         if worker > 0:
             self.warm.append(warm / worker)
         if waited and batch_sent:
             self.received.append(received)
-        if len(self.pairs) >= self._wanted:
-            self.close()
+        if self._got >= self._wanted:
+            self.close(complete=True)
 
     def _room(self, step: int) -> bool:
         """Whether the worker may be stopped at the boundary before `step` and leave, after the
@@ -350,16 +377,28 @@ class WorkerPairs:
         Nothing is done at a boundary that would leave no room to stop at the next one."""
         return not self.max_steps or self.max_steps - step - SETTLE >= TIMED_AFTER
 
+    def settled(self, ended: int) -> bool:
+        """Whether, with `ended` steps done, no session runs and the steps the last one disturbed
+        are over (SETTLE after its worker stopped): what runs next at a boundary times the loop
+        alone."""
+        if self.state not in ("between", "done"):
+            return False
+        return self.stopped is None or ended >= self.stopped + SETTLE
+
     def steps(self, ended: int) -> list[int]:
-        """The steps of the run's `ended` so far that the worker's fetches disturbed: from its
-        fork to SETTLE steps after it stopped (RunMeta.worker_fetch_steps)."""
-        if self.first is None:
-            return []
-        end = ended if self.stopped is None else min(ended, self.stopped + SETTLE)
-        return list(range(self.first, end))
+        """The steps of the run's `ended` so far that the worker's fetches disturbed: in each
+        session, from its fork to SETTLE steps after it stopped (RunMeta.worker_fetch_steps)."""
+        spans = list(self.spans)
+        if self.first is not None and self.stopped is None:
+            spans.append((self.first, ended))
+        out: list[int] = []
+        for first, stopped in spans:
+            out.extend(range(first, min(ended, stopped + SETTLE)))
+        return sorted(set(out))
 
     def _start(self) -> None:
         self.state = "done"
+        self.first = self.stopped = None
         if not self.wanted():  # a GPU run, workers already, fetches too short to matter
             self.skipped = "when the profiling window ended, no CPU loop's fetches to time"
             return
@@ -384,8 +423,9 @@ class WorkerPairs:
             self.skipped = f"the dataset's length is not known ({_why(err)})"
             return
         fetch = max(last[1], 1e-6)
-        items = batches // 2 - WARM - SKIP  # two batches each, none fetched twice
+        items = batches // 2 - WARM - SKIP  # two batches each, none fetched twice in a session
         self._wanted = min(PAIRS, items, int(BUDGET_S / (2 * WORKER_COST * fetch)))
+        self._got = 0
         if self._wanted < MIN_PAIRS:
             self.skipped = (
                 "the dataset holds too few batches" if items < MIN_PAIRS
@@ -408,6 +448,7 @@ class WorkerPairs:
         if src is None or getattr(it, "_dataset", None) is not src.dataset:
             return  # another loader's fetch (evaluation): the training loop's next one
         self.state = "running"
+        self.sessions += 1
         self.first = self.steps_done()  # this fetch's step
         try:
             self._gate = multiprocessing.get_context("fork").Semaphore(0)
@@ -416,7 +457,7 @@ class WorkerPairs:
             with _unseen():
                 self._it = iter(torch.utils.data.DataLoader(
                     _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu,
-                                  self._stop),
+                                  self._stop, self._offset),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=self._timeout,
@@ -429,11 +470,14 @@ class WorkerPairs:
             self.close()
             return
         self._skip = SKIP
+        self._offset += WARM + SKIP + self._wanted
 
-    def close(self) -> None:
-        """Stop the worker (the pairs are done, or the script ended during them)."""
+    def close(self, complete: bool = False) -> None:
+        """Stop the worker (the session's pairs are done, `complete`; or the script ended during
+        them, or they cannot go on). A complete session leaves room for another (`again`)."""
         if self.first is not None and self.stopped is None:  # (a fork that failed: stopped too)
             self.stopped = self.steps_done()
+            self.spans.append((self.first, self.stopped))
         it, self._it = self._it, None
         if self._stop is not None and self._gate is not None:
             # The worker waits at the gate for the item it prefetched: let it through, unfetched.
@@ -448,7 +492,7 @@ class WorkerPairs:
             except Exception:  # noqa: BLE001,S110 - a worker already gone
                 pass
         self._src = None
-        self.state = "done"
+        self.state = "between" if complete and self.sessions < self.most else "done"
 
     def figures(self) -> tuple[float | None, float | None, int, str]:
         """(the worker's median fetch in s, the median ratio to the loop's, pairs, why none)."""

@@ -201,7 +201,7 @@ class Session:
         from trainprof.capture.probes import install_probes
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
-        from trainprof.capture.threadsteps import ThreadSteps, cpu_loop_fetches
+        from trainprof.capture.threadsteps import BLOCKS, ThreadSteps, cpu_loop_fetches
         from trainprof.capture.traces import TraceWriter, make_profiler, worker_name
         from trainprof.capture.userframe import UserCode
         from trainprof.capture.userprof import ScriptProfiler
@@ -317,15 +317,17 @@ class Session:
         threads = ThreadSteps(
             window_done, stepper.step_times, stepper.fetch_times, loader_workers,
             usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
+            lambda: pairs.settled(len(stepper.step_times)),  # later blocks wait for the pairs
         )  # fmt: skip
 
         def threads_done() -> bool:  # the pairs wait for the thread steps (capture/loaderfetch)
-            return window_done() and threads.state == "done"
+            return window_done() and threads.first_done
 
         pairs = WorkerPairs(
             threads_done,
             lambda: cpu_loop_fetches(stepper.step_times, stepper.fetch_times, loader_workers()),
             stepper.fetched, cfg.worker_fetch, lambda: len(stepper.step_times), stepper.max_steps,
+            lambda: threads.ended > pairs.sessions, BLOCKS,  # a session after each later block
         )  # fmt: skip
 
         phase = PhaseRef(window_done, cpu_run, lambda: len(stepper.step_times))

@@ -23,11 +23,24 @@ in the config. The worker that times the script's fetch between steps (capture/l
 starts only after the block: its pauses come after steps with the run's count, and beside the
 block they fell on every step with fewer threads (the Hugging Face example's one-thread model
 1.06-1.12x the two-thread one in six runs with them there, 0.97-1.10x in six without).
+
+A run that goes on runs the block again, up to BLOCKS in all, each at least LATER_S after the
+previous one ended and after the worker's pairs (and their settling steps) are done: this VM's
+speed moves in stretches of seconds to tens of seconds, and one block of about a second samples
+one of them. try_fakedata's model, 1600 steps alternating 2 and 1 threads, twice (794 pairs each):
+the one-thread step over its neighbours was 1.30 and 1.44 over all pairs; the median of one block
+of 8 pairs, wherever it fell in the run's first quarter, 0.21-1.50 and 1.22-1.60 (5th to 95th
+percentile; the first run had a stretch of 30 s where 2 threads took twice 1 thread's time), of
+three blocks 10 s apart 0.49-1.55 and 1.33-1.57; the kept runs of stops 54-55, one block each,
+ranged 1.07-1.69. Later blocks are run like the first (the same counts, CYCLES rounds, fewer
+where --max-steps leaves less room, none under MIN_CYCLES) and only where the run's count is
+still the first block's; each starts with the run's count, its steps' pairs stay inside it.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 
 import torch
@@ -40,6 +53,8 @@ from trainprof.capture.state import S
 
 CYCLES = 8  # rounds of the counts; 2 cores: 16 steps, 8 of them with one thread
 MIN_CYCLES = 3  # fewer rounds are not run (dataloader-starvation needs 3 steps per count)
+BLOCKS = 3  # blocks at most in a run
+LATER_S = 10.0  # seconds at least from the end of one block to the start of the next
 
 
 class ThreadSteps:
@@ -54,6 +69,7 @@ class ThreadSteps:
         cores: int,
         max_steps: int = 0,
         enabled: bool = True,
+        may_resume: Callable[[], bool] = lambda: True,
     ) -> None:
         self.profiling_done = profiling_done
         self.step_times = step_times  # the stepper's lists, read as they grow
@@ -62,12 +78,23 @@ class ThreadSteps:
         self.cores = cores
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.enabled = enabled  # `thread_steps` in the config
-        self.cycles = CYCLES
+        self.may_resume = may_resume  # a later block may start (the worker's pairs are done)
+        self.cycles = CYCLES  # rounds of the running block
         self.pid = os.getpid()
         self.order: list[int] = []  # counts in a round, the run's first
-        self.steps: list[list[int]] = []  # [step, threads] of every step of the block
+        self.steps: list[list[int]] = []  # [step, threads] of every step of every block
+        self.blocks = 0  # blocks begun
+        self.ended = 0  # blocks that ran all their rounds
+        self.complete = False  # the first block ran all its rounds (no copy of the model timed)
+        self.ended_at = 0.0  # perf_counter at the end of the latest block
+        self._begun = 0  # len(steps) where the running block began
         self.set_to: int | None = None  # what this module set for the running step
-        self.state = "waiting"  # waiting -> running -> done
+        self.state = "waiting"  # waiting -> running -> between -> running ... -> done
+
+    @property
+    def first_done(self) -> bool:
+        """The first block ended, or none will run (the worker's pairs may begin)."""
+        return self.state in ("between", "done")
 
     def after_step(self) -> None:
         """Called at every step boundary (capture/stepper on_step), before the next step."""
@@ -77,36 +104,57 @@ class ThreadSteps:
             if not self.profiling_done():
                 return
             self.order = self._counts()
-            if self.order and self.max_steps:
-                # Keep TIMED_AFTER steps with the run's count beside the block's: the step
-                # without the profiler is timed on those.
-                left = self.max_steps - len(self.step_times) - TIMED_AFTER
-                self.cycles = min(CYCLES, left // len(self.order))
-            if not self.order or self.cycles < MIN_CYCLES:
+            if not self._begin():
                 self.state = "done"
                 return
-            self.state = "running"
+        elif self.state == "between":
+            if time.perf_counter() - self.ended_at < LATER_S or not self.may_resume():
+                return
+            if torch.get_num_threads() != self.order[0] or self._counts() != self.order:
+                self.state = "done"  # the script changed its count, or the loop now has workers
+                return
+            if not self._begin():
+                self.state = "done"
+                return
         elif torch.get_num_threads() != self.set_to:  # the script set its own: it stands
             self.steps.pop()
             self.state = "done"
             return
-        k = len(self.steps)
+        k = len(self.steps) - self._begun
         if k >= self.cycles * len(self.order):
-            self.restore()
-            self.state = "done"
+            self._end_block()
             return
         count = self.order[k % len(self.order)]
         torch.set_num_threads(count)
         self.set_to = count
         self.steps.append([len(self.step_times), count])
 
-    @property
-    def complete(self) -> bool:
-        """Every round of the block ran (the copy of the model need not be timed after the run)."""
-        return bool(self.order) and len(self.steps) >= self.cycles * len(self.order)
+    def _begin(self) -> bool:
+        """Start a block at this boundary if its rounds fit (False: no more blocks)."""
+        if not self.order or self.blocks >= BLOCKS:
+            return False
+        self.cycles = CYCLES
+        if self.max_steps:
+            # Keep TIMED_AFTER steps with the run's count beside the block's: the step without
+            # the profiler is timed on those.
+            left = self.max_steps - len(self.step_times) - TIMED_AFTER
+            self.cycles = min(CYCLES, left // len(self.order))
+        if self.cycles < MIN_CYCLES:
+            return False
+        self.blocks += 1
+        self._begun = len(self.steps)
+        self.state = "running"
+        return True
+
+    def _end_block(self) -> None:
+        self.restore()
+        self.complete = self.complete or self.blocks == 1
+        self.ended += 1
+        self.ended_at = time.perf_counter()
+        self.state = "between" if self.blocks < BLOCKS else "done"
 
     def restore(self) -> None:
-        """The run's count back (end of the block, or the script ended inside it)."""
+        """The run's count back (end of a block, or the script ended inside one)."""
         if self.state == "running" and self.order and torch.get_num_threads() == self.set_to:
             torch.set_num_threads(self.order[0])
         if self.state == "running":

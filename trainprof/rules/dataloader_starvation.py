@@ -378,6 +378,10 @@ def _cpu_evidence(
                 f"timed on {model.thread_steps} of the run's steps run with fewer threads after "
                 "the profiled window, interleaved with steps with its own"
             )
+            if model.thread_blocks > 1:
+                how += (
+                    f", in {model.thread_blocks} blocks over {model.thread_span_s:.0f} s of the run"
+                )
         text += (
             f" The rest of the step, {ms(model.step - model.removable)} with {threads} threads, "
             f"would take about {ms(model.compute)} with {model.threads} ({how})."
