@@ -32,7 +32,7 @@ the one-thread step over its neighbours was 1.30 and 1.44 over all pairs; the me
 of 8 pairs, wherever it fell in the run's first quarter, 0.21-1.50 and 1.22-1.60 (5th to 95th
 percentile; the first run had a stretch of 30 s where 2 threads took twice 1 thread's time), of
 three blocks 10 s apart 0.49-1.55 and 1.33-1.57; the kept runs of stops 54-55, one block each,
-ranged 1.07-1.69. Later blocks are run like the first (the same counts, CYCLES rounds, fewer
+ranged 0.51-1.69. Later blocks are run like the first (the same counts, CYCLES rounds, fewer
 where --max-steps leaves less room, none under MIN_CYCLES) and only where the run's count is
 still the first block's; each starts with the run's count, its steps' pairs stay inside it.
 """
