@@ -103,6 +103,12 @@ def test_a_run_that_goes_on_times_later_blocks(tmp_path: Path, two_threads, monk
     (f,) = [f for f in run.diagnosis.findings if f.rule == "dataloader-starvation"]
     assert f"timed on {BLOCKS * CYCLES} of the run's steps run with fewer threads" in f.evidence
     assert f", in {BLOCKS} blocks over " in f.evidence
+    # A job's rank (torchrun's RANK and WORLD_SIZE): the first block only, as every rank runs it
+    # from the same step; later ones would start at each rank's own moment.
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    rank = _train(tmp_path / "rank", batches=160).meta
+    assert len(thread_blocks(rank.thread_steps)) == 1 and rank.worker_fetch_steps
 
 
 @pytest.mark.slow

@@ -366,8 +366,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     thread_steps: list[list[int]] = []
     # Steps run while a DataLoader worker forked in the loop's fetch timed its fetches of the
     # script's batches at step boundaries (capture/loaderfetch: from the step whose fetch forked
-    # it to a few steps after it stopped; once per session, a long run's later ones too). The loop's steps are slower then (try_mlp: 0.45-0.55
-    # ms against 0.36-0.40 after and without them): left out of the statistics (altered_steps).
+    # it to a few steps after it stopped; once per session, a long run's later ones too). The
+    # loop's steps are slower then (try_mlp: 0.45-0.55 ms against 0.36-0.40 after and without
+    # them): left out of the statistics (altered_steps).
     # Empty otherwise and in older metadata.
     worker_fetch_steps: list[int] = []
     # [step, seconds] of a fixed piece of work timed at the boundary after that step, from the

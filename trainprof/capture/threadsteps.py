@@ -35,6 +35,9 @@ three blocks 10 s apart 0.49-1.55 and 1.33-1.57; the kept runs of stops 54-55, o
 ranged 0.51-1.69. Later blocks are run like the first (the same counts, CYCLES rounds, fewer
 where --max-steps leaves less room, none under MIN_CYCLES) and only where the run's count is
 still the first block's; each starts with the run's count, its steps' pairs stay inside it.
+Not in a job's ranks (`may_resume`, capture/session): each would start its later blocks at its
+own moment, and ranks that wait for each other at every step would time each other's thread
+counts; the first block begins at the same step in every rank (after the window).
 """
 
 from __future__ import annotations
