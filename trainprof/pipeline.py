@@ -110,10 +110,10 @@ def diagnose_path(
 
     files = find_traces(path)
     if len(files) > 1:
-        from trainprof.ranks import report_skipped
+        from trainprof.ranks import lockstep_metas, report_skipped
         from trainprof.ranks.load import diagnose_files
 
-        metas = [meta_for(f) for f in files]
+        metas = lockstep_metas(files, [meta_for(f) for f in files])
         results, skipped = diagnose_files(files, metas, select, ignore)
         diags = [r.diagnosis for r in results]
         if skipped:

@@ -371,6 +371,12 @@ class RunMeta(msgspec.Struct, kw_only=True):
     # them): left out of the statistics (altered_steps).
     # Empty otherwise and in older metadata.
     worker_fetch_steps: list[int] = []
+    # A job's rank: the steps in which another rank ran trainprof's probes (its thread steps,
+    # its worker's timed fetches) and this one did not. Ranks that wait for each other at every
+    # step wait through those too (accelerate's two CPU ranks: 8-15 ms steps on the rank beside
+    # the pauses, 3-7 ms on the rank that paused): left out of the statistics (altered_steps).
+    # Set when the job is diagnosed (ranks.lockstep_metas), not recorded.
+    peer_probe_steps: list[int] = []
     # [step, seconds] of a fixed piece of work timed at the boundary after that step, from the
     # profiling window's end, on CPU runs (capture/phaseref): how fast the machine ran then, for
     # the estimates that combine the run's steps with after-run probes (analysis/phase). Empty
@@ -441,8 +447,10 @@ class RunMeta(msgspec.Struct, kw_only=True):
     def altered_steps(self) -> set[int]:
         """Steps that are no plain training steps of the run: evaluation passes, steps run with
         another intra-op thread count than the run's (thread_steps), and steps run while a
-        DataLoader worker timed its fetches (worker_fetch_steps)."""
-        return set(self.eval_steps) | self.fewer_thread_steps() | set(self.worker_fetch_steps)
+        DataLoader worker timed its fetches (worker_fetch_steps), here or, in a job, on another
+        rank (peer_probe_steps)."""
+        return (set(self.eval_steps) | self.fewer_thread_steps() | set(self.worker_fetch_steps)
+                | set(self.peer_probe_steps))
 
     def fewer_thread_steps(self) -> set[int]:
         """The steps of `thread_steps` run with another count than the run's."""

@@ -7,6 +7,8 @@ every rank forms the k-th job view. Anything else is diagnosed trace by trace, a
 
 Pipeline (one module per job):
 
+- `lockstep_metas` (here), before anything is diagnosed: each rank's metadata given the steps in
+  which another rank paused for trainprof's probes (RunMeta.peer_probe_steps).
 - `load`: every trace diagnosed in its own worker process (one per core); a worker returns the
   rank's Diagnosis and a few small arrays, never the Trace.
 - `comm`: per-trace communication time, and the part no compute hides (also used by the
@@ -68,7 +70,8 @@ def diagnose_traces(
 
     own_select, own_ignore = _split_rules(select, ignore)
     results, skipped = diagnose_files(
-        files, metas, own_select, own_ignore, workers=workers, dask=dask, also=also
+        files, lockstep_metas(files, metas), own_select, own_ignore, workers=workers, dask=dask,
+        also=also,
     )
     if extras is not None:
         extras.update((r.diagnosis.trace, r.extra) for r in results if r.extra is not None)
@@ -101,6 +104,33 @@ def diagnose_traces(
             out.append(r.diagnosis)
     if skipped:
         report_skipped(skipped, out[0])
+    return out
+
+
+def lockstep_metas(
+    files: list[Path] | list[str], metas: list[RunMeta | None]
+) -> list[RunMeta | None]:
+    """`metas`, each rank of a job (traces in one folder, one world size above 1) given the steps
+    in which its other ranks ran trainprof's probes and it did not (RunMeta.peer_probe_steps):
+    ranks that wait for each other at every step wait through another's pauses. Whether a rank
+    runs them is its own decision (its fetches' share of its steps, near the line in a small
+    job), so one rank of a job may run them and another not."""
+    import msgspec
+
+    jobs: dict[tuple[str, int], dict[int, set[int]]] = {}
+    for f, m in zip(files, metas, strict=True):
+        if m is not None and (m.world_size or 1) > 1 and m.rank is not None:
+            probed = m.fewer_thread_steps() | set(m.worker_fetch_steps)
+            jobs.setdefault((_folder(str(f)), m.world_size or 1), {})[m.rank] = probed
+    out = list(metas)
+    for i, (f, m) in enumerate(zip(files, metas, strict=True)):
+        ranks = jobs.get((_folder(str(f)), m.world_size or 1)) if m is not None else None
+        if m is None or not ranks or m.rank is None or len(ranks) < 2:
+            continue
+        own = ranks[m.rank]
+        peers = set().union(*(s for r, s in ranks.items() if r != m.rank)) - own
+        if peers:
+            out[i] = msgspec.structs.replace(m, peer_probe_steps=sorted(peers))
     return out
 
 
