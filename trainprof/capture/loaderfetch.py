@@ -173,11 +173,13 @@ class _TimedBatches(torch.utils.data.Dataset):
     and 0.6-0.8x the loop's fetch in stretches, 1.0-1.15x pinned)."""
 
     def __init__(
-        self, src: Source, batches: int, gate: Any, cpu: Any, stop: Any, offset: int = 0
+        self, src: Source, batches: int, gate: Any, cpu: Any, stop: Any, offset: int = 0,
+        pairs: int = 0,
     ) -> None:
         self.src = src
         self.batches = batches  # items: the source holds at least twice as many batches
-        self.offset = offset  # item i fetches pair offset + i (of the source's, around again)
+        # item i fetches the source's pair of batches offset + i, around again past its `pairs`
+        self.offset, self.pairs = offset, max(pairs, 1)
         self.gate = gate
         self.cpu = cpu
         self.stop = stop  # set: the pairs are over, the item asked for is not fetched
@@ -194,7 +196,7 @@ class _TimedBatches(torch.utils.data.Dataset):
         if self.cpu.value >= 0:
             with contextlib.suppress(OSError):  # a CPU no longer allowed: wherever it is
                 os.sched_setaffinity(0, {self.cpu.value})
-        first = 2 * ((self.offset + i) % max(self._pairs(), 1))
+        first = 2 * ((self.offset + i) % self.pairs)
         t0 = time.perf_counter()
         batch = self._fetch(first)
         took = time.perf_counter() - t0
@@ -210,11 +212,6 @@ class _TimedBatches(torch.utils.data.Dataset):
             with contextlib.suppress(OSError):
                 os.sched_setaffinity(0, self.allowed)
         return took, warm, batch if sendable(batch) else None
-
-    def _pairs(self) -> int:
-        """The source's batches, two by two."""
-        size = self.src.batch_size or 1
-        return len(self.src.dataset) // size // 2
 
     def _fetch(self, i: int) -> Any:
         """Batch i of the source, collated as a fetcher does."""
@@ -305,6 +302,7 @@ class WorkerPairs:
         self._wanted = 0  # pairs this session times
         self._got = 0  # pairs this session timed
         self._offset = 0  # the worker's first item: later sessions fetch other batches
+        self._pairs = 0  # the source's batches, two by two
         self._timeout = TIMEOUT_S
         self._skip = 0  # pairs still to leave out (SKIP)
         self._threads = 0  # the run's intra-op threads when the worker was forked
@@ -426,6 +424,7 @@ class WorkerPairs:
         items = batches // 2 - WARM - SKIP  # two batches each, none fetched twice in a session
         self._wanted = min(PAIRS, items, int(BUDGET_S / (2 * WORKER_COST * fetch)))
         self._got = 0
+        self._pairs = batches // 2  # the source's batches, two by two (later sessions go around)
         if self._wanted < MIN_PAIRS:
             self.skipped = (
                 "the dataset holds too few batches" if items < MIN_PAIRS
@@ -457,7 +456,7 @@ class WorkerPairs:
             with _unseen():
                 self._it = iter(torch.utils.data.DataLoader(
                     _TimedBatches(src, WARM + SKIP + self._wanted, self._gate, self._cpu,
-                                  self._stop, self._offset),
+                                  self._stop, self._offset, self._pairs),
                     batch_size=None,
                     num_workers=1, prefetch_factor=1, multiprocessing_context="fork",
                     timeout=self._timeout,

@@ -318,11 +318,9 @@ class Session:
             window_done, stepper.step_times, stepper.fetch_times, loader_workers,
             usable_cpus(cpu_quota()) or 1, stepper.max_steps, cfg.thread_steps,
             # Later blocks wait for the pairs; none in a job's ranks (capture/threadsteps).
-            lambda: pairs.settled(len(stepper.step_times)) and single_process(),
+            lambda: pairs.settled(len(stepper.step_times)),
+            lambda: (metadata.distributed()[1] or 1) == 1,
         )  # fmt: skip
-
-        def single_process() -> bool:
-            return (metadata.distributed()[1] or 1) == 1
 
         def threads_done() -> bool:  # the pairs wait for the thread steps (capture/loaderfetch)
             return window_done() and threads.first_done

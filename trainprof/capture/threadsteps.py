@@ -35,9 +35,9 @@ three blocks 10 s apart 0.49-1.55 and 1.33-1.57; the kept runs of stops 54-55, o
 ranged 0.51-1.69. Later blocks are run like the first (the same counts, CYCLES rounds, fewer
 where --max-steps leaves less room, none under MIN_CYCLES) and only where the run's count is
 still the first block's; each starts with the run's count, its steps' pairs stay inside it.
-Not in a job's ranks (`may_resume`, capture/session): each would start its later blocks at its
-own moment, and ranks that wait for each other at every step would time each other's thread
-counts; the first block begins at the same step in every rank (after the window).
+Not in a job's ranks (`alone`, asked as a block ends, not at every step): each would start its
+later blocks at its own moment, and ranks that wait for each other at every step would time each
+other's thread counts; the first block begins at the same step in every rank (after the window).
 """
 
 from __future__ import annotations
@@ -73,6 +73,7 @@ class ThreadSteps:
         max_steps: int = 0,
         enabled: bool = True,
         may_resume: Callable[[], bool] = lambda: True,
+        alone: Callable[[], bool] = lambda: True,
     ) -> None:
         self.profiling_done = profiling_done
         self.step_times = step_times  # the stepper's lists, read as they grow
@@ -82,13 +83,13 @@ class ThreadSteps:
         self.max_steps = max_steps  # > 0: the run ends there (--max-steps)
         self.enabled = enabled  # `thread_steps` in the config
         self.may_resume = may_resume  # a later block may start (the worker's pairs are done)
+        self.alone = alone  # one process, not a job's rank: later blocks are allowed
         self.cycles = CYCLES  # rounds of the running block
         self.pid = os.getpid()
         self.order: list[int] = []  # counts in a round, the run's first
         self.steps: list[list[int]] = []  # [step, threads] of every step of every block
         self.blocks = 0  # blocks begun
         self.ended = 0  # blocks that ran all their rounds
-        self.complete = False  # the first block ran all its rounds (no copy of the model timed)
         self.ended_at = 0.0  # perf_counter at the end of the latest block
         self._begun = 0  # len(steps) where the running block began
         self.set_to: int | None = None  # what this module set for the running step
@@ -151,10 +152,16 @@ class ThreadSteps:
 
     def _end_block(self) -> None:
         self.restore()
-        self.complete = self.complete or self.blocks == 1
         self.ended += 1
         self.ended_at = time.perf_counter()
-        self.state = "between" if self.blocks < BLOCKS else "done"
+        later = self.blocks < BLOCKS and self.alone()
+        self.state = "between" if later else "done"
+
+    @property
+    def complete(self) -> bool:
+        """The first block ran all its rounds (the copy of the model need not be timed after the
+        run)."""
+        return self.ended > 0
 
     def restore(self) -> None:
         """The run's count back (end of a block, or the script ended inside one)."""

@@ -117,18 +117,22 @@ def lockstep_metas(
     job), so one rank of a job may run them and another not."""
     import msgspec
 
-    jobs: dict[tuple[str, int], dict[int, set[int]]] = {}
-    for f, m in zip(files, metas, strict=True):
-        if m is not None and (m.world_size or 1) > 1 and m.rank is not None:
-            probed = m.fewer_thread_steps() | set(m.worker_fetch_steps)
-            jobs.setdefault((_folder(str(f)), m.world_size or 1), {})[m.rank] = probed
+    # The job of each rank's metadata (None: not a rank), and each job's ranks' probed steps
+    keys = [
+        (_folder(str(f)), m.world_size) if m is not None and (m.world_size or 1) > 1
+        and m.rank is not None else None
+        for f, m in zip(files, metas, strict=True)
+    ]  # fmt: skip
+    jobs: dict[tuple[str, int | None], dict[int, set[int]]] = {}
+    for key, m in zip(keys, metas, strict=True):
+        if key is not None and m is not None and m.rank is not None:
+            jobs.setdefault(key, {})[m.rank] = m.fewer_thread_steps() | set(m.worker_fetch_steps)
     out = list(metas)
-    for i, (f, m) in enumerate(zip(files, metas, strict=True)):
-        ranks = jobs.get((_folder(str(f)), m.world_size or 1)) if m is not None else None
-        if m is None or not ranks or m.rank is None or len(ranks) < 2:
+    for i, (key, m) in enumerate(zip(keys, metas, strict=True)):
+        if key is None or m is None or m.rank is None:
             continue
-        own = ranks[m.rank]
-        peers = set().union(*(s for r, s in ranks.items() if r != m.rank)) - own
+        ranks = jobs[key]
+        peers = set().union(*(s for r, s in ranks.items() if r != m.rank)) - ranks[m.rank]
         if peers:
             out[i] = msgspec.structs.replace(m, peer_probe_steps=sorted(peers))
     return out
