@@ -14,6 +14,7 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.engine import (
     basis_note,
     cap_savings,
+    hold_by_loader,
     notes_for,
     on_basis,
     rank,
@@ -21,7 +22,7 @@ from trainprof.analysis.engine import (
 )
 from trainprof.analysis.model import Diagnosis, Finding, Steps
 from trainprof.errors import TrainprofError
-from trainprof.rules import Rule, all_rules, causes, rule_ids
+from trainprof.rules import INPUT, Rule, all_rules, causes, rule_ids
 from trainprof.runmeta import RunMeta
 from trainprof.trace.frames import display_location
 from trainprof.trace.model import Trace
@@ -103,6 +104,7 @@ def analyze_context(
         if f.location:
             f.location = _show(f.location, meta)
     mean_ms = ctx.mean_step_us / 1000.0
+    hold_by_loader(findings, ctx, {r.id for r in all_rules() if r.part == INPUT})
     cap_savings(findings, mean_ms)
     basis = saving_basis(ctx)
     on_basis(findings, basis)

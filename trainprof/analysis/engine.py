@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainprof.analysis import loader_bound
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import (
     BASIS_PROFILED,
@@ -39,6 +40,26 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
                 capped = severity_for(f.est_saving_pct)
                 f.severity = max(capped, f.severity, key=severity_rank)
         budget -= f.est_saving_ms_per_step
+
+
+def hold_by_loader(findings: list[Finding], ctx: Context, input_rules: set[str]) -> None:
+    """Where the DataLoader's workers set a CPU run's step (analysis/loader_bound), the findings
+    whose fixes shorten the loop's own work (every rule but `input_rules`) save nothing now: their
+    saving goes to metrics["unbound_saving_pct"] (what it would be once the workers keep up,
+    which `trainprof try` takes for fixes applied beside more workers), the evidence says why,
+    and the severity is "info"."""
+    held = loader_bound.bound(ctx)
+    if held is None:
+        return
+    for f in findings:
+        if f.rule in input_rules or f.est_saving_pct <= 0:
+            continue
+        f.metrics["unbound_saving_pct"] = round(f.est_saving_pct, 2)
+        f.metrics["loader_wait_pct"] = round(held.wait_pct, 2)
+        f.evidence += loader_bound.note(held, f.est_saving_pct)
+        f.est_saving_ms_per_step = 0.0
+        f.est_saving_pct = 0.0
+        f.severity = severity_for(0.0)
 
 
 def saving_basis(ctx: Context) -> SavingBasis:

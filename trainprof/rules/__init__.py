@@ -30,6 +30,14 @@ class Rule:
     # The GPU idle this rule explains, by cause (analysis/ledger.py): computed for every rule
     # whatever --select keeps, so that launch-bound and gpu-idle report only what is left.
     explains: Explains | None = None
+    # The part of a CPU run's step its fix shortens: LOOP, the training process's own work (its
+    # model, optimizer, Python), or INPUT, the DataLoader's fetching. Where the loader's workers
+    # set the step, a LOOP saving becomes waiting and is taken as none (analysis/loader_bound).
+    part: str = "loop"
+
+
+LOOP = "loop"
+INPUT = "input"
 
 
 @dataclass(frozen=True)

@@ -309,7 +309,7 @@ from trainprof.analysis.loader_workers import (
     workers,
 )
 from trainprof.analysis.model import Finding, severity_for
-from trainprof.rules import Rule
+from trainprof.rules import INPUT, Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace import intervals as iv
 
@@ -765,4 +765,5 @@ RULE = Rule(
     detects="The step waits for the DataLoader (num_workers=0, too few workers, slow transforms).",
     fix="num_workers>0, persistent_workers=True, pin_memory=True; lighter CPU transforms.",
     check=check,
+    part=INPUT,
 )

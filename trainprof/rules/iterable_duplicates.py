@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
-from trainprof.rules import Rule
+from trainprof.rules import INPUT, Rule
 from trainprof.rules._util import finding
 from trainprof.runmeta import DataLoaderInfo
 
@@ -90,4 +90,5 @@ RULE = Rule(
     "num_workers times).",
     fix="Split the stream in __iter__ by torch.utils.data.get_worker_info().",
     check=check,
+    part=INPUT,
 )

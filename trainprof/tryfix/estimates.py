@@ -55,6 +55,9 @@ class RunEstimates:
     # The metrics of the run's one dataloader-starvation finding where they hold its CPU model
     # (analysis/loader_workers.step_with), else None (a GPU run, several loaders, no finding).
     loader: dict[str, Any] | None = None
+    # % per rule where the loader's workers held a saving of the loop's own work at none
+    # (analysis/loader_bound: metrics["unbound_saving_pct"]): what it saves beside more workers
+    unbound: dict[str, float] = field(default_factory=dict)
 
     def suggested_workers(self) -> int | None:
         """The worker count the diagnosis suggested (its estimate is for that count)."""
@@ -104,7 +107,10 @@ class RunEstimates:
         n = loader["options"].get("num_workers") if loader else None
         if isinstance(n, int) and n >= 1 and self.loader is not None:
             step = float(self.loader["unprofiled_step_ms"])
-            others = sum(e for r in rules if r != LOADER and (e := self.est.get(r)) is not None)
+            # the loop's savings as they are once the workers keep up: the model says whether
+            # they do with `n` workers
+            others = sum(e for r in rules if r != LOADER
+                         and (e := self.unbound.get(r, self.est.get(r))) is not None)
             pct = self._loader_pct(n, others / 100 * step)
             if pct is not None:
                 return pct, MODEL
@@ -151,6 +157,9 @@ def estimates(run: Path) -> RunEstimates:
             else:
                 out.est.setdefault(f.rule, None)
             out.fix.setdefault(f.rule, f.fix)
+            unbound = f.metrics.get("unbound_saving_pct")
+            if isinstance(unbound, (int, float)):
+                out.unbound[f.rule] = out.unbound.get(f.rule, 0.0) + unbound
             if f.metrics.get("threads_modelled") == 1:
                 out.threads_modelled.add(f.rule)
             lo, hi = f.metrics.get("saving_lo_pct"), f.metrics.get("saving_hi_pct")
