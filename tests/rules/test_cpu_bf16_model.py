@@ -264,15 +264,16 @@ def test_without_the_steps_parts_or_model_times_the_curves_stand_in(cnn: Path, t
     assert "not timed: the model is too large" in f.evidence
 
 
-def test_a_loop_slower_than_the_probe_keeps_its_excess_with_the_fix(cnn: Path, tmp_path: Path):
-    """Forward + backward in the loop (7 ms) slower than the probe's fp32 copy (5 ms): the fix
-    saves the probe's 5 - 2 ms, the loop's extra 2 ms staying (measured switched, metrics_sync's
-    loop at 1.12x the probe kept it: crediting it said 19.9 % against +9.7 % and +8.2 %)."""
+def test_a_loop_slower_than_the_probe_saves_the_probes_ratio(cnn: Path, tmp_path: Path):
+    """Forward + backward in the loop (7 ms) slower than the probe's fp32 copy (5 ms): the loop's
+    excess shrinks with the fix in the probe's proportion, 7 x 2/5 = 2.8 ms with it (timed in the
+    loop, switched: try_fakedata 0.645x against the probe's 0.628x), not the probe's 5 - 2 ms
+    saved (which said 6.0 % against +9.3 % measured) nor all of the excess (7 - 2)."""
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0)
     (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
-    assert f.est_saving_pct == pytest.approx(100 * (5 - 2) / 10, abs=0.02)  # not 7 - 2, 50 %
-    assert f.metrics["fixed_model_ms_per_step"] == pytest.approx(4.0)
-    assert "7.0 ms, with the fix about 4.0 ms" in " ".join(f.evidence.split())
+    assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 2 / 5) / 10, abs=0.02)  # 42 %
+    assert f.metrics["fixed_model_ms_per_step"] == pytest.approx(2.8)
+    assert "7.0 ms, with the fix about 2.8 ms" in " ".join(f.evidence.split())
 
 
 def test_the_pair_at_the_scripts_threads_is_what_counts(cnn: Path, tmp_path: Path):
@@ -327,29 +328,22 @@ def test_work_outside_the_models_forward_and_backward_is_not_credited(tmp_path: 
     assert f.metrics["model_ms_per_step"] == pytest.approx(7.0 * g, abs=0.01)
 
 
-def test_the_probe_is_taken_at_the_steps_speed(cnn: Path, tmp_path: Path):
-    """The loop's model (7 ms) ran slower than the probe's fp32 copy (5 ms). Where a fixed piece
-    of work took 1.4x as long at the steps' boundaries as beside the probe (capture/phaseref),
-    a slow stretch slowed the steps: the probe's 3 ms saved count 1.4x, 4.2 ms, which is the
-    ratio's (the ratio caps it). Where it took as long, the loop's own extra stays with fp32
-    (the probe's 3 ms saved as timed), as without the timings."""
+def test_the_steps_speed_is_told_and_does_not_move_the_ratio(cnn: Path, tmp_path: Path):
+    """A fixed piece of work that took 1.4x as long at the steps' boundaries as beside the probe
+    (capture/phaseref): the steps ran in a slow stretch, M and the step with it; the probe's
+    ratio of M holds at either speed, and the evidence says how much slower they ran."""
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0,
                     model_phase_ref_ms=0.1)  # fmt: skip
     slow = _meta(probe)
     slow.phase_ref_s = [[i, 0.00014] for i in range(4, 12)]
     (f,) = _bf16(with_meta(cnn, tmp_path / "slow", slow))
     assert f.metrics["pace"] == pytest.approx(1.4)
-    assert f.metrics["fixed_model_ms_per_step"] == pytest.approx(2.8)
-    assert f.est_saving_pct == pytest.approx(100 * (7.0 - 2.8) / 10, abs=0.02)
-    assert "1.40x as long beside them" in " ".join(f.evidence.split())
-    slower = _meta(probe)  # 2x: the ratio's cap, 7 x (1 - 2/5) = 4.2 ms, not 3 x 2
-    slower.phase_ref_s = [[i, 0.0002] for i in range(4, 12)]
-    (f,) = _bf16(with_meta(cnn, tmp_path / "slower", slower))
     assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)
+    assert "1.40x as long beside them" in " ".join(f.evidence.split())
     same = _meta(probe)
     same.phase_ref_s = [[i, 0.0001] for i in range(4, 12)]
     for meta, name in ((same, "same"), (_meta(probe), "untimed")):
         (f,) = _bf16(with_meta(cnn, tmp_path / name, meta))
         assert f.metrics["pace"] == pytest.approx(1.0)
-        assert f.est_saving_pct == pytest.approx(100 * (5.0 - 2.0) / 10, abs=0.02)
+        assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)
         assert "as long beside them" not in f.evidence

@@ -33,35 +33,32 @@ step minus its DataLoader fetches and optimizer `step()`s (a closure given to st
 Lightning runs forward and backward there), a median over those steps, times the part of that time
 the recorded steps spend inside trainprof's `trainprof/forward` and `trainprof/backward` ranges
 (the loss, metrics, logging and the loop's Python are not the model's: the fix leaves them as they
-are). The fix saves what it saved in the probe, A - B (the probe's fp32 and bf16 times), taken at
-the steps' speed, and never more than the probe's ratio of the loop's own time: the saving is
-min((A - B) x pace, M x (1 - B / A)) over the median step. The pace is how much slower the machine
-ran the unprofiled steps than the probe: a fixed piece of work (about 0.1 ms of Python between
-small tensor ops) is timed at the step boundaries after the profiling window and after each of
-the probe's pairs (the least, as A and B are least times; capture/phaseref), and each step is
-divided by the reference at its boundaries over the probe's (analysis/phase; 1 with fewer than 5
-such steps or in older metadata). A shared VM's speed moves by up to 1.7x in stretches of 10 ms
-to seconds: Lightning's example once ran its 5 unprofiled steps at 9.3-9.7 ms against 5.7-6.6 ms
-in an identical run, and with the probe's times as timed the estimate came out at 11.1 % against
-+2.2 % measured. Where the loop's fp32 model ran slower than its copy in the probe (M > A x pace:
-1-19 % on a Zen 3 EPYC, most where the DataLoader fetches in the main process between steps), that
-excess stays with the fix, as `try` measured it switching the fix between steps (tryfix/switch,
-intervals 2-10 points wide, an AMX-BF16 Xeon): metrics_sync's ResNet, its loop 1.12x the probe,
-+9.7 % [+5.5, +15.7] and +8.2 % [+0.0, +15.5] measured, where crediting the excess to the fix
-(M - B x pace, this rule's model before) said 19.9 %, the ratio alone 12.1 % and this 10.8 %;
-quickstart and try_fakedata, 1.07x, +6.6 and +9.5 % measured: 7.1 and 9.9, 6.3 and 9.1, 5.9 and
-8.5 (one earlier measurement in separate rounds on an AVX512 EPYC, quickstart, had pointed the
-other way: 13.9 % measured, 10.8 % crediting the excess, 8.0 % the ratio). A model that runs
-slower in bf16 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x)
-gets no finding. Not
-modelled: the fix shortens the rest of the step a little too. try_fakedata's CNN (a 30-55 ms
-FakeData fetch in the loop; fixed malloc thresholds, blocks of 7 steps alternated by hand): the
-model's forward + backward saved 4.8-5.0 ms a step, as the probe's A - B (4.5-4.7 ms in the
-benchmarks), the whole step 7.4-7.8 ms; 64 samples fetched right after a bf16 channels-last
-forward + backward took 1-3 % less than after an fp32 one (its activations twice the bytes: a
-cold piece of Python 7-8 % slower after fp32), what the fix does to the caches the rest of the
-step runs in. The estimate stays under the measured saving there (6.8 % against +11.2 %): a
-fetch timed after the model, in the probe, would be the script's own fetch run again. All
+are). The fix saves the probe's ratio of the loop's own model time: M x (1 - B / A), A and B the
+probe's fp32 and bf16 times. Where the loop's fp32 model runs slower than its copy in the probe
+(cold caches between the loop's fetches: 1.0-1.2x), that excess shrinks with the fix in the same
+proportion: both sides timed in the loop, switched in blocks of 8 steps (an AVX512-BF16 Zen 5
+EPYC, 2026-11-30), try_fakedata's forward + backward took 4.49 ms in fp32 and 2.89 ms with the
+fix, 0.645x, against 3.62 and 2.30 ms in the probe, 0.628x (the probe's A - B, 1.35 ms, was
+taken before as the saving, and said 6.0 % against +9.3 % [+8.6, +10.0] measured by `try`; the
+ratio says 7.1 %); quickstart's 6.17 and 4.79 ms, 0.776x, against 5.28 and 4.22, 0.788x (4.6 %
+before, 5.0 % now, +8.3 % [+5.0, +12.5] measured). Earlier, on an AMX-BF16 Xeon, the ratio was
+the nearest of the three ways to count the excess on quickstart and try_fakedata (6.3 and 9.1 %
+against +6.6 and +9.5 % measured), and inside the measured interval on metrics_sync (12.1 %
+against +9.7 % [+5.5, +15.7]). The ratio does not depend on the machine's speed when the steps
+ran, since M and the step come from the same steps: a shared VM's speed moves by up to 1.7x in
+stretches of 10 ms to seconds (Lightning's example once ran its 5 unprofiled steps at 9.3-9.7 ms
+against 5.7-6.6 ms in an identical run). A fixed piece of work timed at the step boundaries after
+the profiling window and beside the probe's pairs (capture/phaseref, analysis/phase) says how
+much slower the steps ran than the probe, in the evidence where it is 5 % or more (`pace`). A
+model that runs slower in bf16 (small matmuls: autocast casts every input and weight per call;
+try_mlp's MLP 0.5x) gets no finding. Not modelled: the fix
+shortens the rest of the step a little too, what it does to the caches the rest of the step runs
+in (a bf16 channels-last forward + backward leaves half the activation bytes): in the same
+in-loop timing the loop's fetch right after the model took 0.33 ms (2.5 %) less with the fix on
+try_fakedata and 0.22 ms (1.5 %) on quickstart; on the AMX Xeon, 64 samples fetched after a bf16
+step took 1-3 % less. A fetch timed after the model, in the probe, would be the script's own fetch
+run again, so the estimate stays a little under (try_fakedata's step: 1.95 ms saved in the loop,
+1.59 of it the model's). All
 figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
 cannot move the severity.
 
@@ -111,7 +108,7 @@ from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind, Trace
 
 MIN_PCT = 2.0  # % of the step below which the finding is not worth reporting
-PACE_SAYS = 0.05  # the probe's times scaled by this much or more: the evidence says so
+PACE_SAYS = 0.05  # the steps this much faster or slower than the probe: the evidence says so
 CONV_OPS = r"^aten::(conv[123]d|convolution|_convolution|mkldnn_convolution|convolution_backward)$"
 MM_OPS = r"^aten::(mm|addmm|bmm|baddbmm|matmul|linear)$"
 
@@ -302,8 +299,8 @@ class ModelSaving(NamedTuple):
 
 def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     """The estimate from the model probe; None when the model was not timed or the step's parts
-    are unknown (then the curves stand in). The fix saves the probe's A - B at the steps' speed
-    (the pace), at most the probe's ratio of the loop's own time (where the loop ran faster)."""
+    are unknown (then the curves stand in). The fix saves the probe's ratio of the loop's own
+    model time, M x (1 - B / A)."""
     a, b, threads = model_pair(probe)
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
@@ -314,9 +311,10 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     fraction = model_fraction(ctx)
     model_ms = fraction * share[0] * step_ms
     pace = phase.pace(ctx, probe.model_phase_ref_ms)
-    # A loop slower than the probe keeps its excess with the fix; one faster saves in proportion.
-    # Slower in bf16 (autocast's casts cost more than small matmuls gain): no saving.
-    fixed_ms = model_ms - min((a - b) * pace, model_ms * (1 - b / a))
+    # The loop's excess over the probe (colder caches) shrinks in proportion too (timed in the
+    # loop: the docstring). Slower in bf16 (autocast's casts cost more than small matmuls gain):
+    # no saving.
+    fixed_ms = model_ms * b / a
     saving = max(model_ms - fixed_ms, 0.0) / step_ms
     return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, (a, b, threads),
                        pace)  # fmt: skip
@@ -377,8 +375,9 @@ def check(ctx: Context) -> list[Finding]:
         )
         if abs(m.pace - 1) >= PACE_SAYS:
             evidence += (
-                f" The probe's times are taken at the speed of those steps: a fixed piece of "
-                f"work took {m.pace:.2f}x as long beside them as beside the probe."
+                f" Those steps ran at another speed than the probe: a fixed piece of work took "
+                f"{m.pace:.2f}x as long beside them as beside the probe; the probe's ratio holds "
+                "at either speed."
             )
         metrics_basis: dict = {
             "basis": "model",
