@@ -20,6 +20,10 @@ if TYPE_CHECKING:
     from trainprof.analysis.model import Finding
 
 
+LOOP = "loop"  # Rule.part: the training process's own work
+INPUT = "input"  # Rule.part: the DataLoader's fetching
+
+
 @dataclass(frozen=True)
 class Rule:
     id: str  # part of the JSON schema: never rename
@@ -33,11 +37,7 @@ class Rule:
     # The part of a CPU run's step its fix shortens: LOOP, the training process's own work (its
     # model, optimizer, Python), or INPUT, the DataLoader's fetching. Where the loader's workers
     # set the step, a LOOP saving becomes waiting and is taken as none (analysis/loader_bound).
-    part: str = "loop"
-
-
-LOOP = "loop"
-INPUT = "input"
+    part: str = LOOP
 
 
 @dataclass(frozen=True)

@@ -36,31 +36,31 @@ the recorded steps spend inside trainprof's `trainprof/forward` and `trainprof/b
 are). The fix saves the probe's ratio of the loop's own model time: M x (1 - B / A), A and B the
 probe's fp32 and bf16 times. Where the loop's fp32 model runs slower than its copy in the probe
 (cold caches between the loop's fetches: 1.0-1.2x), that excess shrinks with the fix in the same
-proportion: both sides timed in the loop, switched in blocks of 8 steps (an AVX512-BF16 Zen 5
-EPYC, 2026-11-30), try_fakedata's forward + backward took 4.49 ms in fp32 and 2.89 ms with the
-fix, 0.645x, against 3.62 and 2.30 ms in the probe, 0.628x (the probe's A - B, 1.35 ms, was
-taken before as the saving, and said 6.0 % against +9.3 % [+8.6, +10.0] measured by `try`; the
-ratio says 7.1 %); quickstart's 6.17 and 4.79 ms, 0.776x, against 5.28 and 4.22, 0.788x (4.6 %
-before, 5.0 % now, +8.3 % [+5.0, +12.5] measured). Earlier, on an AMX-BF16 Xeon, the ratio was
-the nearest of the three ways to count the excess on quickstart and try_fakedata (6.3 and 9.1 %
-against +6.6 and +9.5 % measured), and inside the measured interval on metrics_sync (12.1 %
-against +9.7 % [+5.5, +15.7]). The ratio does not depend on the machine's speed when the steps
-ran, since M and the step come from the same steps: a shared VM's speed moves by up to 1.7x in
-stretches of 10 ms to seconds (Lightning's example once ran its 5 unprofiled steps at 9.3-9.7 ms
-against 5.7-6.6 ms in an identical run). A fixed piece of work timed at the step boundaries after
-the profiling window and beside the probe's pairs (capture/phaseref, analysis/phase) says how
-much slower the steps ran than the probe, in the evidence where it is 5 % or more (`pace`). A
-model that runs slower in bf16 (small matmuls: autocast casts every input and weight per call;
-try_mlp's MLP 0.5x) gets no finding. Not modelled: the fix
-shortens the rest of the step a little too, what it does to the caches the rest of the step runs
-in (a bf16 channels-last forward + backward leaves half the activation bytes): in the same
-in-loop timing the loop's fetch right after the model took 0.33 ms (2.5 %) less with the fix on
-try_fakedata and 0.22 ms (1.5 %) on quickstart; on the AMX Xeon, 64 samples fetched after a bf16
-step took 1-3 % less. A fetch timed after the model, in the probe, would be the script's own fetch
-run again, so the estimate stays a little under (try_fakedata's step: 1.95 ms saved in the loop,
-1.59 of it the model's). All
-figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
-cannot move the severity.
+proportion: both sides timed in the loop, switched in blocks of 8 steps (an AVX512-BF16 Zen 5 EPYC,
+2026-11-30), try_fakedata's forward + backward took 4.49 ms in fp32 and 2.89 ms with the fix,
+0.645x, against 3.62 and 2.30 ms in the probe, 0.628x (the probe's A - B, 1.35 ms, was taken before
+as the saving, and said 6.0 % against +9.3 % [+8.6, +10.0] measured by `try`; the ratio says 7.1 %,
+and a new run 7.6 % against +9.2 % [+8.9, +10.2]); quickstart's 0.776x and 0.795x in two such
+timings against 0.788x and 0.762x in their probes (4.6 % before, 5.0 % now, against +8.3 % [+5.0,
++12.5]; a new run 5.4 % against +11.5 % [+8.9, +12.3]: under, by more than the in-loop timings,
+which saved 6.1-7.7 % of the step, explain). Earlier, on an AMX-BF16 Xeon, the ratio was the
+nearest of the three ways to count the excess on quickstart and try_fakedata (6.3 and 9.1 % against
++6.6 and +9.5 % measured), and inside the measured interval on metrics_sync (12.1 % against +9.7 %
+[+5.5, +15.7]). The ratio does not depend on the machine's speed when the steps ran, since M and
+the step come from the same steps: a shared VM's speed moves by up to 1.7x in stretches of 10 ms to
+seconds (Lightning's example once ran its 5 unprofiled steps at 9.3-9.7 ms against 5.7-6.6 ms in an
+identical run). A fixed piece of work timed at the step boundaries after the profiling window and
+beside the probe's pairs (capture/phaseref, analysis/phase) says how much slower the steps ran than
+the probe, in the evidence where it is 5 % or more (`pace`). A model that runs slower in bf16
+(small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no
+finding. Not modelled: the fix shortens the rest of the step a little too, what it does to the
+caches the rest of the step runs in (a bf16 channels-last forward + backward leaves half the
+activation bytes): in the same in-loop timing the loop's fetch right after the model took 0.33 ms
+(2.5 %) less with the fix on try_fakedata and 0.22 ms (1.5 %) on quickstart; on the AMX Xeon, 64
+samples fetched after a bf16 step took 1-3 % less. A fetch timed after the model, in the probe,
+would be the script's own fetch run again, so the estimate stays a little under (try_fakedata's
+step: 1.95 ms saved in the loop, 1.59 of it the model's). All figures come from the unprofiled
+steps and the probe, not the trace, so a stalled recorded step cannot move the severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
