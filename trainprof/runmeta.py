@@ -17,6 +17,7 @@ from trainprof.fileio import write_atomic
 SCHEMA = 1
 META_NAME = "trainprof.json"
 MAX_ITERS_KEPT = 64  # DataLoaderInfo.iter_steps and .left_early keep no more
+MAX_WORKER_BATCHES = 400  # DataLoaderInfo.worker_batch_ms kept
 TRY_NAME = "try.json"  # `trainprof try`'s results, written into the run folder
 EARLIER_TRY = re.compile(r"try\.(\d+)\.json")  # an earlier try's results, kept beside it
 # Variables torchrun sets in each rank for that job only (its run id, an error file of that
@@ -93,6 +94,10 @@ class DataLoaderInfo(msgspec.Struct, kw_only=True):
     # worker yields whole comes num_workers times.
     checked_batches: int = 0
     repeated_batches: int = 0
+    # A loader with workers: the wall time (ms) each batch took to fetch in a worker, the
+    # first MAX_WORKER_BATCHES over its workers, worker by worker (capture/workerbatches; a
+    # worker waiting for a core included, the hand-over to the loop not): the workers' rate.
+    worker_batch_ms: list[float] = []
 
 
 class OptimizerInfo(msgspec.Struct, kw_only=True):

@@ -43,23 +43,27 @@ def cap_savings(findings: list[Finding], step_ms: float) -> None:
 
 
 def hold_by_loader(findings: list[Finding], ctx: Context, input_rules: set[str]) -> None:
-    """Where the DataLoader's workers set a CPU run's step (analysis/loader_bound), the findings
-    whose fixes shorten the loop's own work (every rule but `input_rules`) save nothing now: their
-    saving goes to metrics["unbound_saving_pct"] (what it would be once the workers keep up,
-    which `trainprof try` takes for fixes applied beside more workers), the evidence says why,
-    and the severity is "info"."""
+    """Where the DataLoader's workers bound a CPU run's step (analysis/loader_bound), a finding
+    whose fix shortens the loop's own work (every rule but `input_rules`) saves at most the
+    step's headroom over them (none where the loop waits for them): what it claimed goes to
+    metrics["unbound_saving_pct"] (what `trainprof try` takes for fixes applied beside more
+    workers), the evidence says why, and the severity follows the smaller saving (never
+    raised)."""
     held = loader_bound.bound(ctx)
     if held is None:
         return
+    cap = held.headroom_pct
     for f in findings:
-        if f.rule in input_rules or f.est_saving_pct <= 0:
+        if f.rule in input_rules or f.est_saving_pct <= cap:
             continue
         f.metrics["unbound_saving_pct"] = round(f.est_saving_pct, 2)
         f.metrics["loader_wait_pct"] = round(held.wait_pct, 2)
+        if held.batch_ms is not None:
+            f.metrics["worker_batch_ms"] = round(held.batch_ms, 3)
         f.evidence += loader_bound.note(held, f.est_saving_pct)
-        f.est_saving_ms_per_step = 0.0
-        f.est_saving_pct = 0.0
-        f.severity = severity_for(0.0)
+        f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
+        f.est_saving_pct = round(cap, 2)
+        f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)
 
 
 def saving_basis(ctx: Context) -> SavingBasis:

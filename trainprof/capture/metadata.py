@@ -29,9 +29,11 @@ from trainprof.capture.patching import Patches
 from trainprof.capture.repeats import RepeatWatch
 from trainprof.capture.state import S
 from trainprof.capture.userframe import UserCode
+from trainprof.capture.workerbatches import WorkerBatches
 from trainprof.runmeta import (
     LAUNCHER_ENV,
     MAX_ITERS_KEPT,
+    MAX_WORKER_BATCHES,
     DataLoaderInfo,
     DynamoInfo,
     Flags,
@@ -89,6 +91,10 @@ class MetaCollector:
         self.dynamo = DynamoWatch(patches, user)
         # the first batches of iterable datasets' loaders with workers (the fetch probe's)
         self.repeats = RepeatWatch()
+        # the script's workers' batches, timed in them, per dataset (the loaders' infos by the
+        # id of their dataset, as the workers report it)
+        self.worker_batches = WorkerBatches()
+        self._by_dataset: dict[int, DataLoaderInfo] = {}
 
     # ----- constructors ----------------------------------------------------------------------
     def install(self) -> None:
@@ -107,6 +113,7 @@ class MetaCollector:
         if scaler is not None:
             self.patches.wrap(scaler, "__init__", self._wrap_scaler)
         self.patches.wrap(torch, "compile", self._wrap_compile)
+        self.worker_batches.install(self.patches)
 
     def _after_init(
         self, orig: Callable[..., None], record: Callable[[Any, str | None], None]
@@ -145,7 +152,7 @@ class MetaCollector:
                 info, instances=seen.instances, iterators=seen.iterators,
                 iter_steps=seen.iter_steps, left_early=seen.left_early,
                 grad_off_iters=seen.grad_off_iters, checked_batches=seen.checked_batches,
-                repeated_batches=seen.repeated_batches,
+                repeated_batches=seen.repeated_batches, worker_batch_ms=seen.worker_batch_ms,
             ) == seen:
                 seen.instances += 1
                 info = seen
@@ -153,6 +160,16 @@ class MetaCollector:
         else:
             self.dataloaders.append(info)
         self._loader_info[loader] = info
+        if info.num_workers > 0:
+            self._by_dataset[id(loader.dataset)] = info
+
+    def timed_worker_batches(self) -> None:
+        """Each loader with workers gets its workers' batch times so far (ms, the first
+        MAX_WORKER_BATCHES kept; capture/workerbatches)."""
+        for ds, times in self.worker_batches.times().items():
+            info = self._by_dataset.get(ds)
+            if info is not None:
+                info.worker_batch_ms = [round(1000 * t, 3) for t in times[:MAX_WORKER_BATCHES]]
 
     def _wrap_loader_iter(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)

@@ -236,6 +236,7 @@ class Session:
             rank, world = metadata.distributed()
             if rank is None and writer.rank is not None:  # process group already destroyed
                 rank, world = writer.rank, writer.world_size
+            collector.timed_worker_batches()
             w = Window(wait=cfg.wait, warmup=cfg.warmup, active=cfg.active, repeat=cfg.repeat,
                        recorded_steps=list(steps.recorded))  # fmt: skip
             return RunMeta(
