@@ -15,7 +15,7 @@ from test_run_cli import SCRIPTS, trainprof
 from torch import nn
 
 from trainprof.capture.patching import Patches
-from trainprof.runmeta import RunMeta, write_meta
+from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
 from trainprof.tryfix import catalog, switch
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions
@@ -130,6 +130,24 @@ def test_switchable_fixes_are_switched_unless_separate(tmp_path: Path) -> None:
         turned = {r: {v.turns for v in vs} for r, vs in trial.by_rule.items()}
         assert turned == {"zero-grad-not-none": {False}, "optimizer-foreach": {False},
                           "dataloader-starvation": {not separate}}
+
+
+def test_a_cpu_loader_with_workers_takes_turns_instead(tmp_path: Path) -> None:
+    """Workers make batches ahead while the slower side runs, and a switched fix's blocks
+    would take them: on a CPU run whose loader has workers, every fix goes in turns (each
+    process's workers stop with it), or in rounds of its own with --separate."""
+    loaders = [DataLoaderInfo(num_workers=1)]
+    write_meta(RunMeta(argv=[SENSOR, "zero-grad"], cwd=str(tmp_path), cpu_count=2,
+                       step_times_s=[0.05] * 20, dataloaders=loaders), tmp_path)
+    rules = ["zero-grad-not-none", "optimizer-foreach"]
+    for separate in (False, True):
+        trial = Trial(TryOptions(run=tmp_path, fixes=rules, separate=separate),
+                      RunMeta(argv=[SENSOR], step_times_s=[0.05] * 20, cpu_count=2,
+                              dataloaders=loaders))
+        trial.plan()
+        for rule in rules:
+            (v,) = trial.by_rule[rule]
+            assert v.turns is (not separate) and v.block == (0 if separate else 5), rule
 
 
 # ----- each switchable fix, off and on in this process -----------------------------------------
