@@ -3,8 +3,9 @@ bounds what a shorter loop can gain (analysis/loader_bound).
 
 A loop whose workers keep up with it shows nothing of them: its fetch is the receiving of a
 batch that is there. A fix that shortens the loop can then make it outrun them: the fixed
-dataloader_starved example (one worker, one thread) claimed 43.5 % for bf16 autocast, and
-`trainprof try` measured +30.0 %, its step 32.9 ms where the worker makes a batch in about 33 ms.
+dataloader_starved example (one worker, one thread, a 49 ms step) claimed 43.5 % for bf16
+autocast; its worker's batches, timed here, took 37.6 ms (the median of 60), which leaves 22.7 %,
+and `trainprof try` measured +17.0 % [+14.9, +20.3], the fixed step 38.0 ms.
 
 The dataset fetchers' `fetch` (torch.utils.data._utils.fetch, what a worker calls per batch) is
 wrapped before the script starts; a forked worker inherits the wrapper, and for its first
