@@ -133,7 +133,7 @@ class Sleepy(Dataset):
 def test_the_runs_workers_time_their_batches(tmp_path: Path):
     """A loader with one worker whose samples each sleep 2 ms: every batch of four timed in the
     worker takes at least 8 ms; a loader without workers gets none (the step probe times its
-    fetch); the fetchers are the originals again after the run."""
+    fetch), and the main process's fetchers are never wrapped (only the workers' copies)."""
     before = fetch._MapDatasetFetcher.fetch
     model = nn.Linear(4, 2)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -144,6 +144,7 @@ def test_the_runs_workers_time_their_batches(tmp_path: Path):
                 opt.zero_grad()
                 nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
+                assert fetch._MapDatasetFetcher.fetch is before
                 if step == 30:
                     break
     with_workers, without = run.meta.dataloaders

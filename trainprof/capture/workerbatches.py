@@ -7,24 +7,24 @@ dataloader_starved example (one worker, one thread, a 49 ms step) claimed 43.5 %
 autocast; its worker's batches, timed here, took 37.6 ms (the median of 60), which leaves 22.7 %,
 and `trainprof try` measured +17.0 % [+14.9, +20.3], the fixed step 38.0 ms.
 
-The dataset fetchers' `fetch` (torch.utils.data._utils.fetch, what a worker calls per batch) is
-wrapped before the script starts; a forked worker inherits the wrapper, and for its first
-MAX_PER_WORKER batches appends the dataset's id and the fetch's wall time (the worker waiting for
-a core included: that is its rate) to a file of its own in a folder of the capture. The hand-over
-of the batch to the loop (into shared memory, onto the queue) is not in it. Workers started with
-"spawn" (not Linux's default) import torch afresh and are not timed; fetches in the main process
-(num_workers=0) are not timed here: the step probe times those.
+torch's worker loop (`torch.utils.data._utils.worker._worker_loop`, a worker process's target)
+is wrapped before the script starts; in a worker it wraps the dataset fetchers' `fetch` (what
+the worker calls per batch) and, for the worker's first MAX_PER_WORKER batches, writes the
+dataset's id and the fetch's wall time (the worker waiting for a core included: that is its
+rate) into a pipe the capture reads at the end, each record in one write (atomic below the
+pipe's buffer), none once the pipe is full. The hand-over of the batch to the loop (into shared
+memory, onto the queue) is not in it. Nothing is written to disk, so nothing is left behind by a
+script that ends with os._exit(), and the main process's own fetches (num_workers=0; timed by the
+step probe) run as before, without a frame more. Workers started with "spawn" (not Linux's
+default) import torch afresh and are not timed.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from trainprof.capture.patching import Patches
@@ -33,11 +33,11 @@ MAX_PER_WORKER = 200  # batches timed per worker process
 
 
 class _Worker:
-    """The state of the wrapper in one process (a forked worker resets it: another pid)."""
+    """The wrapper's state in one process: the pipe's write end (-1: not timing), and how many
+    batches this process wrote (a forked worker counts its own: another pid)."""
 
-    folder: str | None = None  # set while the capture runs
-    pid = 0
     fd = -1
+    pid = 0
     count = 0
 
 
@@ -47,26 +47,19 @@ _W = _Worker()
 def _record(dataset_id: int, seconds: float) -> None:
     pid = os.getpid()
     if _W.pid != pid:
-        _W.pid, _W.fd, _W.count = pid, -1, 0
-    if _W.count >= MAX_PER_WORKER or _W.folder is None:
+        _W.pid, _W.count = pid, 0
+    if _W.count >= MAX_PER_WORKER or _W.fd < 0:
         return
     _W.count += 1
     try:
-        if _W.fd < 0:
-            path = os.path.join(_W.folder, f"w{pid}.txt")
-            _W.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.write(_W.fd, f"{dataset_id} {seconds:.6f}\n".encode())
-    except OSError:  # the folder gone (the capture ended): nothing to record
+    except OSError:  # the pipe full (BlockingIOError) or closed: nothing more from this one
         _W.count = MAX_PER_WORKER
 
 
-def _timed(orig: Callable[..., Any]) -> Callable[..., Any]:
-    from torch.utils.data import get_worker_info
-
+def _timed_fetch(orig: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(orig)
     def fetch(self: Any, index: Any) -> Any:
-        if _W.folder is None or get_worker_info() is None:
-            return orig(self, index)
         t = time.perf_counter()
         out = orig(self, index)  # an iterable dataset's end (StopIteration) is not a batch
         _record(id(self.dataset), time.perf_counter() - t)
@@ -75,48 +68,66 @@ def _timed(orig: Callable[..., Any]) -> Callable[..., Any]:
     return fetch
 
 
+def _timing_worker(orig: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def _worker_loop(*args: Any, **kwargs: Any) -> Any:
+        if _W.fd >= 0:  # in the worker process: its own copies of the classes
+            from torch.utils.data._utils import fetch
+
+            for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
+                cls.fetch = _timed_fetch(cls.fetch)
+        return orig(*args, **kwargs)
+
+    return _worker_loop
+
+
 class WorkerBatches:
     """Times the workers' batches while installed; `times()` gives them per dataset id."""
 
     def __init__(self) -> None:
-        self._folder: str | None = None
-        self._kept: dict[int, list[float]] | None = None
+        self._read = -1
+        self._got: dict[int, list[float]] = {}
+        self._rest = b""
 
     def install(self, patches: Patches) -> None:
-        from torch.utils.data._utils import fetch
+        from torch.utils.data._utils import worker
 
-        self._folder = tempfile.mkdtemp(prefix="trainprof-workers-")
-        _W.folder = self._folder
-        for cls in (fetch._MapDatasetFetcher, fetch._IterableDatasetFetcher):
-            patches.wrap(cls, "fetch", _timed)
+        self._read, write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(write, False)  # a full pipe drops records, never blocks a worker
+        _W.fd = write
+        patches.wrap(worker, "_worker_loop", _timing_worker)
         patches.on_restore(self._end)
 
     def times(self) -> dict[int, list[float]]:
-        """Each dataset's batches (seconds of each fetch in a worker), worker by worker, each
-        worker's in the order it made them."""
-        if self._kept is not None:
-            return self._kept
-        out: dict[int, list[float]] = {}
-        if self._folder is None:
-            return out
-        for path in sorted(Path(self._folder).glob("w*.txt")):
+        """Each dataset's batches so far (seconds of each fetch in a worker), in the order the
+        workers wrote them."""
+        while self._read >= 0:
             try:
-                lines = path.read_text().splitlines()
-            except OSError:
-                continue
+                chunk = os.read(self._read, 1 << 16)
+            except (BlockingIOError, OSError):
+                break
+            if not chunk:
+                break
+            lines = (self._rest + chunk).split(b"\n")
+            self._rest = lines.pop()  # a record not whole yet
             for line in lines:
                 parts = line.split()
                 if len(parts) == 2:
                     try:
-                        out.setdefault(int(parts[0]), []).append(float(parts[1]))
+                        self._got.setdefault(int(parts[0]), []).append(float(parts[1]))
                     except ValueError:
-                        continue  # a line a killed worker left half written
-        return out
+                        continue
+        return self._got
 
     def _end(self) -> None:
-        """The capture ends: what the workers wrote is kept, their folder removed (a worker
-        still running then records nothing more)."""
-        self._kept = self.times()
-        _W.folder = None
-        if self._folder is not None:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        """The capture ends: what the workers wrote is read, the pipe closed (a worker still
+        running then fills its own copy and stops)."""
+        self.times()
+        for fd in (self._read, _W.fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._read = _W.fd = -1
