@@ -314,6 +314,12 @@ class Trial:
         loaders = self.meta.dataloaders
         workers = loader_cuts.training_workers(loaders) if loaders else None
         evaluation = loader_cuts.evaluation_locations(loader_cuts.cuts(loaders))
+        # On a CPU run whose loader has workers, a fix switched between blocks of steps is
+        # measured with the workers' batches made ahead during the other side's blocks: the
+        # fixed dataloader_starved example's bf16 autocast, switched, +40.1 % [+34.3, +41.2]; in
+        # rounds of its own +16.1 % [+9.3, +23.0], its worker making a batch in about 33-38 ms of
+        # a 49 ms step. In turns each process's workers stop with it.
+        ahead = not self.cuda and bool(workers)
         for rule in rules:
             if rule in catalog.EDIT_THE_CODE:
                 self.edit.append({"rule": rule, "change": catalog.EDIT_THE_CODE[rule],
@@ -339,12 +345,6 @@ class Trial:
                         notes=_stream_notes(o, loaders))
                 for o in options
             ]
-            # On a CPU run whose loader has workers, a fix switched between blocks of steps is
-            # measured with the workers' batches made ahead during the other side's blocks: the
-            # fixed dataloader_starved example's bf16 autocast, switched, +40.1 % [+34.3, +41.2];
-            # in rounds of its own +16.1 % [+9.3, +23.0], its worker making a batch in about
-            # 33-38 ms of a 49 ms step. In turns each process's workers stop with it.
-            ahead = not self.cuda and bool(workers)
             if (not self.opts.separate and catalog.switchable(rule, self.cuda)
                     and len(options) == 1 and not ahead):
                 self.by_rule[rule][0].block = self.block

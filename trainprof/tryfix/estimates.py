@@ -55,8 +55,9 @@ class RunEstimates:
     # The metrics of the run's one dataloader-starvation finding where they hold its CPU model
     # (analysis/loader_workers.step_with), else None (a GPU run, several loaders, no finding).
     loader: dict[str, Any] | None = None
-    # % per rule where the loader's workers held a saving of the loop's own work at none
-    # (analysis/loader_bound: metrics["unbound_saving_pct"]): what it saves beside more workers
+    # % per rule where the loader's workers cut a saving of the loop's own work to their
+    # headroom (analysis/loader_bound: metrics["unbound_saving_pct"]): the rule's findings as
+    # they claimed them before the cut, what they save beside more workers
     unbound: dict[str, float] = field(default_factory=dict)
 
     def suggested_workers(self) -> int | None:
@@ -142,6 +143,8 @@ def estimates(run: Path) -> RunEstimates:
     if diags and diags[0].saving_basis.step_ms > 0:
         out.basis = (diags[0].saving_basis.step_ms, diags[0].saving_basis.kind)
     kinds: dict[str, set[str]] = {}
+    before: dict[str, float] = {}  # per rule, its findings' savings before the workers' cut
+    cut: set[str] = set()  # the rules with a finding the cut reached
     for d in diags[:1]:
         for f in d.findings:
             kind = f.metrics.get("kind")
@@ -158,8 +161,11 @@ def estimates(run: Path) -> RunEstimates:
                 out.est.setdefault(f.rule, None)
             out.fix.setdefault(f.rule, f.fix)
             unbound = f.metrics.get("unbound_saving_pct")
-            if isinstance(unbound, (int, float)):
-                out.unbound[f.rule] = out.unbound.get(f.rule, 0.0) + unbound
+            if claims:  # a finding the cut left alone counts as it stands
+                whole = unbound if isinstance(unbound, (int, float)) else f.est_saving_pct
+                before[f.rule] = before.get(f.rule, 0.0) + whole
+                if isinstance(unbound, (int, float)):
+                    cut.add(f.rule)
             if f.metrics.get("threads_modelled") == 1:
                 out.threads_modelled.add(f.rule)
             lo, hi = f.metrics.get("saving_lo_pct"), f.metrics.get("saving_hi_pct")
@@ -167,6 +173,7 @@ def estimates(run: Path) -> RunEstimates:
                 out.spread[f.rule] = [lo, hi]
             if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
                 out.loader = dict(f.metrics)
+    out.unbound = {r: min(100.0, before[r]) for r in cut}
     # A spread or a model is one finding's: with several findings of a rule (several loaders),
     # their sum has neither here.
     counts = Counter(f.rule for d in diags[:1] for f in d.findings)
