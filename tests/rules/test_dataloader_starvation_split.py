@@ -23,8 +23,10 @@ from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
 from trainprof.tryfix.command import Trial, TryOptions
 
-# Batches ready long before the loop asks: 2 workers, 4 batches in flight, each made in
-# microseconds, while the loop sleeps 20 ms per step.
+# Batches ready long before the loop asks: 2 workers, 16 batches in flight (more than the steps
+# recorded after the warm-up), each made in microseconds, while the loop sleeps 20 ms per step. So
+# a worker descheduled for a while on a loaded machine still has its batches ready: with 4 in
+# flight, one fresh clone's recording came out as waiting.
 AHEAD = """
 import time
 import torch
@@ -37,7 +39,8 @@ class Cheap(Dataset):
     def __getitem__(self, i):
         return torch.full((64,), float(i % 7)), i % 4
 
-it = iter(DataLoader(Cheap(), batch_size=32, num_workers=2, persistent_workers=True))
+it = iter(DataLoader(Cheap(), batch_size=32, num_workers=2, persistent_workers=True,
+                     prefetch_factor=8))
 
 def step(i):
     x, y = next(it)
@@ -81,8 +84,8 @@ def _starvation(folder: Path) -> list:
 
 @pytest.fixture(scope="module")
 def ahead(tmp_path_factory) -> Path:
-    # Three warm-up steps: the workers' start-up and first hand-overs fall outside the record.
-    return record(tmp_path_factory.mktemp("ahead"), AHEAD, steps=6, warmup=3)
+    # Four warm-up steps: the workers' start-up and first hand-overs fall outside the record.
+    return record(tmp_path_factory.mktemp("ahead"), AHEAD, steps=6, warmup=4)
 
 
 @pytest.fixture(scope="module")
