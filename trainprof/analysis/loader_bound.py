@@ -34,8 +34,7 @@ import numpy as np
 
 from trainprof.analysis import loader_cuts
 from trainprof.analysis.context import Context
-from trainprof.analysis.loader_workers import fetch_split, unprofiled_fetch, workers
-from trainprof.trace import intervals as iv
+from trainprof.analysis.loader_workers import fetches_in_steps, wait_pct, workers
 
 WAIT_PCT = 5.0  # dataloader-starvation's MIN_SHARE: the loop's wait worth a finding
 MIN_BATCHES = 8  # timed worker batches below which their median is not taken as the rate
@@ -82,23 +81,17 @@ def bound(ctx: Context) -> LoaderBound | None:
 def _bound(ctx: Context) -> LoaderBound | None:
     if ctx.gpu_timeline or ctx.device.kind != "cpu" or not len(ctx.dataloader_idx):
         return None
-    n = workers(ctx)
-    plain, step = unprofiled_fetch(ctx), ctx.unprofiled_step_us
-    if not n or plain is None or not step:
+    n, wait = workers(ctx), wait_pct(ctx)
+    if not n or wait is None:
         return None
-    split = fetch_split(ctx)
-    # Without Python frames in the fetches the whole fetch is taken as waiting, as the DataLoader
-    # rule takes it.
-    share = split.wait_share(ctx) if split.stacks else 1.0
-    wait = 100.0 * min(plain, step) / step * share
     timed = [d.worker_batch_ms for d in loader_cuts.training_loaders(ctx.meta.dataloaders)
              if d.num_workers == n and len(d.worker_batch_ms) >= MIN_BATCHES]
     batch = float(np.median(max(timed, key=len))) if timed else None
     if wait < WAIT_PCT and batch is None:
         return None
-    fetches = len(iv.intersect(ctx.dataloader_spans, ctx.windows)[0])
-    k = fetches / max(ctx.n_steps, 1) or 1.0
-    return LoaderBound(n, wait, step / 1000.0, batch, max(map(len, timed), default=0), k)
+    k = fetches_in_steps(ctx) / max(ctx.n_steps, 1) or 1.0
+    step = ctx.unprofiled_step_us / 1000.0
+    return LoaderBound(n, wait, step, batch, max(map(len, timed), default=0), k)
 
 
 def note(b: LoaderBound, saving_pct: float) -> str:

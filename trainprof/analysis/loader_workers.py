@@ -401,6 +401,29 @@ def unprofiled_fetch(ctx: Context) -> float | None:
     return ctx.unprofiled_median_us(ctx.meta.fetch_times_s)
 
 
+def fetches_in_steps(ctx: Context) -> int:
+    """The loop's fetches inside the traced steps. trainprof's fetch probe nests inside torch's
+    own DataLoader range: merged spans are counted."""
+    return len(iv.intersect(ctx.dataloader_spans, ctx.windows)[0])
+
+
+def fetch_pct(ctx: Context) -> float | None:
+    """The fetch's share (%) of the median step without the profiler, at most all of it (None:
+    the run did not time its fetches)."""
+    plain, step = unprofiled_fetch(ctx), ctx.unprofiled_step_us
+    if plain is None or not step:
+        return None
+    return 100.0 * min(plain, step) / step
+
+
+def wait_pct(ctx: Context) -> float | None:
+    """The loop's wait for its workers, % of its median step without the profiler: the fetch's
+    share times the part of it spent waiting (all of it without Python frames in the fetches,
+    which cannot then be told from receiving). None: the fetches not timed."""
+    pct = fetch_pct(ctx)
+    return None if pct is None else pct * fetch_split(ctx).wait_share(ctx)
+
+
 # The estimate's spread within the run: RESAMPLES draws of the run's samples with replacement
 # (its unprofiled steps, each thread count's paired ratios, the probe's busy receives, its
 # worker's fetch ratios: try_fakedata's 8-12 pairs gave medians 1.41-1.61, 1.20-1.57 and
@@ -713,11 +736,9 @@ def estimate(
     # The fetch without the profiler, which inflates a Python-heavy fetch many times over (1.36
     # ms profiled vs 0.10 ms unprofiled per step with 4 workers on an H100): timed by the run at
     # every step.
-    plain = unprofiled_fetch(ctx)
-    step = ctx.unprofiled_step_us
-    if plain is not None and step:
-        plain = min(plain, step)
-        share = 100 * plain / step
+    plain, step = unprofiled_fetch(ctx), ctx.unprofiled_step_us
+    if (pct := fetch_pct(ctx)) is not None:
+        plain, share = min(plain, step), pct
     model = None
     receive_saving = 0.0
     if ctx.gpu_timeline:

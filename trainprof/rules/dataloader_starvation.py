@@ -306,6 +306,7 @@ from trainprof.analysis.loader_workers import (
     CpuModel,
     Estimate,
     estimate,
+    fetches_in_steps,
     workers,
 )
 from trainprof.analysis.model import Finding, severity_for
@@ -589,8 +590,7 @@ def check(ctx: Context) -> list[Finding]:
         return []
     in_steps = iv.intersect(ctx.dataloader_spans, ctx.windows)
     fetch = ctx.per_step(iv.total(in_steps))
-    # trainprof's fetch probe nests inside torch's own DataLoader range: count merged spans.
-    fetches = len(in_steps[0])
+    fetches = fetches_in_steps(ctx)
     k = fetches / max(ctx.n_steps, 1)
     # This rank's share of the machine's CPUs where the job runs several on it
     cpus = ctx.meta.cpus_per_rank() if ctx.meta else None
