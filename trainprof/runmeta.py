@@ -229,6 +229,9 @@ class OptimizerProbe(msgspec.Struct, kw_only=True):
     loop_ms: float | None = None  # step() with foreach=False, fused=False (as the script ran it)
     fix_ms: float | None = None  # step() with the fix; both ms of this thread's CPU time
     fix: str = ""  # fused | foreach: what the fix was (fused where the class and params allow)
+    # fused step() with the 4-D parameters channels-last, as cpu-bf16's fix makes a CNN's (None:
+    # no 4-D parameters in the default layout, or not fused); ms of CPU time like fix_ms
+    fix_channels_last_ms: float | None = None
     reps: int = 0  # interleaved timed steps of each after a warm-up step (the least taken)
     threads: int = 0  # torch intra-op threads the steps ran with (the script's, at its end)
     tensors: int = 0  # parameter tensors

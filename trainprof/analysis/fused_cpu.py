@@ -54,6 +54,9 @@ class FusedCpu:
     measured: bool  # share from the run's unprofiled steps (else the trace, profiler cost out)
     saved: float  # the share of the step fused=True saves (0 to 1)
     probed: OptimizerProbe | None = None  # the ratio's measurement on the run's optimizer
+    # the share of the step fused=True takes on top of `saved`'s figure once the 4-D parameters
+    # are channels-last (cpu-bf16's fix on a CNN: capture/optprobe); None: not timed
+    channels_last_cost: float | None = None
 
 
 def probed_ratio(ctx: Context, cls: str) -> OptimizerProbe | None:
@@ -76,4 +79,9 @@ def fused_cpu(ctx: Context, lp: Loop, up: Update) -> FusedCpu:
     loop = single_frame_spans(ctx, lp.spans)
     if loop is not None and up.host > 0:  # never more than the per-tensor loop fused replaces
         saved = min(saved, share * min(ctx.per_step(iv.total(loop)) / up.host, 1.0))
-    return FusedCpu(ratio, share, measured, saved, probed)
+    cost = None
+    if probed is not None and probed.fix_channels_last_ms is not None:
+        # the fused kernel's extra time on channels-last weights, in units of the loop's time
+        extra = (probed.fix_channels_last_ms - probed.fix_ms) / probed.loop_ms
+        cost = max(extra, 0.0) * share
+    return FusedCpu(ratio, share, measured, saved, probed, cost)

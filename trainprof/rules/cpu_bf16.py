@@ -431,6 +431,10 @@ def check(ctx: Context) -> list[Finding]:
                 "isa": probe.isa,
                 "conv_speedup": probe.conv_speedup,
                 "matmul_speedup": probe.matmul_speedup,
+                # whether the fix makes the model channels-last (a CNN on a CPU): the model
+                # probe's word, else whether there are convolutions
+                "channels_last": int(probe.model_channels_last if measured is not None
+                                     else conv_us > 0),
                 **metrics_basis,
             },
             at=longest[:50].tolist(),

@@ -6,6 +6,12 @@ All fixes together are not the sum of their estimates where a DataLoader model h
 shortening the model's compute (bf16 autocast, a fused optimizer) can leave the workers' rate
 the bound. many_problems on two cores: the estimates summed to 50.5 %, one worker and bf16
 together measured +30.5 %, the model with bf16's saving in its compute says 30.6 %.
+
+Nor where one fix slows another's part: `cpu-bf16`'s fix makes a CNN's weights channels-last,
+where torch's fused CPU optimizers run several times slower (capture/optprobe). metrics_sync's
+ResNet: `cpu-bf16` measured +20.4 to +22.2 %, fused SGD +1.1 to +2.9 %, the two together +15.3 %
+against a sum of 22.0 %. The fused step's extra time on channels-last weights, timed after the
+run, is taken off the sum.
 """
 
 from __future__ import annotations
@@ -59,6 +65,11 @@ class RunEstimates:
     # headroom (analysis/loader_bound: metrics["unbound_saving_pct"]): the rule's findings as
     # they claimed them before the cut, what they save beside more workers
     unbound: dict[str, float] = field(default_factory=dict)
+    # % per rule: what its fix costs on top of its estimate once the model is channels-last
+    # (optimizer-foreach's metrics["channels_last_cost_pct"]), and whether cpu-bf16's fix makes
+    # the model so (its metrics["channels_last"])
+    channels_last_cost: dict[str, float] = field(default_factory=dict)
+    bf16_channels_last: bool = False
 
     def suggested_workers(self) -> int | None:
         """The worker count the diagnosis suggested (its estimate is for that count)."""
@@ -104,6 +115,7 @@ class RunEstimates:
         specs = list(specs)
         rules = [s["rule"] for s in specs]
         known = [e for e in (self.est.get(r) for r in rules) if e is not None]
+        cost = self.cost_between(rules)
         loader = next((s for s in specs if s["rule"] == LOADER), None)
         n = loader["options"].get("num_workers") if loader else None
         if isinstance(n, int) and n >= 1 and self.loader is not None:
@@ -111,11 +123,21 @@ class RunEstimates:
             # the loop's savings as they are once the workers keep up: the model says whether
             # they do with `n` workers
             others = sum(e for r in rules if r != LOADER
-                         and (e := self.unbound.get(r, self.est.get(r))) is not None)
-            pct = self._loader_pct(n, others / 100 * step)
+                         and (e := self.unbound.get(r, self.est.get(r))) is not None) - cost
+            pct = self._loader_pct(n, max(others, 0.0) / 100 * step)
             if pct is not None:
                 return pct, MODEL
-        return (round(min(sum(known), 100.0), 1) if known else None), SUM
+        if not known:
+            return None, SUM
+        return round(max(min(sum(known) - cost, 100.0), 0.0), 1), SUM
+
+    def cost_between(self, rules: Iterable[str]) -> float:
+        """What the fixes of `rules` cost each other (% of the step), taken off their estimate
+        together: a fused optimizer on the channels-last weights of cpu-bf16's fix."""
+        rules = list(rules)
+        if "cpu-bf16" not in rules or not self.bf16_channels_last:
+            return 0.0
+        return round(sum(self.channels_last_cost.get(r, 0.0) for r in rules), 2)
 
     def _loader_pct(self, workers: int, less_compute_ms: float) -> float | None:
         if self.loader is None:
@@ -173,6 +195,11 @@ def estimates(run: Path) -> RunEstimates:
                 out.spread[f.rule] = [lo, hi]
             if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
                 out.loader = dict(f.metrics)
+            extra = f.metrics.get("channels_last_cost_pct")
+            if isinstance(extra, (int, float)):
+                out.channels_last_cost[f.rule] = out.channels_last_cost.get(f.rule, 0.0) + extra
+            if f.rule == "cpu-bf16" and f.metrics.get("channels_last"):
+                out.bf16_channels_last = True
     out.unbound = {r: min(100.0, before[r]) for r in cut}
     # A spread or a model is one finding's: with several findings of a rule (several loaders),
     # their sum has neither here.

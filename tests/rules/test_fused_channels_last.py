@@ -1,0 +1,151 @@
+"""A fused CPU optimizer on channels-last weights: `cpu-bf16`'s fix makes a CNN's weights
+channels-last, where torch's fused CPU kernels run several times slower (metrics_sync's ResNet:
+the two fixes measured +15.3 % together against a sum of 22.0 %). capture/optprobe keeps each
+parameter's layout in its copies and also times fused=True with the convolution weights
+channels-last; `optimizer-foreach` states what that costs, and `trainprof try` takes it off the
+estimate of the two fixes together.
+
+The probe runs on tiny real models (its times recorded, never compared with a figure); the rule's
+arithmetic is checked on a real recorded loop with the probe's times given in the metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from cpu_loops import ADAM
+from cpu_trace import record, with_meta
+from torch import nn
+
+from trainprof.capture import optprobe
+from trainprof.diagnose import diagnose_path
+from trainprof.report.tryout import render_try_text
+from trainprof.runmeta import OptimizerInfo, OptimizerProbe, RunMeta
+from trainprof.tryfix.estimates import SUM, RunEstimates, estimates
+
+
+class SeesLayouts(torch.optim.SGD):
+    """Notes, at every step(), whether each 4-D parameter it updates is channels-last."""
+
+    seen: list = []
+
+    def step(self, closure=None):
+        group = [p for g in self.param_groups for p in g["params"] if p.dim() == 4]
+        SeesLayouts.seen.append(tuple(optprobe.channels_last(p) for p in group))
+        return super().step(closure)
+
+
+def _cnn(channels_last: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    opt = SeesLayouts(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(2, 3, 8, 8)
+    opt.zero_grad()
+    model(x).sum().backward()
+    opt.step()
+    return model, opt
+
+
+def test_a_cnn_has_fused_timed_on_channels_last_copies_too():
+    model, opt = _cnn(channels_last=False)
+    SeesLayouts.seen.clear()
+    p = optprobe.time_optimizer(opt)
+    assert p.skipped == "" and p.fix == "fused"
+    assert p.fix_channels_last_ms is not None and p.fix_channels_last_ms > 0
+    # The main pass on copies as the script's (contiguous), the second pass on both layouts.
+    assert (False,) in SeesLayouts.seen and (True,) in SeesLayouts.seen
+    assert not optprobe.channels_last(model[0].weight)  # the script's weights as they were
+
+
+def test_copies_keep_the_scripts_channels_last_layout():
+    """A model the script made channels-last: every copy is too, and there is nothing left to
+    convert (no second pass)."""
+    model, opt = _cnn(channels_last=True)
+    assert optprobe.channels_last(model[0].weight)
+    SeesLayouts.seen.clear()
+    p = optprobe.time_optimizer(opt)
+    assert p.skipped == "" and p.fix == "fused" and p.fix_channels_last_ms is None
+    assert SeesLayouts.seen and set(SeesLayouts.seen) == {(True,)}
+
+
+def test_no_convolution_weights_no_second_pass():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3, foreach=False)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()
+    p = optprobe.time_optimizer(opt)
+    assert p.fix == "fused" and p.fix_ms is not None and p.fix_channels_last_ms is None
+
+
+# ----- the rule and `try`'s estimate together ---------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adam(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("adam"), ADAM, steps=4)
+
+
+def _meta(cl_ms: float | None) -> RunMeta:
+    """30 steps of 0.5 ms, 0.1 ms of them in Adam.step (a 20 % share); fused 0.75x the loop."""
+    probe = OptimizerProbe(loop_ms=0.08, fix_ms=0.06, fix="fused", reps=5, threads=1, tensors=4,
+                           fix_channels_last_ms=cl_ms)
+    return RunMeta(
+        cpu_count=2, torch_threads=1,
+        optimizers=[OptimizerInfo(cls="torch.optim.Adam", foreach=False)],
+        step_times_s=[0.0005] * 30, optimizer_times_s={"Adam": [0.0001] * 30},
+        optimizer_probe={"Adam": probe},
+    )  # fmt: skip
+
+
+def _finding(folder: Path):
+    (d,) = diagnose_path(folder)
+    (f,) = [f for f in d.findings if f.rule == "optimizer-foreach"]
+    return f
+
+
+def test_the_rule_states_the_cost_and_keeps_its_own_saving(adam: Path, tmp_path: Path):
+    plain = _finding(with_meta(adam, tmp_path / "plain", _meta(None)))
+    assert "channels_last_cost_pct" not in plain.metrics
+    folder = with_meta(adam, tmp_path / "cl", _meta(0.14))
+    f = _finding(folder)
+    # (0.14 - 0.06) / 0.08 of the loop's time, the loop 20 % of the step: 20 % more.
+    assert f.metrics["channels_last_cost_pct"] == pytest.approx(20.0)
+    assert f.metrics["probe_fix_channels_last_ms"] == 0.14
+    assert f.est_saving_pct == plain.est_saving_pct  # its own saving, on the run's layout
+    assert "fused=True took 0.140 ms per step() (2.3x its time on contiguous ones" in f.evidence
+    assert "keep the optimizer as it is there" in f.evidence
+    # What `try` reads from the diagnosis.
+    assert estimates(folder).channels_last_cost == {"optimizer-foreach": pytest.approx(20.0)}
+
+
+def test_a_smaller_cost_leaves_a_smaller_saving(adam: Path, tmp_path: Path):
+    f = _finding(with_meta(adam, tmp_path, _meta(0.065)))
+    # (0.065 - 0.06) / 0.08 x 20 % = 1.25 %, less than fused saves on contiguous weights (at most
+    # 5 %: the loop's own time bounds it).
+    assert f.metrics["channels_last_cost_pct"] == pytest.approx(1.25)
+    assert 3.0 < f.est_saving_pct <= 5.01
+    said = re.search(r"with that fix too, it would save ~([\d.]+) % of the step\.", f.evidence)
+    assert said and float(said[1]) == pytest.approx(f.est_saving_pct - 1.25, abs=0.06)
+
+
+def test_try_takes_the_cost_off_the_two_together():
+    found = RunEstimates(est={"cpu-bf16": 20.7, "optimizer-foreach": 1.3},
+                         channels_last_cost={"optimizer-foreach": 5.6}, bf16_channels_last=True)
+    both = [{"rule": "cpu-bf16", "options": {}}, {"rule": "optimizer-foreach", "options": {}}]
+    assert found.together(both) == (pytest.approx(16.4), SUM)
+    assert found.cost_between(["cpu-bf16", "optimizer-foreach"]) == pytest.approx(5.6)
+    # Without bf16's fix in the set, or where it leaves the layout alone: no cost.
+    assert found.together(both[1:]) == (pytest.approx(1.3), SUM)
+    found.bf16_channels_last = False
+    assert found.together(both) == (pytest.approx(22.0), SUM)
+    doc = {"fixes": [], "combined": {"rules": ["cpu-bf16", "optimizer-foreach"],
+                                     "estimated_pct": 16.4, "estimate_basis": SUM,
+                                     "estimate_less_pct": 5.6}}
+    assert "less 5.6 % that a fused optimizer takes more on the channels-last" in \
+        render_try_text(doc)
