@@ -3,7 +3,8 @@ channels-last, where torch's fused CPU kernels run several times slower (metrics
 the two fixes measured +15.3 % together against a sum of 22.0 %). capture/optprobe keeps each
 parameter's layout in its copies and also times fused=True with the convolution weights
 channels-last; `optimizer-foreach` states what that costs, and `trainprof try` takes it off the
-estimate of the two fixes together.
+estimate of the two fixes together. A script whose optimizer is fused already has it timed on
+both layouts, and `cpu-bf16` takes the difference off its own saving.
 
 The probe runs on tiny real models (its times recorded, never compared with a figure); the rule's
 arithmetic is checked on a real recorded loop with the probe's times given in the metadata.
@@ -23,7 +24,7 @@ from torch import nn
 from trainprof.capture import optprobe
 from trainprof.diagnose import diagnose_path
 from trainprof.report.tryout import render_try_text
-from trainprof.runmeta import OptimizerInfo, OptimizerProbe, RunMeta
+from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta, Window
 from trainprof.tryfix.estimates import SUM, RunEstimates, estimates
 
 
@@ -38,12 +39,12 @@ class SeesLayouts(torch.optim.SGD):
         return super().step(closure)
 
 
-def _cnn(channels_last: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+def _cnn(channels_last: bool, **kw) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    opt = SeesLayouts(model.parameters(), lr=0.1, momentum=0.9)
+    opt = SeesLayouts(model.parameters(), lr=0.1, momentum=0.9, **kw)
     x = torch.randn(2, 3, 8, 8)
     opt.zero_grad()
     model(x).sum().backward()
@@ -83,7 +84,24 @@ def test_no_convolution_weights_no_second_pass():
     assert p.fix == "fused" and p.fix_ms is not None and p.fix_channels_last_ms is None
 
 
-# ----- the rule and `try`'s estimate together ---------------------------------------------------
+def test_an_optimizer_fused_already_is_timed_on_both_layouts():
+    """No loop to time: its fused step() on copies as the script's and with the convolution
+    weights channels-last, what `cpu-bf16`'s fix would make of them."""
+    _, opt = _cnn(channels_last=False, fused=True)
+    SeesLayouts.seen.clear()
+    p = optprobe.probe({"SeesLayouts": opt}, cuda_used=False)["SeesLayouts"]
+    assert p.skipped == "" and p.fix == "fused" and p.loop_ms is None
+    assert p.fix_ms is not None and p.fix_ms > 0
+    assert p.fix_channels_last_ms is not None and p.fix_channels_last_ms > 0
+    assert p.tensors == 4 and p.reps >= 1
+    assert {(False,), (True,)} <= set(SeesLayouts.seen)
+    # Channels-last already, or no convolution weights: nothing to time.
+    _, cl = _cnn(channels_last=True, fused=True)
+    mlp = torch.optim.SGD(nn.Linear(4, 2).parameters(), lr=0.1, fused=True)
+    assert optprobe.probe({"A": cl, "B": mlp}, cuda_used=False) == {}
+
+
+# ----- the rules and `try`'s estimate together ---------------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -149,3 +167,59 @@ def test_try_takes_the_cost_off_the_two_together():
                                      "estimate_less_pct": 5.6}}
     assert "less 5.6 % that a fused optimizer takes more on the channels-last" in \
         render_try_text(doc)
+
+
+CNN = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Flatten(),
+                      nn.Linear(16 * 32 * 32, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, fused=True)
+x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+def step(i):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
+
+@pytest.fixture(scope="module")
+def cnn(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("cnn"), CNN, steps=3)
+
+
+def _bf16_meta(fused: OptimizerProbe | None) -> RunMeta:
+    """12 steps of 10 ms, 2 of them fetching and 1 in SGD.step: forward + backward 7 ms, which
+    the probe says bf16 runs in 0.4x the time (a CNN: channels-last)."""
+    n = 12
+    return RunMeta(
+        cpu_count=2, torch_threads=1, step_source="optimizer",
+        cpu_bf16=CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0,
+                         model_bf16_ms=40.0, model_channels_last=True),
+        step_times_s=[0.010] * n, fetch_times_s=[0.002] * n,
+        optimizer_times_s={"SGD": [0.001] * n},
+        optimizer_probe={} if fused is None else {"SGD": fused},
+        window=Window(wait=1, warmup=1, active=3, recorded_steps=[2, 3, 4]),
+    )  # fmt: skip
+
+
+def _bf16(folder: Path):
+    (d,) = diagnose_path(folder)
+    (f,) = [f for f in d.findings if f.rule == "cpu-bf16"]
+    return f
+
+
+def test_cpu_bf16_takes_a_fused_optimizers_extra_off_its_saving(cnn: Path, tmp_path: Path):
+    plain = _bf16(with_meta(cnn, tmp_path / "plain", _bf16_meta(None)))
+    assert plain.est_saving_pct == pytest.approx(42.0, abs=0.02)  # 7 ms x 0.6 of 10
+    assert "fused_optimizer_cost_ms" not in plain.metrics and plain.metrics["channels_last"] == 1
+    fused = OptimizerProbe(fix="fused", fix_ms=0.5, fix_channels_last_ms=1.5, reps=5, threads=1)
+    f = _bf16(with_meta(cnn, tmp_path / "fused", _bf16_meta(fused)))
+    # 1 ms more a step in SGD's fused step(): 10 points of the 10 ms step.
+    assert f.est_saving_pct == pytest.approx(32.0, abs=0.02)
+    assert f.metrics["fused_optimizer_cost_ms"] == pytest.approx(1.0)
+    assert "SGD 1.50 against 0.50 ms" in f.evidence and "~32.0 % of the step left" in f.evidence
+    assert "the fix would free ~42.0 % of the step" in " ".join(f.evidence.split())

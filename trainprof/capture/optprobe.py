@@ -42,6 +42,7 @@ model channels-last. examples/metrics_sync.py's ResNet: bf16 autocast with chann
 from __future__ import annotations
 
 import inspect
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -107,6 +108,7 @@ class OptimizerSpec:
     groups: list[dict]  # hyper-parameters, "params": [(shape, dtype, channels_last)]
     nbytes: int
     looped: bool  # it ran the single-tensor loop (single_tensor)
+    fused: bool = False  # it ran fused=True on CPU parameters already
 
 
 def spec_of(opt: Any) -> OptimizerSpec:
@@ -118,9 +120,11 @@ def spec_of(opt: Any) -> OptimizerSpec:
         nbytes += sum(p.numel() * p.element_size() for p in g["params"])
     try:
         looped = single_tensor(opt)
+        fused = all(g.get("fused") and all(p.device.type == "cpu" for p in g["params"])
+                    for g in opt.param_groups) and bool(opt.param_groups)
     except Exception:  # noqa: BLE001 - an optimizer we cannot read: not probed
-        looped = False
-    return OptimizerSpec(type(opt), groups, nbytes, looped)
+        looped = fused = False
+    return OptimizerSpec(type(opt), groups, nbytes, looped, fused)
 
 
 def channels_last(p: torch.Tensor) -> bool:
@@ -217,14 +221,35 @@ def time_optimizer(opt: Any) -> OptimizerProbe:
         return info
     info.loop_ms, info.fix_ms, info.reps = round(best_loop * 1e3, 4), round(best_fix * 1e3, 4), reps
     if info.fix == "fused" and _convertible(spec):
-        info.fix_channels_last_ms = _fused_channels_last(spec, best_fix)
+        got = _fused_layouts(spec)
+        if got is not None and got[0] > 0:  # scaled to the main pass's fused time
+            info.fix_channels_last_ms = round(got[1] / got[0] * best_fix * 1e3, 4)
     return info
 
 
-def _fused_channels_last(spec: OptimizerSpec, fix_s: float) -> float | None:
-    """fused=True's step() (ms) on copies whose 4-D parameters are all channels-last, interleaved
-    with the contiguous copies' fused step() again and scaled to `fix_s` (its least in the main
-    pass), so that both are read at the same moment of the machine; None where it fails."""
+def time_fused_layouts(spec: OptimizerSpec) -> OptimizerProbe:
+    """An optimizer that ran fused=True already: its step() on copies as the script's and on
+    copies with the 4-D parameters channels-last (`fix_ms`, `fix_channels_last_ms`; no loop):
+    what `cpu-bf16`'s fix, which makes a CNN's weights channels-last, adds to its step."""
+    info = OptimizerProbe(threads=torch.get_num_threads(), fix="fused")
+    if spec.nbytes > MAX_PARAM_BYTES:
+        info.skipped = f"the parameters are too large to copy ({spec.nbytes >> 20} MiB)"
+        return info
+    info.tensors = sum(len(g["params"]) for g in spec.groups)
+    info.elements = sum(math.prod(shape) for g in spec.groups for shape, _, _ in g["params"])
+    got = _fused_layouts(spec)
+    if got is None:
+        info.skipped = "the copy or its step failed"
+        return info
+    info.fix_ms, info.fix_channels_last_ms = round(got[0] * 1e3, 4), round(got[1] * 1e3, 4)
+    info.reps = got[2]
+    return info
+
+
+def _fused_layouts(spec: OptimizerSpec) -> tuple[float, float, int] | None:
+    """fused=True's step() (s of CPU time, the least) on copies as the script's and on copies
+    whose 4-D parameters are all channels-last, interleaved so that both are read at the same
+    moment of the machine, and the runs of each; None where it fails."""
     try:
         plain, cl = _copy_groups(spec)[0], _copy_groups(spec, all_cl=True)[0]
         a = _build(spec.cls, plain, foreach=False, fused=True)
@@ -236,17 +261,19 @@ def _fused_channels_last(spec: OptimizerSpec, fix_s: float) -> float | None:
             first_a = cpu_time(a.step)
             before_b()
             first_b = cpu_time(b.step)
-            best_a, best_b, _ = best_interleaved(a.step, b.step, MAX_REPS, BUDGET_S, started,
-                                                 before_a=before_a, before_b=before_b)
-    except Exception:  # noqa: BLE001 - the contiguous figures stand without it
+            best_a, best_b, reps = best_interleaved(a.step, b.step, MAX_REPS, BUDGET_S, started,
+                                                    before_a=before_a, before_b=before_b)
+            best_a, best_b = min(best_a, first_a), min(best_b, first_b)
+    except Exception:  # noqa: BLE001 - the figures without it stand
         return None
-    best_a, best_b = min(best_a, first_a), min(best_b, first_b)
-    return round(best_b / best_a * fix_s * 1e3, 4) if best_a > 0 else None
+    return best_a, best_b, reps
 
 
 def probe(optimizers: dict[str, Any], cuda_used: bool) -> dict[str, OptimizerProbe]:
     """Per class (as `optimizer_times_s` names them), the timed steps of the optimizer that ran
-    the single-tensor loop last; classes that did not are left out. Nothing on a CUDA run."""
+    the single-tensor loop last (time_optimizer), or fused=True already with 4-D parameters in
+    the default layout (time_fused_layouts); other classes are left out. Nothing on a CUDA
+    run."""
     if cuda_used:
         return {}
     out: dict[str, OptimizerProbe] = {}
@@ -254,4 +281,6 @@ def probe(optimizers: dict[str, Any], cuda_used: bool) -> dict[str, OptimizerPro
         spec = opt if isinstance(opt, OptimizerSpec) else spec_of(opt)
         if spec.looped:
             out[name] = time_optimizer(spec)
+        elif spec.fused and _convertible(spec):
+            out[name] = time_fused_layouts(spec)
     return out
