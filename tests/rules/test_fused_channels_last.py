@@ -223,3 +223,8 @@ def test_cpu_bf16_takes_a_fused_optimizers_extra_off_its_saving(cnn: Path, tmp_p
     assert f.metrics["fused_optimizer_cost_ms"] == pytest.approx(1.0)
     assert "SGD 1.50 against 0.50 ms" in f.evidence and "~32.0 % of the step left" in f.evidence
     assert "the fix would free ~42.0 % of the step" in " ".join(f.evidence.split())
+    # No slower on channels-last: nothing taken off, nothing said.
+    same = OptimizerProbe(fix="fused", fix_ms=0.5, fix_channels_last_ms=0.45, reps=5, threads=1)
+    g = _bf16(with_meta(cnn, tmp_path / "same", _bf16_meta(same)))
+    assert g.est_saving_pct == pytest.approx(42.0, abs=0.02)
+    assert "fused_optimizer_cost_ms" not in g.metrics and "fused optimizer" not in g.evidence

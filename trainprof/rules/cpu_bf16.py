@@ -429,7 +429,7 @@ def check(ctx: Context) -> list[Finding]:
             "op_share_pct": round(100 * op_share, 2),
             "stalled_ms_per_step": round(t["stalled"] / 1000, 3),
         }
-    if fused:
+    if fused and cost_ms > 0:
         each = ", ".join(f"{cls} {p.fix_channels_last_ms:.2f} against {p.fix_ms:.2f} ms"
                          for cls, p in fused)
         evidence += (
