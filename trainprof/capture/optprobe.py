@@ -220,6 +220,8 @@ def time_optimizer(opt: Any) -> OptimizerProbe:
         info.skipped = f"the copy or its step failed: {one_line(err)}"
         return info
     info.loop_ms, info.fix_ms, info.reps = round(best_loop * 1e3, 4), round(best_fix * 1e3, 4), reps
+    # the copies above freed before the next two are made: at most two sets of copies at once
+    del loop, fix, groups, fix_groups, before_loop, before_fix
     if info.fix == "fused" and _convertible(spec):
         got = _fused_layouts(spec)
         if got is not None and got[0] > 0:  # scaled to the main pass's fused time
