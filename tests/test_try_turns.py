@@ -213,9 +213,14 @@ def test_workers_measured_in_turns_beside_the_baseline(tmp_path: Path) -> None:
     """Each sample sleeps 5 ms in the dataset: two workers fetch side by side and halve the
     step, one does not; measured in rounds of turns, the best variant is two workers."""
     folder = _starved(tmp_path / "run", "400")
+    tmp = tmp_path / "tmp"  # the rounds' temporary files, their workers' included
+    tmp.mkdir()
     done = trainprof("try", str(folder), "--fix", "dataloader-starvation", "--rounds", "1",
-                     "--steps", "30")
+                     "--steps", "30", env={**os.environ, "TMPDIR": str(tmp)})
     assert done.returncode == 0, done.stderr
+    # The fix's persistent workers stopped with their round: none left a folder behind
+    # (multiprocessing's exit handler terminated them, each leaving one, before)
+    assert not list(tmp.glob("pymp-*"))
     doc = json.loads((folder / "try.json").read_text())
     (fix,) = doc["fixes"]
     # 0.25 s of the run's 21 ms steps: blocks of 12; 25 timed steps a side make 2 ABBA cycles,

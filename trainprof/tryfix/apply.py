@@ -118,8 +118,40 @@ def _dataloader(patches: Patches, options: dict, user: UserCode, applied: Applie
             a["prefetch_factor"] = None
 
     _dataloader_init(patches, change)
+    if n:
+        _workers_end_with_round(patches)
     if options.get("threads"):
         torch.set_num_threads(int(options["threads"]))
+
+
+def _workers_end_with_round(patches: Patches) -> None:
+    """The fix's persistent workers stop when the round ends (at restore), as they would when
+    their iterator is freed. Left to the interpreter's exit, with the script's loader in its
+    globals still holding them, multiprocessing's exit handler terminates them first, and each
+    leaves its temporary folder behind (/tmp/pymp-*, a socket it shared batches through): three a
+    round in tests/scripts/try_turns.py, as plain PyTorch leaves with persistent_workers=True
+    and a global loader."""
+    from torch.utils.data import dataloader
+
+    live: weakref.WeakSet = weakref.WeakSet()
+
+    def make(orig: Callable[..., None]) -> Callable[..., None]:
+        @functools.wraps(orig)
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            orig(self, *args, **kwargs)
+            live.add(self)
+
+        return __init__
+
+    def stop() -> None:
+        for it in list(live):
+            try:
+                it._shutdown_workers()
+            except Exception:  # noqa: BLE001 - the interpreter's exit stops them as before
+                pass
+
+    patches.wrap(dataloader._MultiProcessingDataLoaderIter, "__init__", make)
+    patches.on_restore(stop)
 
 
 def _sharing_strategy(patches: Patches, applied: Applied, strategy: str) -> None:
