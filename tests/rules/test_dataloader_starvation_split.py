@@ -47,6 +47,13 @@ def step(i):
     time.sleep(0.02)
 """
 
+# The ahead loop's step without the profiler as its metadata gives it: longer than the recorded
+# steps (20 ms of sleep and a fetch of about 1 ms). The profiler's cost per recorded event is
+# estimated as the profiled step's excess over this one (analysis/unprofiled); at 20 ms the
+# recording's genuine fetch counted as that cost, took the receiving's time to about none, and
+# two fresh clones' recordings read as all waiting.
+AHEAD_STEP_MS = 25.0
+
 # One worker that takes 40 ms per batch (each sample sleeps) behind a loop that takes none.
 BEHIND = """
 import time
@@ -96,14 +103,14 @@ def behind(tmp_path_factory) -> Path:
 def test_workers_ahead_receiving_is_not_starvation(ahead: Path, tmp_path: Path):
     """A fifth of the step in fetches, nearly all of it receiving: the old estimate called it
     starvation and credited more workers with it; they would remove none of it."""
-    (f,) = _starvation(with_meta(ahead, tmp_path, _meta(2, 20.0, 4.0)))
+    (f,) = _starvation(with_meta(ahead, tmp_path, _meta(2, AHEAD_STEP_MS, 5.0)))
     assert f.title.startswith("Receiving batches from DataLoader workers"), f.title
     m = f.metrics
     # Under a fifth of the fetch waiting: not an absolute bound, since a worker descheduled for
     # a millisecond on a loaded machine makes the loop wait once (1.16 % of the step in one run).
     assert m["wait_pct"] < m["receive_pct"] / 4, m
     assert m["wait_ms_per_step"] < m["receive_ms_per_step"], m
-    assert m["share_pct"] == pytest.approx(20.0)  # the unprofiled fetch: 4 of 20 ms
+    assert m["share_pct"] == pytest.approx(20.0)  # the unprofiled fetch: 5 of 25 ms
     # On a CPU run, moving the receiving elsewhere frees no core: no saving claimed.
     assert f.est_saving_pct == 0 and f.severity == "info"
     assert "set_sharing_strategy" in f.fix and "pin_memory" not in f.fix
@@ -122,7 +129,7 @@ def _try_plan(folder: Path, devices: list[str]) -> tuple[Trial, list[dict]]:
 def test_try_measures_the_receiving_fix_not_more_workers(ahead: Path, tmp_path: Path):
     """On a CPU run: torch's file_system sharing strategy only (no num_workers sweep), and the
     finding's saving of 0 shown as not estimated, not as an estimate of 0."""
-    folder = with_meta(ahead, tmp_path, _meta(2, 20.0, 4.0))
+    folder = with_meta(ahead, tmp_path, _meta(2, AHEAD_STEP_MS, 5.0))
     (f,) = _starvation(folder)
     assert f.metrics["kind"] == "receiving"
     trial, variants = _try_plan(folder, [])
@@ -135,7 +142,7 @@ def test_try_measures_the_receiving_fix_not_more_workers(ahead: Path, tmp_path: 
 
 def test_small_receiving_no_finding(ahead: Path, tmp_path: Path):
     """Workers that keep up and a cheap hand-over (2 % of the step): nothing to report."""
-    assert not _starvation(with_meta(ahead, tmp_path, _meta(2, 20.0, 0.4)))
+    assert not _starvation(with_meta(ahead, tmp_path, _meta(2, AHEAD_STEP_MS, 0.5)))
 
 
 def test_workers_behind_waiting_is_starvation(behind: Path, tmp_path: Path):
@@ -181,7 +188,7 @@ def test_workers_on_every_core_would_not_pay_off(behind: Path, tmp_path: Path):
 def test_no_stacks_whole_fetch_counts_and_says_so(tmp_path: Path):
     """Without Python frames the split is unknown: the whole fetch counts, as before."""
     bare = record(tmp_path / "bare", AHEAD, steps=4, with_stack=False)
-    (f,) = _starvation(with_meta(bare, tmp_path / "meta", _meta(2, 20.0, 4.0)))
+    (f,) = _starvation(with_meta(bare, tmp_path / "meta", _meta(2, AHEAD_STEP_MS, 5.0)))
     assert "wait_pct" not in f.metrics
     assert "no Python frames" in f.evidence
     assert "starves the step despite num_workers=2" in f.title
