@@ -24,9 +24,8 @@ from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
 from trainprof.tryfix.command import Trial, TryOptions
 
 # Batches ready long before the loop asks: 2 workers, 16 batches in flight (more than the steps
-# recorded after the warm-up), each made in microseconds, while the loop sleeps 20 ms per step. So
-# a worker descheduled for a while on a loaded machine still has its batches ready: with 4 in
-# flight, one fresh clone's recording came out as waiting.
+# recorded after the warm-up), each made in microseconds, while the loop sleeps 20 ms per step: a
+# worker descheduled for a while on a loaded machine still has its batches ready.
 AHEAD = """
 import time
 import torch
