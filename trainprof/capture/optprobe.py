@@ -176,17 +176,41 @@ def _backward_over(groups: list[dict]) -> Callable[[], None]:
     return backward
 
 
+def _too_large(spec: OptimizerSpec) -> str:
+    """Why the parameters are not copied (empty: they are)."""
+    if spec.nbytes > MAX_PARAM_BYTES:
+        return f"the parameters are too large to copy ({spec.nbytes >> 20} MiB)"
+    return ""
+
+
+def _step_pair(
+    a: Any, a_groups: list[dict], b: Any, b_groups: list[dict]
+) -> tuple[float, float, int]:
+    """step() of optimizers `a` and `b` on their own copies (s of CPU time, the least of each),
+    each after a backward over its copies, a warm-up step each (the state is created there, its
+    time counted too), then interleaved within BUDGET_S; and the interleaved runs of each."""
+    before_a, before_b = _backward_over(a_groups), _backward_over(b_groups)
+    started = time.perf_counter()
+    with torch.no_grad():
+        before_a()
+        first_a = cpu_time(a.step)
+        before_b()
+        first_b = cpu_time(b.step)
+        best_a, best_b, reps = best_interleaved(a.step, b.step, MAX_REPS, BUDGET_S, started,
+                                                before_a=before_a, before_b=before_b)
+    return min(best_a, first_a), min(best_b, first_b), reps
+
+
 def time_optimizer(opt: Any) -> OptimizerProbe:
     """step() of copies of `opt` (an optimizer or its OptimizerSpec): the single-tensor loop vs
     fused=True (or foreach=True)."""
     spec = opt if isinstance(opt, OptimizerSpec) else spec_of(opt)
     cls = spec.cls
     threads = torch.get_num_threads()
-    info = OptimizerProbe(threads=threads)
+    info = OptimizerProbe(threads=threads, skipped=_too_large(spec))
+    if info.skipped:
+        return info
     try:
-        if spec.nbytes > MAX_PARAM_BYTES:
-            info.skipped = f"the parameters are too large to copy ({spec.nbytes >> 20} MiB)"
-            return info
         groups, info.tensors, info.elements = _copy_groups(spec)
         takes = inspect.signature(cls.__init__).parameters
         loop = _build(cls, groups, foreach=False, **({"fused": False} if "fused" in takes else {}))
@@ -199,29 +223,13 @@ def time_optimizer(opt: Any) -> OptimizerProbe:
                 pass  # as `try` does: a device or dtype fused does not support, foreach then
         if fix is None:
             fix, info.fix = _build(cls, fix_groups, foreach=True), "foreach"
-        before_loop, before_fix = _backward_over(groups), _backward_over(fix_groups)
-        started = time.perf_counter()
-        with torch.no_grad():
-            before_loop()
-            first_loop = cpu_time(loop.step)  # warm-up: the state is created on the first step
-            before_fix()
-            first_fix = cpu_time(fix.step)
-            best_loop, best_fix, reps = best_interleaved(
-                loop.step,
-                fix.step,
-                MAX_REPS,
-                BUDGET_S,
-                started,
-                before_a=before_loop,
-                before_b=before_fix,
-            )
-            best_loop, best_fix = min(best_loop, first_loop), min(best_fix, first_fix)
+        best_loop, best_fix, reps = _step_pair(loop, groups, fix, fix_groups)
     except Exception as err:  # noqa: BLE001 - any failure means the fixed ratios instead
         info.skipped = f"the copy or its step failed: {one_line(err)}"
         return info
     info.loop_ms, info.fix_ms, info.reps = round(best_loop * 1e3, 4), round(best_fix * 1e3, 4), reps
     # the copies above freed before the next two are made: at most two sets of copies at once
-    del loop, fix, groups, fix_groups, before_loop, before_fix
+    del loop, fix, groups, fix_groups
     if info.fix == "fused" and _convertible(spec):
         got = _fused_layouts(spec)
         if got is not None and got[0] > 0:  # scaled to the main pass's fused time
@@ -233,9 +241,8 @@ def time_fused_layouts(spec: OptimizerSpec) -> OptimizerProbe:
     """An optimizer that ran fused=True already: its step() on copies as the script's and on
     copies with the 4-D parameters channels-last (`fix_ms`, `fix_channels_last_ms`; no loop):
     what `cpu-bf16`'s fix, which makes a CNN's weights channels-last, adds to its step."""
-    info = OptimizerProbe(threads=torch.get_num_threads(), fix="fused")
-    if spec.nbytes > MAX_PARAM_BYTES:
-        info.skipped = f"the parameters are too large to copy ({spec.nbytes >> 20} MiB)"
+    info = OptimizerProbe(threads=torch.get_num_threads(), fix="fused", skipped=_too_large(spec))
+    if info.skipped:
         return info
     info.tensors = sum(len(g["params"]) for g in spec.groups)
     info.elements = sum(math.prod(shape) for g in spec.groups for shape, _, _ in g["params"])
@@ -256,19 +263,9 @@ def _fused_layouts(spec: OptimizerSpec) -> tuple[float, float, int] | None:
         plain, cl = _copy_groups(spec)[0], _copy_groups(spec, all_cl=True)[0]
         a = _build(spec.cls, plain, foreach=False, fused=True)
         b = _build(spec.cls, cl, foreach=False, fused=True)
-        before_a, before_b = _backward_over(plain), _backward_over(cl)
-        started = time.perf_counter()
-        with torch.no_grad():
-            before_a()
-            first_a = cpu_time(a.step)
-            before_b()
-            first_b = cpu_time(b.step)
-            best_a, best_b, reps = best_interleaved(a.step, b.step, MAX_REPS, BUDGET_S, started,
-                                                    before_a=before_a, before_b=before_b)
-            best_a, best_b = min(best_a, first_a), min(best_b, first_b)
+        return _step_pair(a, plain, b, cl)
     except Exception:  # noqa: BLE001 - the figures without it stand
         return None
-    return best_a, best_b, reps
 
 
 def probe(optimizers: dict[str, Any], cuda_used: bool) -> dict[str, OptimizerProbe]:
