@@ -407,21 +407,21 @@ def fetches_in_steps(ctx: Context) -> int:
     return len(iv.intersect(ctx.dataloader_spans, ctx.windows)[0])
 
 
-def fetch_pct(ctx: Context) -> float | None:
-    """The fetch's share (%) of the median step without the profiler, at most all of it (None:
-    the run did not time its fetches)."""
+def plain_fetch(ctx: Context) -> float | None:
+    """The median fetch per unprofiled step (µs), at most the median step (None: the run did
+    not time its fetches or steps)."""
     plain, step = unprofiled_fetch(ctx), ctx.unprofiled_step_us
-    if plain is None or not step:
-        return None
-    return 100.0 * min(plain, step) / step
+    return None if plain is None or not step else min(plain, step)
 
 
 def wait_pct(ctx: Context) -> float | None:
     """The loop's wait for its workers, % of its median step without the profiler: the fetch's
     share times the part of it spent waiting (all of it without Python frames in the fetches,
     which cannot then be told from receiving). None: the fetches not timed."""
-    pct = fetch_pct(ctx)
-    return None if pct is None else pct * fetch_split(ctx).wait_share(ctx)
+    plain = plain_fetch(ctx)
+    if plain is None:
+        return None
+    return 100.0 * plain / ctx.unprofiled_step_us * fetch_split(ctx).wait_share(ctx)
 
 
 # The estimate's spread within the run: RESAMPLES draws of the run's samples with replacement
@@ -736,9 +736,9 @@ def estimate(
     # The fetch without the profiler, which inflates a Python-heavy fetch many times over (1.36
     # ms profiled vs 0.10 ms unprofiled per step with 4 workers on an H100): timed by the run at
     # every step.
-    plain, step = unprofiled_fetch(ctx), ctx.unprofiled_step_us
-    if (pct := fetch_pct(ctx)) is not None:
-        plain, share = min(plain, step), pct
+    plain, step = plain_fetch(ctx), ctx.unprofiled_step_us
+    if plain is not None:
+        share = 100 * plain / step
     model = None
     receive_saving = 0.0
     if ctx.gpu_timeline:
