@@ -491,11 +491,13 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     assert switched["block_steps"] == 12 and switched["transition_steps"] == 1
     assert [len(r) for r in fix["step_times_ms"]] == [12] and fix["rounds"] == 1
     assert [len(r) for r in switched["without_step_times_ms"]] == [12]
-    # (medians rounded to the µs: half of it, 0.15 % of a 0.34 ms step on a fast machine)
+    # (the median and each step rounded to the µs, half of it each: the median against the mean
+    # of the rounded steps is off by up to 2 halves, 0.326 against 0.3255 in one fresh clone)
     us = 0.0005
-    assert fix["median_ms"] == pytest.approx(statistics.mean(fix["step_times_ms"][0]), abs=us)
+    assert fix["median_ms"] == pytest.approx(statistics.mean(fix["step_times_ms"][0]),
+                                             abs=2 * us)
     without = statistics.mean(switched["without_step_times_ms"][0])
-    assert switched["without_median_ms"] == pytest.approx(without, abs=us)
+    assert switched["without_median_ms"] == pytest.approx(without, abs=2 * us)
     assert fix["measured_pct"] == pytest.approx(100 * (1 - fix["median_ms"] / without),
                                                 abs=0.05 + 100 * 2 * us / without)
     assert "switched off and on between steps, in blocks of 12 timed steps" in done.stdout
