@@ -95,6 +95,25 @@ SETTLING = COMPILED.format(dynamic="None", length="8 + i")  # automatic dynamic 
 STABLE = COMPILED.format(dynamic="False", length="8")
 
 # try_mlp's optimizer: Adam with foreach=False on a 4-tensor MLP.
+# A small CNN with BatchNorm and plain SGD (cpu-bf16's model-probe tests).
+CNN = """
+import torch
+import torch.nn as nn
+
+torch.manual_seed(0)
+model = nn.Sequential(
+    nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+    nn.Flatten(), nn.Linear(16 * 16 * 16, 10),
+)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
+
+def step(i):
+    opt.zero_grad()
+    nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+"""
+
 ADAM = """
 import torch
 import torch.nn as nn

@@ -167,12 +167,17 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     model_bf16_ms: float | None = None
     model_reps: int = 0  # interleaved timed runs of each (the least taken)
     model_channels_last: bool = False  # the fix made it channels-last too (a CNN)
+    # A CNN not channels-last already, timed under bf16 in its own layout too (the fix's other
+    # layout; analysis/bf16_layout takes the faster): one thread, and at the script's threads
+    # beside the pair below. None: not timed (not a CNN, older metadata).
+    model_bf16_own_layout_ms: float | None = None
     model_skipped: str = ""
     # The same pair at the script's intra-op thread count, wall time, when it was over one (None
     # otherwise and in older metadata): what the rule uses when present.
     model_threads: int = 1
     model_fp32_threads_ms: float | None = None
     model_bf16_threads_ms: float | None = None
+    model_bf16_own_layout_threads_ms: float | None = None
     # The least of a fixed piece of work timed between the pairs above (ms; capture/phaseref,
     # None: not timed): their speed, against RunMeta.phase_ref_s at the run's steps.
     model_phase_ref_ms: float | None = None

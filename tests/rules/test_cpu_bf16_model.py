@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_loops import CNN
 from cpu_trace import record, with_meta
 from torch import nn
 
@@ -181,23 +182,6 @@ def test_a_run_keeps_the_last_training_call(tmp_path: Path, monkeypatch: pytest.
 
 
 # ----- the rule's arithmetic -------------------------------------------------------------------
-CNN = """
-import torch
-import torch.nn as nn
-
-torch.manual_seed(0)
-model = nn.Sequential(
-    nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-    nn.Flatten(), nn.Linear(16 * 16 * 16, 10),
-)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
-x, y = torch.randn(16, 3, 32, 32), torch.randint(0, 10, (16,))
-
-def step(i):
-    opt.zero_grad()
-    nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
-"""
 CONV = [[1e6, 2.0], [1e9, 2.0]]  # the curves say 2x: a finding if they were used
 
 

@@ -86,14 +86,3 @@ def fused_cpu(ctx: Context, lp: Loop, up: Update) -> FusedCpu:
         cost = max(extra, 0.0) * share
     return FusedCpu(ratio, share, measured, saved, probed, cost)
 
-
-def fused_layout_cost(ctx: Context) -> tuple[float, list[tuple[str, OptimizerProbe]]]:
-    """What the script's optimizers that ran fused=True already would take more per step (ms of
-    CPU time, each stepping once a step) with their 4-D parameters channels-last, as
-    `cpu-bf16`'s fix makes a CNN's: torch's fused CPU kernels run several times slower there
-    (capture/optprobe time_fused_layouts); and the probes it is from."""
-    probes = ctx.meta.optimizer_probe if ctx.meta is not None else {}
-    got = [(cls, p) for cls, p in probes.items()
-           if p.loop_ms is None and p.fix == "fused" and p.fix_ms is not None
-           and p.fix_channels_last_ms is not None]
-    return sum(max(p.fix_channels_last_ms - p.fix_ms, 0.0) for _, p in got), got

@@ -1,5 +1,5 @@
 """The cpu-bf16 / no-amp fix on one module: bf16 autocast around its forward, channels-last
-weights and 4-D float inputs for a CNN on a CPU, fp32 outputs.
+weights and 4-D float inputs for a CNN on a CPU where that layout pays, fp32 outputs.
 
 Shared by `trainprof try --fix cpu-bf16` (tryfix/apply.py, on the script's model) and by the
 estimate's model probe (capture/modelprobe.py, on a copy of it), so that what the estimate times
@@ -34,18 +34,36 @@ def _channels_last(x: Any) -> Any:
     return x
 
 
+def is_cnn(module: torch.nn.Module) -> bool:
+    """The module holds Conv2d layers: the fix can make it channels-last on a CPU."""
+    return any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+
+
+def channels_last_now(module: torch.nn.Module) -> bool:
+    """Whether the module's 4-D parameters are all channels-last already (the script's own)."""
+    four = [p for p in module.parameters() if p.dim() == 4]
+    return bool(four) and all(
+        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
+        for p in four
+    )
+
+
 def install_autocast(
-    module: torch.nn.Module, device: str, enabled: Callable[[], bool] | None = None
+    module: torch.nn.Module,
+    device: str,
+    enabled: Callable[[], bool] | None = None,
+    channels_last: bool = True,
 ) -> bool:
     """Make `module`'s forward run under bf16 autocast on `device` (an instance attribute: only
     this module), its outputs back in fp32. On a CPU, a module with Conv2d layers also gets its
     parameters converted to channels-last in place (the optimizer keeps the same tensors) and
-    its 4-D float inputs converted on each call: oneDNN's bf16 convolutions want that layout.
-    `enabled`, where given, is asked at each call: False runs the plain forward (`trainprof try`
-    switching the fix off between steps, tryfix/switch; the caller restores the layout).
-    Returns whether channels-last was applied."""
+    its 4-D float inputs converted on each call, the layout oneDNN's bf16 convolutions are
+    written for; unless `channels_last` is False (the model probe measured the model's own
+    layout faster under bf16: analysis/bf16_layout). `enabled`, where given, is asked at each
+    call: False runs the plain forward (`trainprof try` switching the fix off between steps,
+    tryfix/switch; the caller restores the layout). Returns whether channels-last was applied."""
     forward = module.forward
-    cl = device == "cpu" and any(isinstance(m, torch.nn.Conv2d) for m in module.modules())
+    cl = channels_last and device == "cpu" and is_cnn(module)
     if cl:
         try:
             module.to(memory_format=torch.channels_last)

@@ -262,6 +262,8 @@ def probe(
         model_threads=times.threads,
         model_fp32_threads_ms=times.fp32_threads_ms,
         model_bf16_threads_ms=times.bf16_threads_ms,
+        model_bf16_own_layout_ms=times.bf16_own_layout_ms,
+        model_bf16_own_layout_threads_ms=times.bf16_own_layout_threads_ms,
         model_phase_ref_ms=times.ref_ms,
         model_reps=times.reps,
         model_channels_last=times.channels_last,

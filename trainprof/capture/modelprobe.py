@@ -1,6 +1,9 @@
 """The user's own model, forward + backward on its last training batch: fp32 as the script ran it
-vs what `trainprof try --fix cpu-bf16` applies (capture/bf16fix: bf16 autocast, channels-last
-for a CNN, fp32 outputs). Timed after the script ends, for cpu-bf16's estimate. Also
+vs what `trainprof try --fix cpu-bf16` applies (capture/bf16fix: bf16 autocast, fp32 outputs),
+for a CNN in both layouts the fix can leave it in, channels-last and the script's own (which is
+faster depends on the model: a two-conv CNN ran 10 % faster in its own layout, a ResNet-18 10 %
+slower; analysis/bf16_layout takes the faster). Timed after the script ends, for cpu-bf16's
+estimate. Also
 (`thread_times`) fp32 at the intra-op thread counts DataLoader workers would leave the model, for
 dataloader-starvation's CPU estimate.
 
@@ -10,17 +13,17 @@ speeds up or slows down every layer, autocast adds casts between them, and the p
 the traced times (~27,000 page faults per fp32 step). Timing the model itself measures all of
 that at once.
 
-The user's objects are never changed: two deep copies of the module are timed (BatchNorm running
-statistics and .grad of the script's model stay as they are), on the last batch's tensors
-(cloned for the probe: a forward that writes into its input writes into the clone). One intra-op
-thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not counted),
-the least of a few interleaved runs after a warm-up of each; and when the script ran several
-intra-op threads, the pair again with that many, in wall time (bf16's gain is smaller there:
-the casts and small kernels do not split over threads as the matmuls do). Skipped, with the
-reason, when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called,
-or one fp32 forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after
-BUDGET_S. A fixed piece of work is timed after each pair, its least kept (`ref_ms`): the speed
-the pairs ran at, against the speed of the run's steps (capture/phaseref).
+The user's objects are never changed: two deep copies of the module are timed, three for a CNN
+(BatchNorm running statistics and .grad of the script's model stay as they are), on the last batch's
+tensors (cloned for the probe: a forward that writes into its input writes into the clone). One
+intra-op thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not
+counted), the least of a few interleaved runs after a warm-up of each; and when the script ran
+several intra-op threads, the pair again with that many, in wall time (bf16's gain is smaller there:
+the casts and small kernels do not split over threads as the matmuls do). Skipped, with the reason,
+when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or one fp32
+forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S. A fixed
+piece of work is timed after each pair, its least kept (`ref_ms`): the speed the pairs ran at,
+against the speed of the run's steps (capture/phaseref).
 
 CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
 fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
@@ -42,13 +45,13 @@ from typing import Any
 
 import torch
 
-from trainprof.capture.bf16fix import install_autocast
-from trainprof.capture.cputime import best_interleaved, cpu_time, wall_time
+from trainprof.capture.bf16fix import channels_last_now, install_autocast
+from trainprof.capture.cputime import cpu_time, least_interleaved, wall_time
 from trainprof.capture.phaseref import least_ms, reference
 from trainprof.errors import one_line
 from trainprof.runmeta import RunMeta
 
-MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two copies are made
+MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two or three copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
 BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
 MAX_REPS = 20  # 5 left the ratio of a small CNN spread over 0.35-0.48 between probes; 20: 0.44-0.48
@@ -62,7 +65,10 @@ class ModelTimes:
     """One forward + backward of the model, ms of CPU time on one thread; or why not."""
 
     fp32_ms: float | None = None
-    bf16_ms: float | None = None
+    bf16_ms: float | None = None  # the fix as install_autocast applies it by default
+    # A CNN in the script's own layout (not channels-last) under bf16 too: the fix's other
+    # layout (None: not a CNN, channels-last already, or not timed).
+    bf16_own_layout_ms: float | None = None
     reps: int = 0  # timed runs of each after the warm-up (0: the warm-ups' times)
     model: str = ""  # the root module's class name
     channels_last: bool = False  # the fix made the copy channels-last (a CNN)
@@ -73,6 +79,7 @@ class ModelTimes:
     threads: int = 1
     fp32_threads_ms: float | None = None
     bf16_threads_ms: float | None = None
+    bf16_own_layout_threads_ms: float | None = None
     # The least of a fixed piece of work timed after each pair (capture/phaseref): the speed the
     # machine ran the pairs at, against its speed at the run's steps. None: not timed.
     ref_ms: float | None = None
@@ -150,59 +157,70 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
                 m.train()  # as it was when the batch was kept
                 for p in m.parameters():
                     p.grad = None
+            # A CNN not channels-last already: bf16 in its own layout too, the fix's other layout.
             cl = install_autocast(m16, "cpu")
-            fp32, bf16 = _step(m32, args, kwargs), _step(m16, args, kwargs)
+            own = cl and not channels_last_now(module)
+            runs = [_step(m32, args, kwargs), _step(m16, args, kwargs)]
+            if own:
+                m16k = copy.deepcopy(m32)
+                install_autocast(m16k, "cpu", channels_last=False)
+                runs.append(_step(m16k, args, kwargs))
             started = time.perf_counter()
-            first = cpu_time(fp32)  # warm-up: oneDNN builds its kernels on the first call
+            first = cpu_time(runs[0])  # warm-up: oneDNN builds its kernels on the first call
             if first > MAX_CALL_S:
                 return ModelTimes(
                     model=name,
                     skipped=f"one fp32 forward + backward took {first:.1f} s (over {MAX_CALL_S} s)",
                 )
-            first16 = cpu_time(bf16)
+            firsts = [first, *(cpu_time(run) for run in runs[1:])]
             # A model slow enough that the warm-ups used the budget up: their times stand (they
             # include building oneDNN's kernels, a small part of a call this long).
             refs: list[float] = []
-            best32, best16, reps = best_interleaved(
-                fp32, bf16, MAX_REPS, BUDGET_S, started, lambda: refs.append(reference())
+            best, reps = least_interleaved(
+                runs, MAX_REPS, BUDGET_S, started, lambda: refs.append(reference())
             )
-            best32, best16 = min(best32, first), min(best16, first16)
-            many = _at_threads(fp32, bf16, threads, refs) if threads > 1 else None
+            best = [min(b, f) for b, f in zip(best, firsts, strict=True)]
+            many = _at_threads(runs, threads, refs) if threads > 1 else None
     except Exception as err:  # noqa: BLE001 - any failure means the curve estimate instead
         return ModelTimes(model=name, skipped=f"the copy or its call failed: {one_line(err)}")
     finally:
         torch.set_num_threads(threads)
+    ms = [round(b * 1e3, 3) for b in best]
+    ms_many = [round(b * 1e3, 3) for b in many] if many else [None] * len(runs)
     return ModelTimes(
-        fp32_ms=round(best32 * 1e3, 3), bf16_ms=round(best16 * 1e3, 3), reps=reps, model=name,
-        channels_last=cl, threads=threads,
-        fp32_threads_ms=round(many[0] * 1e3, 3) if many else None,
-        bf16_threads_ms=round(many[1] * 1e3, 3) if many else None,
+        fp32_ms=ms[0], bf16_ms=ms[1], reps=reps, model=name, channels_last=cl,
+        threads=threads, fp32_threads_ms=ms_many[0], bf16_threads_ms=ms_many[1],
+        bf16_own_layout_ms=ms[2] if own else None,
+        bf16_own_layout_threads_ms=ms_many[2] if own else None,
         ref_ms=least_ms(refs),
     )  # fmt: skip
 
 
 def _at_threads(
-    fp32: Callable[[], None], bf16: Callable[[], None], threads: int, refs: list[float]
-) -> tuple[float, float] | None:
-    """(fp32 s, bf16 s) of wall time with `threads` intra-op threads after a warm-up of each (a
-    pool of that size started, kernels for it built), run alternately: fp32 the least of its
-    runs, bf16 that times the median of bf16 / fp32 over adjacent runs. A VM's vCPUs change
-    speed for seconds at a time and a wall clock sees it (CPU time cannot be had for the other
-    threads): one fp32 run in a fast second made metrics_sync's ResNet 0.84x where its probes
-    measure 0.68-0.74x; adjacent runs share their second. None when the warm-ups alone used the
-    budget up. The reference (capture/phaseref) is timed after each pair, into `refs`."""
+    runs: list[Callable[[], None]], threads: int, refs: list[float]
+) -> list[float] | None:
+    """[fp32 s, then each bf16 variant's s] of wall time with `threads` intra-op threads after a
+    warm-up of each (a pool of that size started, kernels for it built), run in turn: fp32 the
+    least of its runs, each other that times the median of its time / fp32's over the same
+    turns. A VM's vCPUs change speed for seconds at a time and a wall clock sees it (CPU time
+    cannot be had for the other threads): one fp32 run in a fast second made metrics_sync's
+    ResNet 0.84x where its probes measure 0.68-0.74x; runs of one turn share their second. None
+    when the warm-ups alone used the budget up. The reference (capture/phaseref) is timed after
+    each turn, into `refs`."""
     torch.set_num_threads(threads)
     started = time.perf_counter()
-    fp32(), bf16()  # the warm-ups
+    for run in runs:  # the warm-ups
+        run()
     if time.perf_counter() - started > THREADS_BUDGET_S:
         return None
     started = time.perf_counter()
-    pairs: list[tuple[float, float]] = []
-    while len(pairs) < THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
-        pairs.append((wall_time(fp32), wall_time(bf16)))
+    turns: list[list[float]] = []
+    while len(turns) < THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
+        turns.append([wall_time(run) for run in runs])
         refs.append(reference())
-    best = min(a for a, _ in pairs)
-    return best, best * statistics.median(b / a for a, b in pairs)
+    best = min(t[0] for t in turns)
+    return [best] + [best * statistics.median(t[i] / t[0] for t in turns)
+                     for i in range(1, len(runs))]
 
 
 def thread_times(

@@ -14,11 +14,17 @@ no finding: the trace does not say which CPU recorded it.
 
 Saving estimate: measured on the user's own model. `trainprof run` keeps the root module's last
 training call (the module and its batch, detached; only the last one is held) and, after the script
-ends, times forward + backward (the float outputs summed, `.backward()`) of two deep copies of the
+ends, times forward + backward (the float outputs summed, `.backward()`) of deep copies of the
 module on that batch: one in fp32 as the script ran it, one under exactly what `trainprof try --fix
-cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast around the forward,
-channels-last weights and 4-D float inputs for a CNN, fp32 outputs). One intra-op thread, CPU time
-of the thread, the least of up to 20 interleaved runs after a warm-up of each
+cpu-bf16` applies (`capture/bf16fix.py`, shared with `try`: bf16 autocast around the forward, fp32
+outputs). A CNN (Conv2d layers) not channels-last already is timed under bf16 in both layouts the
+fix can leave it in, channels-last weights and 4-D float inputs (the layout oneDNN's bf16
+convolutions are written for) and its own, and the estimate and `try` both take the faster
+(`analysis/bf16_layout.py`): which one pays depends on the model (an AVX512-BF16 Zen 5 EPYC, one
+thread: try_fakedata's CNN 4.1 ms channels-last against 8.7 ms in its own layout, quickstart's
+two-conv CNN on its 48x48 batch 9.5 against 8.5 ms, a ResNet-18 at 64x64 130 against 143 ms).
+The fix text says which. One intra-op thread, CPU time of the thread, the least of up to 20
+interleaved runs after a warm-up of each
 (`capture/modelprobe.py`); and when the script ran several intra-op threads, the pair again with
 that many, in wall time, which the estimate then uses: bf16's gain shrinks with threads
 (Lightning's example MLP: 2.1x on one thread, 1.6x on two; taken at one thread its estimate was
@@ -84,7 +90,8 @@ for every size.
 The fix's channels-last weights slow a fused optimizer down: torch's fused CPU kernels run
 several times slower on them (a ResNet-18's SGD with momentum: 2.15 ms fused on contiguous
 weights, 6.9-10.8 ms on channels-last). Where the script's optimizer ran fused=True already, its
-step() is timed after the run on copies in both layouts (capture/optprobe), and the difference is
+step() is timed after the run on copies in both layouts (capture/optprobe): the difference counts
+against channels-last in the choice of layout, and where channels-last is still the faster it is
 taken off the saving (`fused_optimizer_cost_ms`). A single-tensor loop runs about as fast on
 either layout; fused=True on top of this fix is `optimizer-foreach`'s to say.
 """
@@ -97,9 +104,9 @@ from typing import NamedTuple
 import numpy as np
 
 from trainprof.analysis import phase, unprofiled
+from trainprof.analysis.bf16_layout import ModelPair, fused_layout_cost, model_pair
 from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
-from trainprof.analysis.fused_cpu import fused_layout_cost
 from trainprof.analysis.model import Finding
 from trainprof.analysis.opflops import (
     eltwise_elements,
@@ -124,6 +131,12 @@ FIX = (
     "model = model.to(memory_format=torch.channels_last)  # the layout oneDNN's bf16 convs want\n"
     'with torch.autocast(device_type="cpu", dtype=torch.bfloat16):\n'
     "    loss = loss_fn(model(x.contiguous(memory_format=torch.channels_last)), y)\n"
+    "loss.backward()  # bf16 keeps fp32's range: no GradScaler"
+)
+# Not a CNN, or a CNN that ran faster under bf16 in its own layout (analysis/bf16_layout)
+FIX_OWN_LAYOUT = (
+    'with torch.autocast(device_type="cpu", dtype=torch.bfloat16):\n'
+    "    loss = loss_fn(model(x), y)\n"
     "loss.backward()  # bf16 keeps fp32's range: no GradScaler"
 )
 
@@ -284,14 +297,6 @@ def model_fraction(ctx: Context) -> float:
     return float(np.clip(np.median(inside[ok] / rest[ok]), 0.0, 1.0)) if ok.any() else 1.0
 
 
-def model_pair(probe: CpuBf16) -> tuple[float | None, float | None, int]:
-    """(fp32 ms, bf16 ms, intra-op threads) of the model probe: at the script's thread count when
-    it was timed there (bf16's gain shrinks with threads), else on one thread."""
-    if probe.model_fp32_threads_ms and probe.model_bf16_threads_ms is not None:
-        return probe.model_fp32_threads_ms, probe.model_bf16_threads_ms, probe.model_threads
-    return probe.model_fp32_ms, probe.model_bf16_ms, 1
-
-
 class ModelSaving(NamedTuple):
     """cpu-bf16's estimate from the model probe, each part as the evidence states it."""
 
@@ -301,7 +306,7 @@ class ModelSaving(NamedTuple):
     fraction: float  # of that rest, the model's forward + backward (recorded steps' ranges)
     model_ms: float  # the model's forward + backward in the loop, M
     fixed_ms: float  # M under the fix
-    probe: tuple[float, float, int]  # the probe's (fp32 ms, bf16 ms, threads): model_pair
+    probe: ModelPair  # the probe's figures and the layout taken (analysis/bf16_layout)
     pace: float = 1.0  # how much slower the steps ran than the probe (analysis/phase)
 
 
@@ -309,7 +314,8 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     """The estimate from the model probe; None when the model was not timed or the step's parts
     are unknown (then the curves stand in). The fix saves the probe's ratio of the loop's own
     model time, M x (1 - B / A)."""
-    a, b, threads = model_pair(probe)
+    pair = model_pair(probe, ctx.meta)
+    a, b = pair.fp32_ms, pair.bf16_ms
     if not a or b is None or ctx.unprofiled_step_us is None:
         return None
     share = model_share(ctx)
@@ -324,8 +330,19 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     # no saving.
     fixed_ms = model_ms * b / a
     saving = max(model_ms - fixed_ms, 0.0) / step_ms
-    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, (a, b, threads),
+    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, pair,
                        pace)  # fmt: skip
+
+
+def _layout(pair: ModelPair) -> str:
+    """The layout the fix takes, as the evidence states it after "bf16 autocast"."""
+    if pair.other_ms is None:
+        return ", channels-last" if pair.channels_last else ""
+    if pair.channels_last:
+        return f", channels-last; {pair.other_ms:.1f} ms in the model's own layout"
+    extra = (f" and {pair.fused_cost_ms:.2f} ms more in the script's fused optimizer"
+             if pair.fused_cost_ms > 0 else "")  # fmt: skip
+    return f" in the model's own layout; channels-last took {pair.other_ms:.1f} ms{extra}"
 
 
 def check(ctx: Context) -> list[Finding]:
@@ -353,8 +370,8 @@ def check(ctx: Context) -> list[Finding]:
         op_share = unprofiled.typical_share(ctx, ops_us, spans, minus_us=t["stalled"])
         saving_share = op_share * freed / ops_us
     # The fix's channels-last weights slow the script's fused optimizers down: off the saving.
-    channels_last = probe.model_channels_last if measured is not None else conv_us > 0
-    cost_ms, fused = fused_layout_cost(ctx) if channels_last else (0.0, [])
+    channels_last = measured.probe.channels_last if measured is not None else conv_us > 0
+    cost_ms, fused = fused_layout_cost(ctx.meta) if channels_last else (0.0, [])
     step_us = ctx.unprofiled_step_us or ctx.mean_step_us
     model_share = saving_share  # what the fix frees of the model's time, as the evidence says
     if cost_ms > 0 and step_us:
@@ -373,14 +390,14 @@ def check(ctx: Context) -> list[Finding]:
     )
     if measured is not None:
         m = measured
-        f32, b16, threads = m.probe
+        pair = m.probe
+        f32, b16, threads = pair.fp32_ms or 0.0, pair.bf16_ms or 0.0, pair.threads
         on = "one thread" if threads == 1 else f"{threads} intra-op threads as the script ran"
         evidence = (
             f"{traced} Measured after the run on a copy of the model ({probe.model}) and its last "
             f"batch, {on}: forward + backward took {f32:.1f} ms in fp32 and {b16:.1f} ms "
-            "under what `trainprof try --fix cpu-bf16` applies (bf16 autocast"
-            + (", channels-last" if probe.model_channels_last else "")
-            + f"), {f32 / max(b16, 1e-9):.2f}x as fast. Without the profiler the step minus its "
+            f"under what `trainprof try --fix cpu-bf16` applies (bf16 autocast{_layout(pair)}), "
+            f"{f32 / max(b16, 1e-9):.2f}x as fast. Without the profiler the step minus its "
             f"DataLoader fetches and optimizer step takes ~{100 * m.rest_share:.0f} % of the step "
             f"({m.rest_share * ctx.unprofiled_step_us / 1000:.1f} ms, medians over {m.steps} "
             f"unprofiled steps), the model's forward + backward {100 * m.fraction:.0f} % of that "
@@ -399,6 +416,7 @@ def check(ctx: Context) -> list[Finding]:
             "model_fp32_ms": f32,
             "model_bf16_ms": b16,
             "model_threads": threads,
+            **({"model_bf16_other_layout_ms": pair.other_ms} if pair.other_ms is not None else {}),
             "forward_backward_share_pct": round(100 * m.rest_share, 2),
             "model_fraction_pct": round(100 * m.fraction, 1),
             "model_ms_per_step": round(m.model_ms, 3),
@@ -445,7 +463,7 @@ def check(ctx: Context) -> list[Finding]:
             title=f"fp32 convolutions/matmuls on a CPU with {probe.isa}: {ms(conv_us + mm_us)}"
             "/step",
             evidence=evidence,
-            fix=FIX,
+            fix=FIX if channels_last else FIX_OWN_LAYOUT,
             saving_us_per_step=saving,
             location=loc,
             metrics={

@@ -61,14 +61,16 @@ channels-last. The probe's copies keep each parameter's layout, and where some a
 default layout it also times fused=True with them channels-last: the evidence says what the fix
 saves, or adds, beside `cpu-bf16`'s, and `channels_last_cost_pct` is what `trainprof try` takes
 off the estimate of the two together (examples/metrics_sync.py: `cpu-bf16` +20.4 to +22.2 %,
-fused SGD +1.1 to +2.9 %, both +15.3 % against a sum of 22.0 %). The finding's own saving is for
-the run's layout.
+fused SGD +1.1 to +2.9 %, both +15.3 % against a sum of 22.0 %). Not where `cpu-bf16`'s fix
+keeps the model's own layout, having measured it faster under bf16. The finding's own saving is
+for the run's layout.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
+from trainprof.analysis.bf16_layout import fix_channels_last
 from trainprof.analysis.breakdown import closure_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.fused_cpu import FUSED_OK, PLAIN_SGD_RATIO, fused_cpu
@@ -172,7 +174,9 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
                 + f"): ~{100 * saved:.1f} % of the step."
             )
             metrics.update(probe_loop_ms=pr.loop_ms, probe_fix_ms=pr.fix_ms, probe_fix=pr.fix)
-            if fc.channels_last_cost is not None and pr.fix_channels_last_ms is not None:
+            # not where cpu-bf16's fix keeps the CNN's own layout (analysis/bf16_layout)
+            if (fc.channels_last_cost is not None and pr.fix_channels_last_ms is not None
+                    and fix_channels_last(ctx.meta) is not False):
                 evidence += _channels_last(pr.loop_ms, pr.fix_ms, pr.fix_channels_last_ms,
                                            saved, fc.channels_last_cost)
                 metrics.update(probe_fix_channels_last_ms=pr.fix_channels_last_ms,

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from trainprof.analysis.loader_cuts import EVAL_PREFETCH, place_names
-from trainprof.capture.bf16fix import install_autocast
+from trainprof.capture.bf16fix import channels_last_now, install_autocast, is_cnn
 from trainprof.capture.cudacheck import cuda_available
 from trainprof.capture.optprobe import fused_ok
 from trainprof.capture.patching import Patches, edit_init
@@ -71,7 +71,8 @@ def install(
             _metrics(patches, applied)
         elif rule in ("no-amp", "cpu-bf16"):
             root.on_root.append(functools.partial(
-                _autocast, rule=rule, applied=applied, patches=patches, switch=switch
+                _autocast, rule=rule, applied=applied, patches=patches, switch=switch,
+                channels_last=bool(options.get("channels_last", True)),
             ))
         elif rule == "launch-bound":
             root.on_root.append(
@@ -428,7 +429,8 @@ def _device_type(module: torch.nn.Module) -> str:
 
 
 def _autocast(
-    module: torch.nn.Module, rule: str, applied: Applied, patches: Patches, switch: Switch
+    module: torch.nn.Module, rule: str, applied: Applied, patches: Patches, switch: Switch,
+    channels_last: bool = True,
 ) -> None:
     device = _device_type(module)
     if device == "cuda" and not torch.cuda.is_bf16_supported():
@@ -439,26 +441,20 @@ def _autocast(
     if device not in ("cuda", "cpu"):
         applied.skipped[rule] = f"autocast on {device} is not tried"
         return
-    # On a CPU, oneDNN's bf16 convolutions want channels-last (cpu-bf16's fix says so, and its
-    # estimate's model probe times the model so): the model's weights and 4-D inputs converted.
-    was_cl = _channels_last_now(module)
-    cl = install_autocast(module, device, lambda: switch.on)
+    # On a CPU, a CNN's weights and 4-D inputs are converted to channels-last, unless the run's
+    # model probe measured the model's own layout faster under bf16 (`channels_last` False: the
+    # layout cpu-bf16's estimate was for, analysis/bf16_layout).
+    was_cl = channels_last_now(module)
+    cl = install_autocast(module, device, lambda: switch.on, channels_last)
     if cl and not was_cl:
         _layout_follows(module, patches, switch)
     applied.notes.append(
         f"bf16 autocast on {type(module).__name__}.forward ({device})"
         + (", channels-last weights and inputs" if cl else "")
+        + (", its own layout kept (faster under bf16 in the run's model probe)"
+           if not channels_last and device == "cpu" and is_cnn(module) else "")
     )
     # the model is kept by the script; undone with the process (rounds are one process each)
-
-
-def _channels_last_now(module: torch.nn.Module) -> bool:
-    """Whether the module's 4-D parameters are all channels-last already (the script's own)."""
-    four = [p for p in module.parameters() if p.dim() == 4]
-    return bool(four) and all(
-        p.is_contiguous(memory_format=torch.channels_last) and not p.is_contiguous()
-        for p in four
-    )
 
 
 def _layout_follows(module: torch.nn.Module, patches: Patches, switch: Switch) -> None:

@@ -99,13 +99,18 @@ def variants_for(
     kind: str | None = None,
     pinned: bool = False,
     evaluation: list[str] | None = None,
+    channels_last: bool | None = None,
 ) -> list[dict]:
     """The option sets to measure for `rule` (several: a sweep, the best one kept). `threads`:
     the run's intra-op threads (None: unknown). `kind`: the kind of the run's finding for `rule`
     (dataloader-starvation: "receiving" measures that finding's own fixes, not more workers);
     `pinned`: the run's DataLoaders already use pin_memory=True; `evaluation`: where the
     evaluation loaders the script leaves before their end are built (file:line), given
-    prefetch_factor EVAL_PREFETCH with workers (analysis/loader_cuts)."""
+    prefetch_factor EVAL_PREFETCH with workers (analysis/loader_cuts); `channels_last`: the
+    layout cpu-bf16's estimate took for a CNN (analysis/bf16_layout; the fix's default,
+    channels-last, unless the model's own layout was measured faster)."""
+    if rule == "cpu-bf16" and channels_last is False:
+        return [{"channels_last": False}]
     if rule == "launch-bound" and cuda:
         # The estimate is the launch gaps of the model's forward and backward, which CUDA graphs
         # remove; the default mode fuses element-wise chains but launches each kernel it keeps
@@ -167,6 +172,9 @@ def change_text(rule: str, options: dict) -> str:
     if rule == "launch-bound" and options.get("mode"):
         return (f'torch.compile of the root module, mode="{options["mode"]}" (CUDA graphs; '
                 "compile time not timed)")
+    if rule == "cpu-bf16" and options.get("channels_last") is False:
+        return ("bf16 autocast around the root module's forward, the model in its own layout "
+                "(channels-last measured slower) (numerics change)")
     return {
         "pageable-memcpy": "DataLoader(pin_memory=True) + .to('cuda', non_blocking=True) "
         "for host-to-device copies",
@@ -193,6 +201,9 @@ def permanent_text(rule: str, options: dict, optimizer: str | None = None) -> st
         return f"torch.optim.{optimizer}(params, ..., {flag})"
     if rule == "launch-bound" and options.get("mode"):
         return f'model = torch.compile(model, mode="{options["mode"]}")'
+    if rule == "cpu-bf16" and options.get("channels_last") is False:
+        return ('with torch.autocast(device_type="cpu", dtype=torch.bfloat16): '
+                "loss = criterion(model(x), y)  # the model in its own layout")
     if rule == "dataloader-starvation" and options.get("sharing_strategy"):
         # torch's docs: names in /dev/shm can outlive a process that is killed
         return (f'import torch.multiprocessing; torch.multiprocessing.set_sharing_strategy('

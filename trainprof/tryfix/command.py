@@ -37,6 +37,7 @@ from typing import Any
 import msgspec
 
 from trainprof.analysis import loader_cuts, loader_streams
+from trainprof.analysis.bf16_layout import fix_channels_last
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import (
@@ -336,7 +337,7 @@ class Trial:
                 rule, cores, self.cuda, workers, self.meta.torch_threads,
                 kind=self.kind.get(rule),
                 pinned=bool(loaders) and all(d.pin_memory for d in loaders),
-                evaluation=evaluation,
+                evaluation=evaluation, channels_last=fix_channels_last(self.meta),
             )
             if rule == LOADER and loaders:
                 options = _within_streams(options, loaders)
