@@ -10,7 +10,8 @@ saving `compare` measured.
 `--try`: for each example (broken form) and each CPU workload of tests/scripts (try_mlp: an
 in-memory TensorDataset MLP, try_fakedata: a torchvision FakeData+ToTensor CNN, try_jpeg: JPEG
 files decoded and augmented per sample, try_threaded_fetch: a transform of one large matmul per
-sample, faster on several intra-op threads), `trainprof run` it, then `trainprof try` the run
+sample, faster on several intra-op threads, try_fused_cnn: a ResNet-18 whose SGD is fused=True
+already), `trainprof run` it, then `trainprof try` the run
 folder, and print per rule the estimate next to the measurement `try` made (profiler off,
 interleaved rounds), with its interval, verdict, and whether the estimate is within the target
 (±30 % of the measured saving, 2 points under 5 %; "noise" where it is not, but the interval
@@ -180,6 +181,7 @@ TRY_WORKLOADS = [
     ("try_fakedata", "tests/scripts/try_fakedata.py", ["200"], RUN_STEPS),
     ("try_jpeg", "tests/scripts/try_jpeg.py", ["200"], RUN_STEPS),
     ("try_threaded_fetch", "tests/scripts/try_threaded_fetch.py", ["200"], RUN_STEPS),
+    ("try_fused_cnn", "tests/scripts/try_fused_cnn.py", ["200"], RUN_STEPS),
     ("dataloader_starved", "examples/dataloader_starved.py", ["--steps", "60"], RUN_STEPS),
     ("dataloader_starved_fixed", "examples/dataloader_starved.py", ["--steps", "60", "--fixed"],
      RUN_STEPS),
