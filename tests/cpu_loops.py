@@ -94,7 +94,6 @@ RECOMPILING = COMPILED.format(dynamic="False", length="8 + i")  # a new length e
 SETTLING = COMPILED.format(dynamic="None", length="8 + i")  # automatic dynamic shapes
 STABLE = COMPILED.format(dynamic="False", length="8")
 
-# try_mlp's optimizer: Adam with foreach=False on a 4-tensor MLP.
 # A small CNN with BatchNorm and plain SGD (cpu-bf16's model-probe tests).
 CNN = """
 import torch
@@ -114,6 +113,7 @@ def step(i):
     opt.step()
 """
 
+# try_mlp's optimizer: Adam with foreach=False on a 4-tensor MLP.
 ADAM = """
 import torch
 import torch.nn as nn

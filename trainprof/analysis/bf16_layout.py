@@ -1,7 +1,7 @@
 """The layout `cpu-bf16`'s fix leaves a CNN in on a CPU: channels-last, the layout oneDNN's bf16
 convolutions are written for, or the script's own, whichever the model probe measured faster
 under bf16 (capture/modelprobe times both), counting what the script's fused optimizers take
-more on channels-last weights (analysis/fused_cpu). Which one pays depends on the model: on a
+more on channels-last weights (capture/optprobe). Which one pays depends on the model: on a
 Zen 5 EPYC with AVX512-BF16, one thread, forward + backward under bf16 took 4.1 ms
 channels-last against 8.7 ms in the script's layout for try_fakedata's CNN, 9.5 against 8.5 ms
 for quickstart's two-conv CNN on its 48x48 batch (5.7 against 4.5 ms on two threads), 130 against
