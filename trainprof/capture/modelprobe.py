@@ -14,16 +14,17 @@ the traced times (~27,000 page faults per fp32 step). Timing the model itself me
 that at once.
 
 The user's objects are never changed: two deep copies of the module are timed, three for a CNN
-(BatchNorm running statistics and .grad of the script's model stay as they are), on the last batch's
-tensors (cloned for the probe: a forward that writes into its input writes into the clone). One
-intra-op thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not
+(BatchNorm running statistics and .grad of the script's model stay as they are), on the last
+batch's tensors (cloned for the probe: a forward that writes into its input writes into the clone).
+One intra-op thread, CPU time of this thread (as cpumath: a shared machine's preemptions are not
 counted), the least of a few interleaved runs after a warm-up of each; and when the script ran
-several intra-op threads, the pair again with that many, in wall time (bf16's gain is smaller there:
-the casts and small kernels do not split over threads as the matmuls do). Skipped, with the reason,
-when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or one fp32
-forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S. A fixed
-piece of work is timed after each pair, its least kept (`ref_ms`): the speed the pairs ran at,
-against the speed of the run's steps (capture/phaseref).
+several intra-op threads, the pair again with that many, in wall time (bf16's gain is smaller
+there: the casts and small kernels do not split over threads as the matmuls do). Skipped, with the
+reason, when the model is larger than MAX_MODEL_BYTES, is compiled, cannot be copied or called, or
+one fp32 forward + backward takes over MAX_CALL_S; the whole probe stops adding runs after BUDGET_S
+(half as much again for a CNN's third copy). A fixed piece of work is timed after each pair, its
+least kept (`ref_ms`): the speed the pairs ran at, against the speed of the run's steps
+(capture/phaseref).
 
 CPU time includes the kernel's time in page faults, on purpose: with glibc's default malloc an
 fp32 NCHW CNN takes 10,000-26,000 page faults per forward + backward (large activations handed
@@ -54,6 +55,8 @@ from trainprof.runmeta import RunMeta
 MAX_MODEL_BYTES = 512 << 20  # parameters + buffers: two or three copies are made
 MAX_CALL_S = 1.0  # one fp32 forward + backward (the warm-up, CPU time): longer ones are skipped
 BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs are started
+# (for the pair: a CNN's third copy adds its share, so that a large model keeps as many runs of
+# each as before; THREADS_BUDGET_S likewise)
 MAX_REPS = 20  # 5 left the ratio of a small CNN spread over 0.35-0.48 between probes; 20: 0.44-0.48
 THREADS_BUDGET_S = 1.5  # wall time for the timed runs at several threads, after one warm-up each
 THREADS_REPS = 50  # timed runs of each thread count at most (interleaved): with 7, a 1-2 ms
@@ -177,7 +180,8 @@ def time_model(module: torch.nn.Module, args: tuple, kwargs: dict) -> ModelTimes
             # include building oneDNN's kernels, a small part of a call this long).
             refs: list[float] = []
             best, reps = least_interleaved(
-                runs, MAX_REPS, BUDGET_S, started, lambda: refs.append(reference())
+                runs, MAX_REPS, BUDGET_S * len(runs) / 2, started,
+                lambda: refs.append(reference()),
             )
             best = [min(b, f) for b, f in zip(best, firsts, strict=True)]
             many = _at_threads(runs, threads, refs) if threads > 1 else None
@@ -208,14 +212,15 @@ def _at_threads(
     when the warm-ups alone used the budget up. The reference (capture/phaseref) is timed after
     each turn, into `refs`."""
     torch.set_num_threads(threads)
+    budget = THREADS_BUDGET_S * len(runs) / 2
     started = time.perf_counter()
     for run in runs:  # the warm-ups
         run()
-    if time.perf_counter() - started > THREADS_BUDGET_S:
+    if time.perf_counter() - started > budget:
         return None
     started = time.perf_counter()
     turns: list[list[float]] = []
-    while len(turns) < THREADS_REPS and time.perf_counter() - started < THREADS_BUDGET_S:
+    while len(turns) < THREADS_REPS and time.perf_counter() - started < budget:
         turns.append([wall_time(run) for run in runs])
         refs.append(reference())
     best = min(t[0] for t in turns)

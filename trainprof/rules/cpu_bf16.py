@@ -70,22 +70,21 @@ steps and the probe, not the trace, so a stalled recorded step cannot move the s
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
-or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs 2 s
-after its warm-ups). Then, and for metadata from older runs, the estimate falls back to per-operator
-curves: `capture/cpumath.py` times 3x3 convolutions and matmuls (forward + backward) of several
-sizes in fp32 and under bf16 autocast (a 64-feature Linear 0.5x, a 512-feature one ~3x; the
-conv with bf16 channels-last input and gradient and no output cast, as inside a network), and
-for a CNN BatchNorm2d, ReLU and MaxPool2d in fp32 NCHW against bf16 channels-last (MaxPool2d
-forward 12x, BatchNorm2d forward 4x; their backward and ReLU 0.7-0.9x). Each kind only when the
-model's root modules hold such layers. Every outermost conv/matmul operator of the trace gets
-the speed-up at its own forward FLOPs (from its `Input Dims`), every 4-D BatchNorm/ReLU/MaxPool
-operator the one at its input's element count, interpolated on the curve and held at its ends
-(unknown size: no gain); the time freed is the sum of op time x (1 - 1/speed-up), each call
-counted at most at the fp32 time one thread needs at its size (the excess, waiting for a
-descheduled intra-op peer or a page fault, taken out of the step too), each layer with its
-median time per step over the recorded steps, as a share of the median recorded step without
-the profiler (analysis/unprofiled). Metadata older than the curves has one speed-up per kind
-for every size.
+or call that fails, one fp32 forward + backward over 1 s (the probe stops adding runs 2 s after its
+warm-ups, 3 s for a CNN's three copies). Then, and for metadata from older runs, the estimate falls
+back to per-operator curves: `capture/cpumath.py` times 3x3 convolutions and matmuls (forward +
+backward) of several sizes in fp32 and under bf16 autocast (a 64-feature Linear 0.5x, a 512-feature
+one ~3x; the conv with bf16 channels-last input and gradient and no output cast, as inside a
+network), and for a CNN BatchNorm2d, ReLU and MaxPool2d in fp32 NCHW against bf16 channels-last
+(MaxPool2d forward 12x, BatchNorm2d forward 4x; their backward and ReLU 0.7-0.9x). Each kind only
+when the model's root modules hold such layers. Every outermost conv/matmul operator of the trace
+gets the speed-up at its own forward FLOPs (from its `Input Dims`), every 4-D
+BatchNorm/ReLU/MaxPool operator the one at its input's element count, interpolated on the curve and
+held at its ends (unknown size: no gain); the time freed is the sum of op time x (1 - 1/speed-up),
+each call counted at most at the fp32 time one thread needs at its size (the excess, waiting for a
+descheduled intra-op peer or a page fault, taken out of the step too), each layer with its median
+time per step over the recorded steps, as a share of the median recorded step without the profiler
+(analysis/unprofiled). Metadata older than the curves has one speed-up per kind for every size.
 
 The fix's channels-last weights slow a fused optimizer down: torch's fused CPU kernels run
 several times slower on them (a ResNet-18's SGD with momentum: 2.15 ms fused on contiguous
