@@ -1,7 +1,8 @@
 """The layout `cpu-bf16`'s fix leaves a CNN in: channels-last or the model's own, whichever the
 model probe measured faster under bf16 (analysis/bf16_layout). On a Zen 5 EPYC, quickstart's
-two-conv CNN ran 10 % faster in its own layout, try_fakedata's 2x faster channels-last. The
-estimate, the fix text and `trainprof try`'s fix all take the same layout.
+two-conv CNN ran 10 % faster in its own layout (by hand, on a random batch), try_fakedata's 2x
+faster channels-last. The estimate, the fix text and `trainprof try`'s fix all take the same
+layout.
 
 The probe runs on tiny real models (its times recorded, never compared with a figure); the rule's
 choice is checked on a real recorded CNN loop with the probe's times given in the metadata.

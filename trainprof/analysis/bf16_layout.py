@@ -4,8 +4,9 @@ under bf16 (capture/modelprobe times both), counting what the script's fused opt
 more on channels-last weights (capture/optprobe). Which one pays depends on the model: on a
 Zen 5 EPYC with AVX512-BF16, one thread, forward + backward under bf16 took 4.1 ms
 channels-last against 8.7 ms in the script's layout for try_fakedata's CNN, 9.5 against 8.5 ms
-for quickstart's two-conv CNN on its 48x48 batch (5.7 against 4.5 ms on two threads), 130 against
-143 ms for a ResNet-18 at 64x64 (86 against 85 ms on two threads).
+for quickstart's two-conv CNN on a random 48x48 batch (5.7 against 4.5 ms on two threads; the
+probes of quickstart's own runs found the two within 1.5-7 %, either way), 130 against 143 ms
+for a ResNet-18 at 64x64 (86 against 85 ms on two threads).
 
 Shared by the rule's estimate and `trainprof try`'s fix (tryfix/command passes the choice to
 tryfix/apply), so that what is estimated is what is run. Torch-free."""

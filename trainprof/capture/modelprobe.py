@@ -1,11 +1,10 @@
 """The user's own model, forward + backward on its last training batch: fp32 as the script ran it
 vs what `trainprof try --fix cpu-bf16` applies (capture/bf16fix: bf16 autocast, fp32 outputs),
 for a CNN in both layouts the fix can leave it in, channels-last and the script's own (which is
-faster depends on the model: a two-conv CNN ran 10 % faster in its own layout, a ResNet-18 10 %
-slower; analysis/bf16_layout takes the faster). Timed after the script ends, for cpu-bf16's
-estimate. Also
-(`thread_times`) fp32 at the intra-op thread counts DataLoader workers would leave the model, for
-dataloader-starvation's CPU estimate.
+faster depends on the model: on random batches a two-conv CNN ran 10 % faster in its own layout,
+a ResNet-18 10 % slower; analysis/bf16_layout takes the faster). Timed after the script ends,
+for cpu-bf16's estimate. Also (`thread_times`) fp32 at the intra-op thread counts DataLoader
+workers would leave the model, for dataloader-starvation's CPU estimate.
 
 Per-operator speed-up curves applied to traced operator times (capture/cpumath) stayed far from
 what the fix measured on CNNs (amp_compile: 36 % estimated, 59 % measured): the layout change

@@ -22,7 +22,7 @@ fix can leave it in, channels-last weights and 4-D float inputs (the layout oneD
 convolutions are written for) and its own, and the estimate and `try` both take the faster
 (`analysis/bf16_layout.py`): which one pays depends on the model (an AVX512-BF16 Zen 5 EPYC, one
 thread: try_fakedata's CNN 4.1 ms channels-last against 8.7 ms in its own layout, quickstart's
-two-conv CNN on its 48x48 batch 9.5 against 8.5 ms, a ResNet-18 at 64x64 130 against 143 ms).
+two-conv CNN on a random 48x48 batch 9.5 against 8.5 ms, a ResNet-18 at 64x64 130 against 143 ms).
 The fix text says which. One intra-op thread, CPU time of the thread, the least of up to 20
 interleaved runs after a warm-up of each
 (`capture/modelprobe.py`); and when the script ran several intra-op threads, the pair again with
