@@ -165,6 +165,22 @@ def cpu_stable(tmp_path_factory) -> Path:
     return record(tmp_path_factory.mktemp("stable"), STABLE, with_stack=False)
 
 
+@pytest.fixture(scope="session")
+def cpu_cnn(tmp_path_factory) -> Path:
+    from cpu_loops import CNN
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("cnn"), CNN, steps=3)
+
+
+@pytest.fixture(scope="session")
+def cpu_adam(tmp_path_factory) -> Path:
+    from cpu_loops import ADAM
+    from cpu_trace import record
+
+    return record(tmp_path_factory.mktemp("adam"), ADAM, steps=4)
+
+
 @pytest.fixture
 def tmp_run(tmp_path: Path) -> Path:
     return tmp_path

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_loops import ADAM, CNN
-from cpu_trace import record, with_meta
+from conftest import only
+from cpu_trace import with_meta
 from torch import nn
 
 from trainprof.analysis.bf16_layout import fix_channels_last
@@ -79,19 +79,13 @@ def _meta(cl_ms: float, own_ms: float | None, fused: OptimizerProbe | None = Non
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory) -> Path:
-    return record(tmp_path_factory.mktemp("cnn"), CNN, steps=3)
-
-
 def _bf16(folder: Path):
     (d,) = diagnose_path(folder)
-    (f,) = [f for f in d.findings if f.rule == "cpu-bf16"]
-    return f
+    return only(d, "cpu-bf16")
 
 
-def test_the_faster_layout_is_the_estimates_and_the_fixs(cnn: Path, tmp_path: Path):
-    own = _bf16(with_meta(cnn, tmp_path / "own", _meta(cl_ms=60.0, own_ms=40.0)))
+def test_the_faster_layout_is_the_estimates_and_the_fixs(cpu_cnn: Path, tmp_path: Path):
+    own = _bf16(with_meta(cpu_cnn, tmp_path / "own", _meta(cl_ms=60.0, own_ms=40.0)))
     # The model's own layout: 7 ms x (1 - 40 / 100) of the 10 ms step.
     assert own.est_saving_pct == pytest.approx(42.0, abs=0.02)
     assert own.metrics["channels_last"] == 0 and own.metrics["model_bf16_ms"] == 40.0
@@ -99,34 +93,34 @@ def test_the_faster_layout_is_the_estimates_and_the_fixs(cnn: Path, tmp_path: Pa
     text = " ".join(own.evidence.split())
     assert "(bf16 autocast in the model's own layout; channels-last took 60.0 ms)" in text
     assert "channels_last" not in own.fix and "torch.autocast" in own.fix
-    cl = _bf16(with_meta(cnn, tmp_path / "cl", _meta(cl_ms=40.0, own_ms=60.0)))
+    cl = _bf16(with_meta(cpu_cnn, tmp_path / "cl", _meta(cl_ms=40.0, own_ms=60.0)))
     assert cl.est_saving_pct == pytest.approx(42.0, abs=0.02)
     assert cl.metrics["channels_last"] == 1
     assert "(bf16 autocast, channels-last; 60.0 ms in the model's own layout)" in " ".join(
         cl.evidence.split())
     assert "memory_format=torch.channels_last" in cl.fix
     # Older metadata (one bf16 time): channels-last, as the fix did then.
-    old = _bf16(with_meta(cnn, tmp_path / "old", _meta(cl_ms=40.0, own_ms=None)))
+    old = _bf16(with_meta(cpu_cnn, tmp_path / "old", _meta(cl_ms=40.0, own_ms=None)))
     assert old.metrics["channels_last"] == 1 and "model_bf16_other_layout_ms" not in old.metrics
     assert "(bf16 autocast, channels-last)" in " ".join(old.evidence.split())
 
 
-def test_a_fused_optimizers_extra_counts_against_channels_last(cnn: Path, tmp_path: Path):
+def test_a_fused_optimizers_extra_counts_against_channels_last(cpu_cnn: Path, tmp_path: Path):
     """Channels-last 0.5 ms faster, but the script's fused SGD takes 1 ms more on those weights:
     the model's own layout is faster in all, and nothing is taken off the saving."""
     fused = OptimizerProbe(fix="fused", fix_ms=0.5, fix_channels_last_ms=1.5, reps=5, threads=1)
-    f = _bf16(with_meta(cnn, tmp_path, _meta(cl_ms=40.0, own_ms=40.5, fused=fused)))
+    f = _bf16(with_meta(cpu_cnn, tmp_path, _meta(cl_ms=40.0, own_ms=40.5, fused=fused)))
     assert f.metrics["channels_last"] == 0 and "fused_optimizer_cost_ms" not in f.metrics
     assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 40.5 / 100) / 10, abs=0.02)
     assert "and 1.00 ms more in the script's fused optimizer" in " ".join(f.evidence.split())
 
 
-def test_the_choice_is_made_at_the_scripts_threads(cnn: Path, tmp_path: Path):
+def test_the_choice_is_made_at_the_scripts_threads(cpu_cnn: Path, tmp_path: Path):
     """On one thread channels-last wins, at the script's two threads its own layout: the figures
     the estimate uses make the choice."""
     meta = _meta(cl_ms=40.0, own_ms=50.0, model_threads=2, model_fp32_threads_ms=60.0,
                  model_bf16_threads_ms=45.0, model_bf16_own_layout_threads_ms=42.0)
-    f = _bf16(with_meta(cnn, tmp_path, meta))
+    f = _bf16(with_meta(cpu_cnn, tmp_path, meta))
     assert f.metrics["channels_last"] == 0 and f.metrics["model_bf16_ms"] == 42.0
     assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 42 / 60) / 10, abs=0.02)
     assert fix_channels_last(meta) is False
@@ -169,8 +163,8 @@ def test_the_fix_leaves_the_models_own_layout_where_asked():
 
 
 # ----- optimizer-foreach beside it ---------------------------------------------------------------
-def test_no_channels_last_cost_where_the_fix_keeps_the_layout(tmp_path: Path):
-    folder = record(tmp_path / "adam", ADAM, steps=4)
+def test_no_channels_last_cost_where_the_fix_keeps_the_layout(cpu_adam: Path, tmp_path: Path):
+    folder = cpu_adam
     probe = OptimizerProbe(loop_ms=0.08, fix_ms=0.06, fix="fused", reps=5, threads=1, tensors=4,
                            fix_channels_last_ms=0.14)  # fmt: skip
     found = {}
@@ -184,7 +178,7 @@ def test_no_channels_last_cost_where_the_fix_keeps_the_layout(tmp_path: Path):
                              model_bf16_own_layout_ms=own_ms, model_channels_last=True),
         )  # fmt: skip
         (d,) = diagnose_path(with_meta(folder, tmp_path / name, meta))
-        (found[name],) = [f for f in d.findings if f.rule == "optimizer-foreach"]
+        found[name] = only(d, "optimizer-foreach")
     assert found["cl"].metrics["channels_last_cost_pct"] == pytest.approx(20.0)
     assert "channels-last" in found["cl"].evidence
     assert "channels_last_cost_pct" not in found["own"].metrics

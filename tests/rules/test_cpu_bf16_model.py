@@ -198,9 +198,9 @@ def _meta(probe: CpuBf16, parts: bool = True) -> RunMeta:
     )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory) -> Path:
-    return record(tmp_path_factory.mktemp("cnn"), CNN, steps=3)
+@pytest.fixture
+def cnn(cpu_cnn: Path) -> Path:
+    return cpu_cnn  # recorded once per session (tests/conftest.py)
 
 
 def _bf16(folder: Path) -> list:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_loops import ADAM
 from cpu_trace import record, with_meta
 from torch import nn
 
@@ -104,9 +103,9 @@ def test_an_optimizer_fused_already_is_timed_on_both_layouts():
 # ----- the rules and `try`'s estimate together ---------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def adam(tmp_path_factory) -> Path:
-    return record(tmp_path_factory.mktemp("adam"), ADAM, steps=4)
+@pytest.fixture
+def adam(cpu_adam: Path) -> Path:
+    return cpu_adam  # recorded once per session (tests/conftest.py)
 
 
 def _meta(cl_ms: float | None) -> RunMeta:
