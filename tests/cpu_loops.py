@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from cpu_trace import line_of
 
-from trainprof.runmeta import Flags, OptimizerInfo, RunMeta
+from trainprof.runmeta import CpuBf16, Flags, OptimizerInfo, OptimizerProbe, RunMeta, Window
 
 # Every problem of issue 4 part B that a CPU can show, in one small loop.
 BAD = """
@@ -131,6 +131,23 @@ def step(i):
 
 STEP_LINE = line_of(BAD, "def step")
 OPTIMIZER_AT = f"train.py:{line_of(BAD, '# OPTIMIZER')}"
+
+
+def bf16_meta(
+    probe: CpuBf16, parts: bool = True, fused: OptimizerProbe | None = None
+) -> RunMeta:
+    """CNN's run metadata for cpu-bf16's arithmetic: 12 steps of 10 ms, 2 of them fetching and 1
+    in SGD.step (forward + backward: 70 %, with `parts`); steps 2-4 recorded, 5-11 unprofiled;
+    `fused`: SGD ran fused=True already, timed so after the run."""
+    n = 12
+    return RunMeta(
+        cpu_count=2, torch_threads=1, cpu_bf16=probe, step_source="optimizer",
+        step_times_s=[0.010] * n,
+        fetch_times_s=[0.002] * n if parts else [],
+        optimizer_times_s={"SGD": [0.001] * n} if parts else {},
+        optimizer_probe={} if fused is None else {"SGD": fused},
+        window=Window(wait=1, warmup=1, active=3, recorded_steps=[2, 3, 4]),
+    )  # fmt: skip
 
 
 def bad_meta() -> RunMeta:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import only
+from cpu_loops import bf16_meta
 from cpu_trace import with_meta
 from torch import nn
 
@@ -22,7 +23,7 @@ from trainprof.analysis.bf16_layout import fix_channels_last
 from trainprof.capture.modelprobe import time_model
 from trainprof.capture.patching import Patches
 from trainprof.diagnose import diagnose_path
-from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta, Window, write_meta
+from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta, write_meta
 from trainprof.tryfix import catalog
 from trainprof.tryfix.apply import Applied, install
 from trainprof.tryfix.command import Trial, TryOptions
@@ -66,17 +67,10 @@ def _meta(cl_ms: float, own_ms: float | None, fused: OptimizerProbe | None = Non
           **threads: float) -> RunMeta:
     """12 steps of 10 ms, 2 of them fetching and 1 in SGD.step (forward + backward: 7 ms); the
     probe's fp32 100 ms, bf16 `cl_ms` channels-last and `own_ms` in the model's own layout."""
-    n = 12
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0,
                     model_bf16_ms=cl_ms, model_bf16_own_layout_ms=own_ms,
                     model_channels_last=True, **threads)  # fmt: skip
-    return RunMeta(
-        cpu_count=2, torch_threads=1, cpu_bf16=probe, step_source="optimizer",
-        step_times_s=[0.010] * n, fetch_times_s=[0.002] * n,
-        optimizer_times_s={"SGD": [0.001] * n},
-        optimizer_probe={} if fused is None else {"SGD": fused},
-        window=Window(wait=1, warmup=1, active=3, recorded_steps=[2, 3, 4]),
-    )  # fmt: skip
+    return bf16_meta(probe, fused=fused)
 
 
 def _bf16(folder: Path):

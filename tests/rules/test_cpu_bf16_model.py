@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cpu_loops import CNN
+from cpu_loops import CNN, bf16_meta
 from cpu_trace import record, with_meta
 from torch import nn
 
@@ -24,7 +24,7 @@ from trainprof.capture import cpumath, modelprobe
 from trainprof.capture.modelprobe import time_model
 from trainprof.diagnose import diagnose_path
 from trainprof.rules.cpu_bf16 import model_fraction
-from trainprof.runmeta import CpuBf16, RunMeta, Window
+from trainprof.runmeta import CpuBf16
 from trainprof.trace.load import load_trace
 
 SMALL = {"wait": 1, "warmup": 1, "active": 2}
@@ -185,19 +185,6 @@ def test_a_run_keeps_the_last_training_call(tmp_path: Path, monkeypatch: pytest.
 CONV = [[1e6, 2.0], [1e9, 2.0]]  # the curves say 2x: a finding if they were used
 
 
-def _meta(probe: CpuBf16, parts: bool = True) -> RunMeta:
-    """12 steps of 10 ms, 2 of them fetching and 1 in SGD.step (forward + backward: 70 %);
-    steps 2-4 recorded, 5-11 unprofiled."""
-    n = 12
-    return RunMeta(
-        cpu_count=2, torch_threads=1, cpu_bf16=probe, step_source="optimizer",
-        step_times_s=[0.010] * n,
-        fetch_times_s=[0.002] * n if parts else [],
-        optimizer_times_s={"SGD": [0.001] * n} if parts else {},
-        window=Window(wait=1, warmup=1, active=3, recorded_steps=[2, 3, 4]),
-    )  # fmt: skip
-
-
 @pytest.fixture
 def cnn(cpu_cnn: Path) -> Path:
     return cpu_cnn  # recorded once per session (tests/conftest.py)
@@ -213,7 +200,7 @@ def test_saving_is_the_models_speedup_over_its_share_of_the_step(cnn: Path, tmp_
         isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0,
         model_channels_last=True,
     )  # fmt: skip
-    (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
+    (f,) = _bf16(with_meta(cnn, tmp_path, bf16_meta(probe)))
     # (1 - 40 / 100) x (10 - 2 - 1) / 10 = 42 % of the step.
     assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)
     assert f.metrics["basis"] == "model"
@@ -231,19 +218,19 @@ def test_a_model_slower_in_bf16_gets_no_finding(cnn: Path, tmp_path: Path):
     """try_mlp's small matmuls run slower under autocast (its casts): measured on the model,
     no finding, even where the curves would have credited a gain."""
     slower = CpuBf16(isa="AVX512-BF16", conv_curve=CONV, model_fp32_ms=1.0, model_bf16_ms=1.6)
-    assert _bf16(with_meta(cnn, tmp_path / "slower", _meta(slower))) == []
+    assert _bf16(with_meta(cnn, tmp_path / "slower", bf16_meta(slower))) == []
     curves_only = CpuBf16(isa="AVX512-BF16", conv_curve=CONV)
-    assert _bf16(with_meta(cnn, tmp_path / "curves", _meta(curves_only)))
+    assert _bf16(with_meta(cnn, tmp_path / "curves", bf16_meta(curves_only)))
 
 
 def test_without_the_steps_parts_or_model_times_the_curves_stand_in(cnn: Path, tmp_path: Path):
     probe = CpuBf16(
         isa="AVX512-BF16", conv_curve=CONV, model_fp32_ms=100.0, model_bf16_ms=40.0
     )
-    (old,) = _bf16(with_meta(cnn, tmp_path / "old", _meta(probe, parts=False)))
+    (old,) = _bf16(with_meta(cnn, tmp_path / "old", bf16_meta(probe, parts=False)))
     assert old.metrics["basis"] == "curves"
     skipped = CpuBf16(isa="AVX512-BF16", conv_curve=CONV, model_skipped="the model is too large")
-    (f,) = _bf16(with_meta(cnn, tmp_path / "skipped", _meta(skipped)))
+    (f,) = _bf16(with_meta(cnn, tmp_path / "skipped", bf16_meta(skipped)))
     assert f.metrics["basis"] == "curves"
     assert "not timed: the model is too large" in f.evidence
 
@@ -254,7 +241,7 @@ def test_a_loop_slower_than_the_probe_saves_the_probes_ratio(cnn: Path, tmp_path
     loop, switched: try_fakedata 0.645x against the probe's 0.628x), not the probe's 5 - 2 ms
     saved (which said 6.0 % against +9.3 % measured) nor all of the excess (7 - 2)."""
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0)
-    (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
+    (f,) = _bf16(with_meta(cnn, tmp_path, bf16_meta(probe)))
     assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 2 / 5) / 10, abs=0.02)  # 42 %
     assert f.metrics["fixed_model_ms_per_step"] == pytest.approx(2.8)
     assert "7.0 ms, with the fix about 2.8 ms" in " ".join(f.evidence.split())
@@ -268,7 +255,7 @@ def test_the_pair_at_the_scripts_threads_is_what_counts(cnn: Path, tmp_path: Pat
         isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0,
         model_threads=2, model_fp32_threads_ms=60.0, model_bf16_threads_ms=45.0,
     )  # fmt: skip
-    (f,) = _bf16(with_meta(cnn, tmp_path, _meta(probe)))
+    (f,) = _bf16(with_meta(cnn, tmp_path, bf16_meta(probe)))
     # The loop's forward + backward, 7 ms, is faster than the probe's 60: it keeps 45/60 of it.
     assert f.est_saving_pct == pytest.approx(100 * 7 * (1 - 45 / 60) / 10, abs=0.02)
     assert f.metrics["model_threads"] == 2 and f.metrics["model_fp32_ms"] == 60.0
@@ -306,7 +293,7 @@ def test_work_outside_the_models_forward_and_backward_is_not_credited(tmp_path: 
     g = model_fraction(ctx)
     assert 0.05 < g < 0.8, g
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0, model_bf16_ms=40.0)
-    (f,) = _bf16(with_meta(folder, tmp_path / "m", _meta(probe)))
+    (f,) = _bf16(with_meta(folder, tmp_path / "m", bf16_meta(probe)))
     assert f.est_saving_pct == pytest.approx(42.0 * g, abs=0.5)
     assert f.metrics["model_fraction_pct"] == pytest.approx(100 * g, abs=0.1)
     assert f.metrics["model_ms_per_step"] == pytest.approx(7.0 * g, abs=0.01)
@@ -318,15 +305,15 @@ def test_the_steps_speed_is_told_and_does_not_move_the_ratio(cnn: Path, tmp_path
     ratio of M holds at either speed, and the evidence says how much slower they ran."""
     probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=5.0, model_bf16_ms=2.0,
                     model_phase_ref_ms=0.1)  # fmt: skip
-    slow = _meta(probe)
+    slow = bf16_meta(probe)
     slow.phase_ref_s = [[i, 0.00014] for i in range(4, 12)]
     (f,) = _bf16(with_meta(cnn, tmp_path / "slow", slow))
     assert f.metrics["pace"] == pytest.approx(1.4)
     assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)
     assert "1.40x as long beside them" in " ".join(f.evidence.split())
-    same = _meta(probe)
+    same = bf16_meta(probe)
     same.phase_ref_s = [[i, 0.0001] for i in range(4, 12)]
-    for meta, name in ((same, "same"), (_meta(probe), "untimed")):
+    for meta, name in ((same, "same"), (bf16_meta(probe), "untimed")):
         (f,) = _bf16(with_meta(cnn, tmp_path / name, meta))
         assert f.metrics["pace"] == pytest.approx(1.0)
         assert f.est_saving_pct == pytest.approx(42.0, abs=0.02)

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from cpu_loops import bf16_meta
 from cpu_trace import record, with_meta
 from torch import nn
 
 from trainprof.capture import optprobe
 from trainprof.diagnose import diagnose_path
 from trainprof.report.tryout import render_try_text
-from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta, Window
+from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta
 from trainprof.tryfix.estimates import SUM, RunEstimates, estimates
 
 
@@ -191,18 +192,11 @@ def cnn(tmp_path_factory) -> Path:
 
 
 def _bf16_meta(fused: OptimizerProbe | None) -> RunMeta:
-    """12 steps of 10 ms, 2 of them fetching and 1 in SGD.step: forward + backward 7 ms, which
-    the probe says bf16 runs in 0.4x the time (a CNN: channels-last)."""
-    n = 12
-    return RunMeta(
-        cpu_count=2, torch_threads=1, step_source="optimizer",
-        cpu_bf16=CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0,
-                         model_bf16_ms=40.0, model_channels_last=True),
-        step_times_s=[0.010] * n, fetch_times_s=[0.002] * n,
-        optimizer_times_s={"SGD": [0.001] * n},
-        optimizer_probe={} if fused is None else {"SGD": fused},
-        window=Window(wait=1, warmup=1, active=3, recorded_steps=[2, 3, 4]),
-    )  # fmt: skip
+    """cpu_loops' bf16_meta (forward + backward 7 ms of a 10 ms step), which the probe says bf16
+    runs in 0.4x the time (a CNN: channels-last)."""
+    probe = CpuBf16(isa="AVX512-BF16", model="Sequential", model_fp32_ms=100.0,
+                    model_bf16_ms=40.0, model_channels_last=True)  # fmt: skip
+    return bf16_meta(probe, fused=fused)
 
 
 def _bf16(folder: Path):
