@@ -23,11 +23,12 @@ from trainprof.analysis.bf16_layout import fix_channels_last
 from trainprof.capture.modelprobe import time_model
 from trainprof.capture.patching import Patches
 from trainprof.diagnose import diagnose_path
+from trainprof.report.tryout import render_try_text
 from trainprof.runmeta import CpuBf16, OptimizerInfo, OptimizerProbe, RunMeta, write_meta
 from trainprof.tryfix import catalog
 from trainprof.tryfix.apply import Applied, install
-from trainprof.tryfix.command import Trial, TryOptions
-from trainprof.tryfix.estimates import estimates
+from trainprof.tryfix.command import Trial, TryOptions, Variant
+from trainprof.tryfix.estimates import SUM, RunEstimates, estimates
 
 
 def tiny_cnn() -> nn.Module:
@@ -179,3 +180,69 @@ def test_no_channels_last_cost_where_the_fix_keeps_the_layout(cpu_adam: Path, tm
     assert "channels-last" not in found["own"].evidence
     assert estimates(tmp_path / "own").channels_last_cost == {}
     assert found["own"].est_saving_pct == found["cl"].est_saving_pct
+
+
+# ----- the two fixes together --------------------------------------------------------------------
+def test_the_rule_says_how_much_less_the_own_layout_saves(cpu_cnn: Path, tmp_path: Path):
+    """Channels-last taken: the own layout's saving is 7 ms x (1 - 50 / 100) = 35 % of the 10 ms
+    step against 42 %; with the script's fused SGD taking 0.5 ms more on channels-last weights
+    (which the own layout avoids), 37 % against 35 %."""
+    f = _bf16(with_meta(cpu_cnn, tmp_path / "cl", _meta(cl_ms=40.0, own_ms=50.0)))
+    assert f.metrics["channels_last"] == 1
+    assert f.metrics["own_layout_less_pct"] == pytest.approx(7.0, abs=0.02)
+    fused = OptimizerProbe(fix="fused", fix_ms=0.5, fix_channels_last_ms=1.0, reps=5, threads=1)
+    f = _bf16(with_meta(cpu_cnn, tmp_path / "fused", _meta(cl_ms=40.0, own_ms=50.0, fused=fused)))
+    assert f.metrics["channels_last"] == 1 and f.est_saving_pct == pytest.approx(37.0, abs=0.02)
+    assert f.metrics["own_layout_less_pct"] == pytest.approx(2.0, abs=0.02)
+    assert estimates(tmp_path / "fused").own_layout_less == pytest.approx(2.0, abs=0.02)
+    # Its own layout taken, or not timed: nothing to say.
+    own = _bf16(with_meta(cpu_cnn, tmp_path / "own", _meta(cl_ms=60.0, own_ms=40.0)))
+    old = _bf16(with_meta(cpu_cnn, tmp_path / "old", _meta(cl_ms=40.0, own_ms=None)))
+    assert "own_layout_less_pct" not in own.metrics and "own_layout_less_pct" not in old.metrics
+
+
+def _together(own_less: float | None) -> Trial:
+    """A Trial whose cpu-bf16 (channels-last alone, 20 %) and fused optimizer-foreach (2 %, 5 %
+    more on channels-last weights) each measured a saving (no script run)."""
+    t = Trial.__new__(Trial)
+    t.opts, t.run, t.steps, t.block, t.ranks = TryOptions(run=Path(".")), Path("."), 30, 8, None
+    t.found = RunEstimates(est={"cpu-bf16": 20.0, "optimizer-foreach": 2.0},
+                           channels_last_cost={"optimizer-foreach": 5.0},
+                           bf16_channels_last=True, own_layout_less=own_less)  # fmt: skip
+    t.combined, t.combined_note, t.combined_own_layout = None, None, False
+    t.base = Variant("baseline", [])
+    t.base.rounds = [[0.010] * 12 for _ in range(3)]
+    t.by_rule = {}
+    for rule, ms in (("cpu-bf16", 8.0), ("optimizer-foreach", 9.8)):
+        v = Variant(rule, [{"rule": rule, "options": {}}])
+        v.rounds = [[ms / 1000] * 12 for _ in range(3)]
+        t.by_rule[rule] = [v]
+    t._round = lambda v, k: None  # no rounds: only what runs together
+    t.save = lambda: None
+    return t
+
+
+def test_try_keeps_the_own_layout_where_the_fused_optimizer_costs_more():
+    """Together, a fused optimizer's 5 % more on channels-last weights against the 2 % cpu-bf16's
+    fix saves less in the model's own layout: the own layout, estimated 20 + 2 - 2 = 20 %. Where
+    the own layout would lose 7 %, channels-last and 20 + 2 - 5 = 17 %."""
+    rules = ["cpu-bf16", "optimizer-foreach"]
+    t = _together(own_less=2.0)
+    assert t.found.channels_last_together(rules) is False
+    t._combine()
+    bf16 = next(s for s in t.combined.specs if s["rule"] == "cpu-bf16")
+    assert bf16["options"] == {"channels_last": False} and t.combined_own_layout
+    assert t.by_rule["cpu-bf16"][0].specs[0]["options"] == {}  # alone, as it was measured
+    assert t.found.together(t.combined.specs) == (pytest.approx(20.0), SUM)
+    t.combined.rounds = [[0.008] * 12 for _ in range(3)]
+    doc = t.combined_entry()
+    assert doc["cpu_bf16_own_layout"] is True and doc["estimate_less_pct"] == 2.0
+    text = render_try_text({"fixes": [], "combined": doc})
+    assert "less 2.0 % that cpu-bf16's fix saves less in the model's own layout" in text
+    assert "cpu-bf16's fix in the model's own layout there (no channels_last)" in text
+    t = _together(own_less=7.0)
+    t._combine()
+    assert all(s["options"] == {} for s in t.combined.specs) and not t.combined_own_layout
+    assert t.found.together(t.combined.specs) == (pytest.approx(17.0), SUM)
+    # Not known (older metadata): channels-last, the fused cost taken off, as before.
+    assert _together(own_less=None).found.channels_last_together(rules) is True

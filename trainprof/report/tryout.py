@@ -220,11 +220,25 @@ def _basis(c: dict[str, Any]) -> str:
     if c.get("estimated_pct") is None:
         return ""
     less = c.get("estimate_less_pct")
-    cost = (f", less {less:.1f} % that a fused optimizer takes more on the channels-last weights "
-            "of cpu-bf16's fix" if less else "")
+    if not less:
+        cost = ""
+    elif c.get("cpu_bf16_own_layout"):
+        cost = f", less {less:.1f} % that cpu-bf16's fix saves less in the model's own layout"
+    else:
+        cost = (f", less {less:.1f} % that a fused optimizer takes more on the channels-last "
+                "weights of cpu-bf16's fix")
     if c.get("estimate_basis") == "model":
         return f" (the DataLoader model, the other fixes' savings{cost} taken off its compute)"
     return f" (the sum of the estimates{cost})"
+
+
+def _own_layout(c: dict[str, Any]) -> str:
+    """Where the fixes together keep the model's own layout under cpu-bf16's fix (alone it
+    makes the model channels-last)."""
+    if not c.get("cpu_bf16_own_layout"):
+        return ""
+    return ("; cpu-bf16's fix in the model's own layout there (no channels_last): the fused "
+            "optimizer runs slower on channels-last weights than bf16 gains from them")
 
 
 def render_try_text(doc: dict[str, Any]) -> str:
@@ -294,7 +308,8 @@ def render_try_text(doc: dict[str, Any]) -> str:
         lines.append("")
         if c.get("rules"):
             lines.append(f"  all together ({', '.join(c['rules'])}): estimated "
-                         f"{_pct(c.get('estimated_pct'))}{_basis(c)}, measured {_measured(c)}")
+                         f"{_pct(c.get('estimated_pct'))}{_basis(c)}, measured {_measured(c)}"
+                         f"{_own_layout(c)}")
         else:
             lines.append(f"  all together: {c.get('note', '')}")
     lines.append("")
@@ -313,7 +328,7 @@ def render_try_markdown(doc: dict[str, Any]) -> str:
     c = doc.get("combined")
     if c and c.get("rules"):
         rows.append(f"| all together | {', '.join(c['rules'])} | {_pct(c.get('estimated_pct'))}"
-                    f"{_basis(c)} | {_measured(c)} | |")
+                    f"{_basis(c)} | {_measured(c)}{_own_layout(c)} | |")
     machine = "".join(f"\n\n{line}" for line in machine_text(doc) + outputs_text(doc))
     return f"**trainprof try** — {_header(doc)}{machine}\n\n" + "\n".join(rows) + "\n"
 
@@ -334,7 +349,7 @@ def try_html(doc: dict[str, Any]) -> str:
     if c and c.get("rules"):
         rows.append(f"<tr><td>all together</td><td>{e(', '.join(c['rules']))}</td>"
                     f"<td>{e(_pct(c.get('estimated_pct')) + _basis(c))}</td>"
-                    f"<td>{e(_measured(c))}</td>"
+                    f"<td>{e(_measured(c) + _own_layout(c))}</td>"
                     "<td></td><td></td></tr>")
     head = ("<tr><th>fix</th><th>change</th><th>estimated</th><th>measured (95 % CI)</th>"
             "<th>verdict</th><th>in code</th></tr>")

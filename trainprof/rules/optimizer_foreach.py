@@ -62,8 +62,10 @@ default layout it also times fused=True with them channels-last: the evidence sa
 saves, or adds, beside `cpu-bf16`'s, and `channels_last_cost_pct` is what `trainprof try` takes
 off the estimate of the two together (examples/metrics_sync.py: `cpu-bf16` +20.4 to +22.2 %,
 fused SGD +1.1 to +2.9 %, both +15.3 % against a sum of 22.0 %). Not where `cpu-bf16`'s fix
-keeps the model's own layout, having measured it faster under bf16. The finding's own saving is
-for the run's layout.
+keeps the model's own layout, having measured it faster under bf16. Where the fused step's extra
+is more than `cpu-bf16`'s fix saves less in the model's own layout (its `own_layout_less_pct`),
+`trainprof try` runs the two together in the own layout and takes that smaller loss off instead.
+The finding's own saving is for the run's layout.
 """
 
 from __future__ import annotations

@@ -286,6 +286,9 @@ class Trial:
         self.others: list[float] = []  # CPUs other processes kept busy, each round's (any variant)
         self.steals: list[float] = []  # the hypervisor's steal (Load.steal_share), each round's
         self.combined_note: str | None = None
+        # cpu-bf16's fix kept in the model's own layout for the fixes together, where alone it
+        # makes the model channels-last (tryfix/estimates channels_last_together)
+        self.combined_own_layout = False
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
@@ -546,13 +549,24 @@ class Trial:
                 "no fix measured a saving" if not good else "only one fix measured a saving"
             )
             return
-        self.combined = Variant("combined", [s for v, _ in good for s in v.specs])
+        specs = [s for v, _ in good for s in v.specs]
+        rules = [s["rule"] for s in specs]
+        # A fused optimizer that would take more on channels-last weights than cpu-bf16's fix
+        # saves less in the model's own layout: the two together keep the own layout.
+        own = self.found.bf16_channels_last and not self.found.channels_last_together(rules)
+        self.combined_own_layout = own
+        if own:
+            specs = [{**s, "options": {**s["options"], "channels_last": False}}
+                     if s["rule"] == "cpu-bf16" else s for s in specs]
+        self.combined = Variant("combined", specs)
         # Never switched, even where each fix was: switched together, metrics_sync's cpu-bf16
         # and fused SGD measured +11.3 % [+10.1, +14.2], against +15.3 % in turns and +15.5 % in
         # rounds of their own (the run's estimate 16.4 %). Why is not known; the two processes of
         # the turns run each as a user's would.
         self._turns_unless_switched(self.combined)
-        _say(f"all fixes together: {', '.join(v.name for v, _ in good)}")
+        _say(f"all fixes together: {', '.join(v.name for v, _ in good)}"
+             + (" (cpu-bf16 in the model's own layout: the fused optimizer runs slower on "
+                "channels-last weights)" if own else ""))
         base_kept = len(self.base.rounds)
         for k in range(self.opts.rounds):
             if not self.combined.turns:  # in turns, its baseline runs beside it
@@ -794,6 +808,27 @@ class Trial:
                 "workers_pct": round(w * scale, 1),
                 "workers_ci_pct": [round(lo * scale, 1), round(hi * scale, 1)]}
 
+    def combined_entry(self) -> dict[str, Any] | None:
+        """try.json's `combined`: the fixes together, estimated and measured; or why not run."""
+        if self.combined is None:
+            return {"rules": [], "note": self.combined_note} if self.combined_note else None
+        m = self.measured(self.combined)
+        est, basis = self.found.together(self.combined.specs)
+        rules = [s["rule"] for s in self.combined.specs]
+        less = self.found.cost_between(rules) if est is not None else 0.0
+        out = {"rules": rules,
+               "estimated_pct": None if est is None else round(est, 1),
+               **({"estimate_basis": basis} if est is not None else {}),
+               **({"estimate_less_pct": less} if less > 0 else {}),
+               **({"cpu_bf16_own_layout": True} if self.combined_own_layout else {})}
+        if m is not None:
+            out.update(m)
+            if est is not None:
+                out["estimate_within_target"] = within_target(est, m["measured_pct"])
+        if self.combined.error:
+            out["error"] = self.combined.error
+        return out
+
     def document(self) -> dict[str, Any]:
         fixes = []
         for rule, vs in self.by_rule.items():
@@ -858,24 +893,7 @@ class Trial:
                 entry["variants"] = [self._variant_entry(rule, x) for x in vs]
             fixes.append(entry)
         fixes += self.edit
-        combined: dict[str, Any] | None = None
-        if self.combined is not None:
-            m = self.measured(self.combined)
-            est, basis = self.found.together(self.combined.specs)
-            rules = [s["rule"] for s in self.combined.specs]
-            less = self.found.cost_between(rules) if est is not None else 0.0
-            combined = {"rules": rules,
-                        "estimated_pct": None if est is None else round(est, 1),
-                        **({"estimate_basis": basis} if est is not None else {}),
-                        **({"estimate_less_pct": less} if less > 0 else {})}
-            if m is not None:
-                combined.update(m)
-                if est is not None:
-                    combined["estimate_within_target"] = within_target(est, m["measured_pct"])
-            if self.combined.error:
-                combined["error"] = self.combined.error
-        elif self.combined_note:
-            combined = {"rules": [], "note": self.combined_note}
+        combined = self.combined_entry()
         base_rounds = self.base.rounds
         return {
             "schema": SCHEMA,

@@ -70,6 +70,12 @@ class RunEstimates:
     # the model so (its metrics["channels_last"])
     channels_last_cost: dict[str, float] = field(default_factory=dict)
     bf16_channels_last: bool = False
+    # % that cpu-bf16's fix would save less in the model's own layout, where it takes
+    # channels-last and the probe timed both (its metrics["own_layout_less_pct"]); None: not known
+    own_layout_less: float | None = None
+    # % per rule of its estimate that is the loop's fetch getting faster (cpu-bf16's metrics
+    # ["fetch_saving_pct"]): gone where DataLoader workers take the fetch out of the loop
+    fetch_part: dict[str, float] = field(default_factory=dict)
 
     def suggested_workers(self) -> int | None:
         """The worker count the diagnosis suggested (its estimate is for that count)."""
@@ -118,7 +124,10 @@ class RunEstimates:
         cost = self.cost_between(rules)
         loader = next((s for s in specs if s["rule"] == LOADER), None)
         n = loader["options"].get("num_workers") if loader else None
-        if isinstance(n, int) and n >= 1 and self.loader is not None:
+        workers = isinstance(n, int) and n >= 1
+        # with workers, the fetch the other fixes shortened is no longer the loop's
+        cost += sum(self.fetch_part.get(r, 0.0) for r in rules if r != LOADER) if workers else 0.0
+        if workers and self.loader is not None:
             step = float(self.loader["unprofiled_step_ms"])
             # the loop's savings as they are once the workers keep up: the model says whether
             # they do with `n` workers
@@ -133,11 +142,28 @@ class RunEstimates:
 
     def cost_between(self, rules: Iterable[str]) -> float:
         """What the fixes of `rules` cost each other (% of the step), taken off their estimate
-        together: a fused optimizer on the channels-last weights of cpu-bf16's fix."""
+        together: a fused optimizer on the channels-last weights of cpu-bf16's fix, or, where
+        that is less, what cpu-bf16's fix saves less in the model's own layout
+        (`channels_last_together` says which)."""
         rules = list(rules)
         if "cpu-bf16" not in rules or not self.bf16_channels_last:
             return 0.0
-        return round(sum(self.channels_last_cost.get(r, 0.0) for r in rules), 2)
+        cost = round(sum(self.channels_last_cost.get(r, 0.0) for r in rules), 2)
+        if self.channels_last_together(rules):
+            return cost
+        return round(self.own_layout_less or 0.0, 2)
+
+    def channels_last_together(self, rules: Iterable[str]) -> bool:
+        """Whether cpu-bf16's fix, applied with the other fixes of `rules`, makes the model
+        channels-last: as it does alone, unless a fused optimizer among them would take more
+        on channels-last weights than the fix saves less in the model's own layout (a fused
+        SGD on metrics_sync's ResNet: ~5 % of the step more, against ~2 % less; then `try`
+        keeps the own layout for them together)."""
+        rules = list(rules)
+        if "cpu-bf16" not in rules or not self.bf16_channels_last:
+            return False
+        cost = sum(self.channels_last_cost.get(r, 0.0) for r in rules)
+        return self.own_layout_less is None or cost <= self.own_layout_less
 
     def _loader_pct(self, workers: int, less_compute_ms: float) -> float | None:
         if self.loader is None:
@@ -195,11 +221,17 @@ def estimates(run: Path) -> RunEstimates:
                 out.spread[f.rule] = [lo, hi]
             if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
                 out.loader = dict(f.metrics)
+            fetch = f.metrics.get("fetch_saving_pct")
+            if isinstance(fetch, (int, float)):
+                out.fetch_part[f.rule] = out.fetch_part.get(f.rule, 0.0) + fetch
             extra = f.metrics.get("channels_last_cost_pct")
             if isinstance(extra, (int, float)):
                 out.channels_last_cost[f.rule] = out.channels_last_cost.get(f.rule, 0.0) + extra
             if f.rule == "cpu-bf16" and f.metrics.get("channels_last"):
                 out.bf16_channels_last = True
+                less = f.metrics.get("own_layout_less_pct")
+                if isinstance(less, (int, float)):
+                    out.own_layout_less = float(less)
     out.unbound = {r: min(100.0, before[r]) for r in cut}
     # A spread or a model is one finding's: with several findings of a rule (several loaders),
     # their sum has neither here.
