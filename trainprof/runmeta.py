@@ -181,17 +181,6 @@ class CpuBf16(msgspec.Struct, kw_only=True):
     # The least of a fixed piece of work timed between the pairs above (ms; capture/phaseref,
     # None: not timed): their speed, against RunMeta.phase_ref_s at the run's steps.
     model_phase_ref_ms: float | None = None
-    # The loop's fetch right after the model (capture/modelprobe fetch_after): one batch of the
-    # script's own dataset, CPU time of this thread, after a forward + backward of the fp32 copy
-    # and after one of the fix's copy, in turns at the script's threads; `fetch_less_ms` the
-    # median of each turn's difference (the fix's smaller activations leave the caches to the
-    # fetch). None: not timed (`fetch_skipped` says why; empty in older metadata and where the
-    # loop did not fetch in its own process from a map-style dataset).
-    fetch_after_fp32_ms: float | None = None
-    fetch_after_bf16_ms: float | None = None
-    fetch_less_ms: float | None = None
-    fetch_reps: int = 0
-    fetch_skipped: str = ""
 
 
 class LoaderIpc(msgspec.Struct, kw_only=True):

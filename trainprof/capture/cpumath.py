@@ -25,7 +25,7 @@ import torch
 
 from trainprof.analysis.opflops import conv_flops, matmul_flops
 from trainprof.capture.cputime import best_interleaved
-from trainprof.capture.modelprobe import FetchAfter, ModelTimes, fetch_after, time_model
+from trainprof.capture.modelprobe import ModelTimes, time_model
 from trainprof.runmeta import CpuBf16
 
 # /proc/cpuinfo flags of bf16 matrix hardware, best first.
@@ -227,15 +227,12 @@ def probe(
     conv: bool = True,
     matmul: bool = True,
     call: tuple[torch.nn.Module, tuple, dict] | None = None,
-    fetch: Callable[[], None] | None = None,
 ) -> CpuBf16 | None:
     """The measured bf16 speed-ups, when they can matter for this run; else None. `conv` and
     `matmul`: whether the model has such layers (no Conv: its half is not timed, ~0.1-0.3 s
     saved, cold oneDNN kernels included). `call`: the root module's last training call
     (module, args, kwargs); when given, a copy of the model is timed on it (capture/modelprobe)
-    and the per-operator curves are measured only if that fails (the rule's fallback). `fetch`:
-    the loop's own fetch of a batch, in this process (capture/loaderfetch batch_fetcher), timed
-    right after each copy (modelprobe fetch_after) where the model was."""
+    and the per-operator curves are measured only if that fails (the rule's fallback)."""
     if cuda_used or autocast_used or not (conv or matmul):
         return None
     isa = bf16_isa()
@@ -244,9 +241,6 @@ def probe(
     times = (
         time_model(*call) if call is not None else ModelTimes(skipped="no training call was kept")
     )
-    after = FetchAfter(skipped="the loop fetched no batches of a map-style dataset in its process")
-    if times.fp32_ms is not None and call is not None and fetch is not None:
-        after = fetch_after(*call, fetch)
     conv_c: list[list[float]] = []
     mm_c: list[list[float]] = []
     elt_c: dict[str, list[list[float]]] = {}
@@ -274,9 +268,4 @@ def probe(
         model_reps=times.reps,
         model_channels_last=times.channels_last,
         model_skipped=times.skipped,
-        fetch_after_fp32_ms=after.after_fp32_ms,
-        fetch_after_bf16_ms=after.after_bf16_ms,
-        fetch_less_ms=after.less_ms,
-        fetch_reps=after.reps,
-        fetch_skipped=after.skipped,
     )

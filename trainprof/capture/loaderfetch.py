@@ -87,7 +87,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
-import itertools
 import multiprocessing
 import os
 import statistics
@@ -148,24 +147,6 @@ def source_of(it: Any) -> Source | None:
         if not isinstance(size, int) or size < 1:
             return None
     return Source(dataset, collate, size)
-
-
-def batch_fetcher(src: Source, start: int = 0) -> Callable[[], None]:
-    """A call that fetches the next batch of `src` in this process, from batch `start` on (around
-    at the dataset's end), as the loop's DataLoader without workers does (its items, then its
-    collate), and drops it: the model probe's fetch after the model (capture/modelprobe)."""
-    n = len(src.dataset)
-    at = itertools.count(start)
-
-    def fetch() -> None:
-        k = next(at)
-        if src.batch_size is None:
-            src.collate(src.dataset[k % n])
-        else:
-            first = k * src.batch_size
-            src.collate([src.dataset[(first + j) % n] for j in range(src.batch_size)])
-
-    return fetch
 
 
 @functools.cache
@@ -318,9 +299,6 @@ class WorkerPairs:
         self._cpu: Any = None  # where the worker fetches next (a shared int)
         self._stop: Any = None  # a shared flag: the worker's pending item is not fetched
         self._src: Source | None = None
-        # The loop's source once a session began, kept after the pairs for the model probe's
-        # fetch after the model (capture/modelprobe fetch_after); the session drops it then.
-        self.source: Source | None = None
         self._wanted = 0  # pairs this session times
         self._got = 0  # pairs this session timed
         self._offset = 0  # the worker's first item: later sessions fetch other batches
@@ -453,7 +431,7 @@ class WorkerPairs:
                 else f"a fetch takes {fetch:.2f} s, too long to repeat"
             )  # fmt: skip
             return
-        self._src = self.source = src
+        self._src = src
         self._timeout = max(TIMEOUT_S, 20 * fetch)
         self._threads = torch.get_num_threads()  # the ended step's: the run's count
         self.state = "forking"  # at the loop's next fetch from the dataset (before_fetch)

@@ -37,14 +37,12 @@ such a loop.
 from __future__ import annotations
 
 import copy
-import random
 import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from trainprof.capture.bf16fix import channels_last_now, install_autocast
@@ -60,10 +58,6 @@ BUDGET_S = 2.0  # wall time from the warm-ups on after which no more timed runs 
 # each as before; THREADS_BUDGET_S likewise)
 MAX_REPS = 20  # 5 left the ratio of a small CNN spread over 0.35-0.48 between probes; 20: 0.44-0.48
 THREADS_BUDGET_S = 1.5  # wall time for the timed runs at several threads, after one warm-up each
-FETCH_BUDGET_S = 2.0  # wall time for fetch_after's turns, after the warm-ups
-FETCH_REPS = 40  # turns at most: 40 put the median difference within about 0.05 ms by hand
-MIN_FETCH_REPS = 8  # fewer: no figure
-MAX_FETCH_S = 0.25  # one fetch (CPU time) longer than this: not timed (8 turns would take 4 s)
 THREADS_REPS = 50  # timed runs of each thread count at most (interleaved): with 7, a 1-2 ms
 # model's least moved 0.9-1.8 ms at 2 threads between identical runs
 
@@ -231,76 +225,6 @@ def _at_threads(
     best = min(t[0] for t in turns)
     return [best] + [best * statistics.median(t[i] / t[0] for t in turns)
                      for i in range(1, len(runs))]
-
-
-@dataclass(frozen=True)
-class FetchAfter:
-    """The loop's fetch of one batch right after the model's forward + backward, fp32 against
-    the fix's bf16: medians in ms of this thread's CPU time, and the median of each turn's
-    difference; or why not timed."""
-
-    after_fp32_ms: float | None = None
-    after_bf16_ms: float | None = None
-    less_ms: float | None = None
-    reps: int = 0
-    skipped: str = ""
-
-
-def fetch_after(
-    module: torch.nn.Module, args: tuple, kwargs: dict, fetch: Callable[[], None]
-) -> FetchAfter:
-    """A batch fetched by `fetch` (the script's own dataset and collate: capture/loaderfetch
-    batch_fetcher) right after a forward + backward of an fp32 copy of `module`, and right after
-    one of a copy under the fix, in turns (the order swapped each turn), at the script's
-    intra-op threads as the loop ran them. A bf16 forward + backward leaves half the activation
-    bytes, and the fetch after it runs faster: 0.30-0.39 ms of try_fakedata's 14.3 ms fetch,
-    0.45-0.65 ms of quickstart's, by hand, while the same turns with two fp32 copies gave
-    0.00-0.04 ms; the loop's own fetch after the fix, timed in the loop, 0.33 and 0.22 ms less.
-    The fix's copy is in its default layout (channels-last for a CNN): in the model's own layout
-    the fetch gained alike (0.30 and 0.45 ms). The difference, not the ratio, is what is kept:
-    a fetch here pays what the stack below it costs (FakeData formats the stack for every
-    sample's seed), which is not the loop's. Torch's, Python's and NumPy's random states are
-    restored after (a transform's draws)."""
-    why = _not_copied(module)
-    if why:
-        return FetchAfter(skipped=why)
-    py_state = random.getstate()
-    np_state = np.random.get_state()
-    try:
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
-            m32, m16 = copy.deepcopy(module), copy.deepcopy(module)
-            args, kwargs = _cloned(args), _cloned(kwargs)
-            for m in (m32, m16):
-                m.train()
-                for p in m.parameters():
-                    p.grad = None
-            install_autocast(m16, "cpu")
-            runs = [_step(m32, args, kwargs), _step(m16, args, kwargs)]
-            for run in runs:  # warm-ups: kernels built, the dataset's first items read
-                run()
-                if cpu_time(fetch) > MAX_FETCH_S:
-                    return FetchAfter(skipped=f"one fetch took over {MAX_FETCH_S} s")
-            after: list[list[float]] = [[], []]
-            started = time.perf_counter()
-            while len(after[0]) < FETCH_REPS and time.perf_counter() - started < FETCH_BUDGET_S:
-                order = (0, 1) if len(after[0]) % 2 == 0 else (1, 0)
-                for i in order:
-                    runs[i]()
-                    after[i].append(cpu_time(fetch))
-    except Exception as err:  # noqa: BLE001 - no figure: the estimate leaves the fetch out
-        return FetchAfter(skipped=f"the copy, its call or the fetch failed: {one_line(err)}")
-    finally:
-        random.setstate(py_state)
-        np.random.set_state(np_state)
-    n = len(after[0])
-    if n < MIN_FETCH_REPS:
-        return FetchAfter(reps=n, skipped=f"{n} turn(s) in {FETCH_BUDGET_S} s")
-    less = statistics.median(a - b for a, b in zip(*after, strict=True))
-    return FetchAfter(
-        after_fp32_ms=round(1e3 * statistics.median(after[0]), 3),
-        after_bf16_ms=round(1e3 * statistics.median(after[1]), 3),
-        less_ms=round(1e3 * less, 3), reps=n,
-    )
 
 
 def thread_times(

@@ -192,7 +192,7 @@ class Session:
         # torch is imported only now: argument errors above stay instant.
         from trainprof.capture import cpumath, loaderipc, metadata, modelprobe, optprobe
         from trainprof.capture.cudaflags import CudaFlags
-        from trainprof.capture.loaderfetch import WorkerPairs, batch_fetcher
+        from trainprof.capture.loaderfetch import WorkerPairs
         from trainprof.capture.loadprobe import cpu_quota, usable_cpus
         from trainprof.capture.metadata import MetaCollector
         from trainprof.capture.metrics import TorchMetricsSupport
@@ -409,7 +409,6 @@ class Session:
             meta.cpu_bf16 = cpumath.probe(
                 bool(meta.devices), meta.flags.autocast_used, root.conv_seen, root.linear_seen,
                 root.last_call,
-                batch_fetcher(pairs.source) if pairs.source is not None else None,
             )  # fmt: skip
             meta.loader_ipc = loaderipc.probe(meta, stepper.first_batch, bool(pairs.received))
             if meta.loader_ipc is not None:
@@ -431,7 +430,6 @@ class Session:
             # without one, and the rule leaves the closure's forward/backward out of the update.
             meta.optimizer_probe = optprobe.probe(stepper.stepped, bool(meta.devices))
         root.last_call = None  # the model and its last batch are the script's to free
-        pairs.source = None  # its dataset too
         stepper.stepped = {}  # so are its optimizers
         if meta.status == "ok" and not meta.traces and not meta.user_traces:
             meta.status = "incomplete"  # the script ran fine but nothing was captured

@@ -59,18 +59,18 @@ identical run). A fixed piece of work timed at the step boundaries after the pro
 beside the probe's pairs (capture/phaseref, analysis/phase) says how much slower the steps ran than
 the probe, in the evidence where it is 5 % or more (`pace`). A model that runs slower in bf16
 (small matmuls: autocast casts every input and weight per call; try_mlp's MLP 0.5x) gets no
-finding. The fix also shortens the loop's fetch where it follows the model in the same process
-(a bf16 forward + backward leaves half the activation bytes, and the caches to the fetch): timed
-in the loop, try_fakedata's fetch right after the model took 0.33 ms (2.5 %) less with the fix and
-quickstart's 0.22 ms (1.5 %); on the AMX Xeon, 64 samples fetched after a bf16 step took 1-3 %
-less. Where the loop fetches from a map-style dataset in its own process, the probe fetches the
-script's own batches right after each copy's forward + backward, in turns (capture/modelprobe
-fetch_after), and the median difference, at the steps' speed and never more than the loop's own
-fetch, is added (`fetch_less_ms`, `fetch_saving_pct`). Without it the estimate stayed under on
-both loops: 7.5 against +10.9 % and 5.0 against +7.3 % in stop 59. With DataLoader workers the
-fetch leaves the loop, and `trainprof try` takes that part off the two fixes together. All
-figures come from the unprofiled steps and the probe, not the trace, so a stalled recorded step
-cannot move the severity.
+finding. Not modelled: the fix shortens the rest of the step a little too, what it does to the
+caches the rest of the step runs in (a bf16 channels-last forward + backward leaves half the
+activation bytes): in the same in-loop timing the loop's fetch right after the model took 0.33 ms
+(2.5 %) less with the fix on try_fakedata and 0.22 ms (1.5 %) on quickstart (0.12-0.14 ms on
+either, timed so again on a Zen 5 EPYC); on the AMX Xeon, 64 samples fetched after a bf16 step
+took 1-3 % less. Timing it in the probe was tried: the script's own batches fetched right after
+each copy, in turns, gave 0.20-0.65 ms on quickstart and 0.20-0.39 ms on try_fakedata between
+processes (0.00-0.04 ms with two fp32 copies), 2-4x what the loop showed, and quickstart's
+estimate with it (8.2 %) went over four `trainprof try` runs (+4.9 to +6.3 %). So the estimate
+stays a little under where the loop fetches in its own process (try_fakedata's step: 1.95 ms
+saved in the loop, 1.59 of it the model's). All figures come from the unprofiled steps and the
+probe, not the trace, so a stalled recorded step cannot move the severity.
 
 Skipped, with the reason in the metadata (`model_skipped`) and the evidence: a torch.compile'd
 model, one over 512 MiB of parameters and buffers, a batch not on the CPU or over 256 MiB, a copy
@@ -315,7 +315,6 @@ class ModelSaving(NamedTuple):
     fixed_ms: float  # M under the fix
     probe: ModelPair  # the probe's figures and the layout taken (analysis/bf16_layout)
     pace: float = 1.0  # how much slower the steps ran than the probe (analysis/phase)
-    fetch_ms: float = 0.0  # the loop's fetch after the model, ms less a step under the fix
 
 
 def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
@@ -337,23 +336,9 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     # loop: the docstring). Slower in bf16 (autocast's casts cost more than small matmuls gain):
     # no saving.
     fixed_ms = model_ms * b / a
-    fetch_ms = _fetch_less(ctx, probe, pace) if model_ms > fixed_ms else 0.0
-    saving = (max(model_ms - fixed_ms, 0.0) + fetch_ms) / step_ms
+    saving = max(model_ms - fixed_ms, 0.0) / step_ms
     return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, pair,
-                       pace, fetch_ms)  # fmt: skip
-
-
-def _fetch_less(ctx: Context, probe: CpuBf16, pace: float) -> float:
-    """ms a step the loop's fetch takes less after the fix's model than after the fp32 one: the
-    probe's difference at the steps' speed, never more than the loop's own fetch (the median over
-    its unprofiled steps) either way; 0 where it was not timed."""
-    meta, idx = ctx.meta, ctx.unprofiled_step_index
-    if probe.fetch_less_ms is None or meta is None or not idx:
-        return 0.0
-    if len(meta.fetch_times_s) < len(meta.step_times_s):
-        return 0.0
-    loop_ms = 1000 * float(np.median([meta.fetch_times_s[i] for i in idx]))
-    return float(np.clip(probe.fetch_less_ms * pace, -loop_ms, loop_ms))
+                       pace)  # fmt: skip
 
 
 def _own_layout_less(m: ModelSaving, ctx: Context, saving_share: float) -> dict[str, float]:
@@ -366,7 +351,7 @@ def _own_layout_less(m: ModelSaving, ctx: Context, saving_share: float) -> dict[
     step_ms = (ctx.unprofiled_step_us or 0) / 1000
     if step_ms <= 0:
         return {}
-    own = (max(m.model_ms * (1 - pair.other_ms / pair.fp32_ms), 0.0) + m.fetch_ms) / step_ms
+    own = max(m.model_ms * (1 - pair.other_ms / pair.fp32_ms), 0.0) / step_ms
     return {"own_layout_less_pct": round(max(100 * (saving_share - own), 0.0), 2)}
 
 
@@ -438,17 +423,9 @@ def check(ctx: Context) -> list[Finding]:
             f"({m.rest_share * ctx.unprofiled_step_us / 1000:.1f} ms, medians over {m.steps} "
             f"unprofiled steps), the model's forward + backward {100 * m.fraction:.0f} % of that "
             f"(trainprof's forward/backward ranges in the recorded steps): {m.model_ms:.1f} ms, "
-            f"with the fix about {m.fixed_ms:.1f} ms"
+            f"with the fix about {m.fixed_ms:.1f} ms: the fix would free "
+            f"~{100 * model_share:.1f} % of the step."
         )
-        if probe.fetch_less_ms is not None:
-            evidence += (
-                f". The loop's fetch right after the model, timed after the run on the script's "
-                f"own batches ({probe.fetch_reps} turns): {probe.fetch_after_fp32_ms:.2f} ms "
-                f"after the fp32 copy, {probe.fetch_after_bf16_ms:.2f} ms after the fix's (its "
-                f"smaller activations leave the caches to the fetch), ~{m.fetch_ms:.2f} ms less "
-                "a step"
-            )
-        evidence += f": the fix would free ~{100 * model_share:.1f} % of the step."
         if abs(m.pace - 1) >= PACE_SAYS:
             evidence += (
                 f" Those steps ran at another speed than the probe: a fixed piece of work took "
@@ -466,9 +443,6 @@ def check(ctx: Context) -> list[Finding]:
             "model_ms_per_step": round(m.model_ms, 3),
             "fixed_model_ms_per_step": round(m.fixed_ms, 3),
             "pace": round(m.pace, 4),  # the steps' speed against the probe's (analysis/phase)
-            **({"fetch_less_ms": round(m.fetch_ms, 3),
-                "fetch_saving_pct": round(100 * m.fetch_ms * 1000 / ctx.unprofiled_step_us, 2)}
-               if probe.fetch_less_ms is not None else {}),
         }
     else:
         sizes = (

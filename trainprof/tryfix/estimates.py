@@ -73,9 +73,6 @@ class RunEstimates:
     # % that cpu-bf16's fix would save less in the model's own layout, where it takes
     # channels-last and the probe timed both (its metrics["own_layout_less_pct"]); None: not known
     own_layout_less: float | None = None
-    # % per rule of its estimate that is the loop's fetch getting faster (cpu-bf16's metrics
-    # ["fetch_saving_pct"]): gone where DataLoader workers take the fetch out of the loop
-    fetch_part: dict[str, float] = field(default_factory=dict)
 
     def suggested_workers(self) -> int | None:
         """The worker count the diagnosis suggested (its estimate is for that count)."""
@@ -124,10 +121,7 @@ class RunEstimates:
         cost = self.cost_between(rules)
         loader = next((s for s in specs if s["rule"] == LOADER), None)
         n = loader["options"].get("num_workers") if loader else None
-        workers = isinstance(n, int) and n >= 1
-        # with workers, the fetch the other fixes shortened is no longer the loop's
-        cost += sum(self.fetch_part.get(r, 0.0) for r in rules if r != LOADER) if workers else 0.0
-        if workers and self.loader is not None:
+        if isinstance(n, int) and n >= 1 and self.loader is not None:
             step = float(self.loader["unprofiled_step_ms"])
             # the loop's savings as they are once the workers keep up: the model says whether
             # they do with `n` workers
@@ -221,9 +215,6 @@ def estimates(run: Path) -> RunEstimates:
                 out.spread[f.rule] = [lo, hi]
             if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
                 out.loader = dict(f.metrics)
-            fetch = f.metrics.get("fetch_saving_pct")
-            if isinstance(fetch, (int, float)):
-                out.fetch_part[f.rule] = out.fetch_part.get(f.rule, 0.0) + fetch
             extra = f.metrics.get("channels_last_cost_pct")
             if isinstance(extra, (int, float)):
                 out.channels_last_cost[f.rule] = out.channels_last_cost.get(f.rule, 0.0) + extra
