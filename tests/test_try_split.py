@@ -28,7 +28,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.est, t.rule_fix, t.est_note, t.kind = {RULE: estimate}, {}, None, {}
     t.threads_modelled, t.basis = set(), None
     t.found = RunEstimates(est=t.est)  # no DataLoader model: the rule's estimate throughout
-    t.edit, t.combined, t.combined_note, t.combined_own_layout = [], None, None, False
+    t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.script_profiler, t.redirected = {"started": set(), "unwritten": set()}, set()
     t.others = []  # other processes' CPUs, per round (none: no round ran)

@@ -209,7 +209,7 @@ def _together(own_less: float | None) -> Trial:
     t.found = RunEstimates(est={"cpu-bf16": 20.0, "optimizer-foreach": 2.0},
                            channels_last_cost={"optimizer-foreach": 5.0},
                            bf16_channels_last=True, own_layout_less=own_less)  # fmt: skip
-    t.combined, t.combined_note, t.combined_own_layout = None, None, False
+    t.combined, t.combined_note = None, None
     t.base = Variant("baseline", [])
     t.base.rounds = [[0.010] * 12 for _ in range(3)]
     t.by_rule = {}
@@ -228,10 +228,10 @@ def test_try_keeps_the_own_layout_where_the_fused_optimizer_costs_more():
     the own layout would lose 7 %, channels-last and 20 + 2 - 5 = 17 %."""
     rules = ["cpu-bf16", "optimizer-foreach"]
     t = _together(own_less=2.0)
-    assert t.found.channels_last_together(rules) is False
+    assert t.found.own_layout_together(rules) is True
     t._combine()
     bf16 = next(s for s in t.combined.specs if s["rule"] == "cpu-bf16")
-    assert bf16["options"] == {"channels_last": False} and t.combined_own_layout
+    assert bf16["options"] == {"channels_last": False}
     assert t.by_rule["cpu-bf16"][0].specs[0]["options"] == {}  # alone, as it was measured
     assert t.found.together(t.combined.specs) == (pytest.approx(20.0), SUM)
     t.combined.rounds = [[0.008] * 12 for _ in range(3)]
@@ -242,7 +242,25 @@ def test_try_keeps_the_own_layout_where_the_fused_optimizer_costs_more():
     assert "cpu-bf16's fix in the model's own layout there (no channels_last)" in text
     t = _together(own_less=7.0)
     t._combine()
-    assert all(s["options"] == {} for s in t.combined.specs) and not t.combined_own_layout
+    assert all(s["options"] == {} for s in t.combined.specs)
+    assert not t.found.own_layout_together(rules)
+    assert "cpu_bf16_own_layout" not in t.combined_entry()
     assert t.found.together(t.combined.specs) == (pytest.approx(17.0), SUM)
     # Not known (older metadata): channels-last, the fused cost taken off, as before.
-    assert _together(own_less=None).found.channels_last_together(rules) is True
+    assert _together(own_less=None).found.own_layout_together(rules) is False
+
+
+def test_without_cpu_bf16_among_them_nothing_is_said_of_its_layout():
+    """cpu-bf16's fix measured no saving, so `try` runs the other fixes together: no layout of
+    its is kept or reported there."""
+    t = _together(own_less=2.0)
+    t.by_rule["cpu-bf16"][0].rounds = [[0.0101] * 12 for _ in range(3)]  # slower: not in it
+    v = Variant("zero-grad-not-none", [{"rule": "zero-grad-not-none", "options": {}}])
+    v.rounds = [[0.0097] * 12 for _ in range(3)]
+    t.by_rule["zero-grad-not-none"] = [v]
+    t._combine()
+    assert [s["rule"] for s in t.combined.specs] == ["optimizer-foreach", "zero-grad-not-none"]
+    t.combined.rounds = [[0.0096] * 12 for _ in range(3)]
+    doc = t.combined_entry()
+    assert "cpu_bf16_own_layout" not in doc and "estimate_less_pct" not in doc
+    assert "own layout" not in render_try_text({"fixes": [], "combined": doc})

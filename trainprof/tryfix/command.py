@@ -286,9 +286,6 @@ class Trial:
         self.others: list[float] = []  # CPUs other processes kept busy, each round's (any variant)
         self.steals: list[float] = []  # the hypervisor's steal (Load.steal_share), each round's
         self.combined_note: str | None = None
-        # cpu-bf16's fix kept in the model's own layout for the fixes together, where alone it
-        # makes the model channels-last (tryfix/estimates channels_last_together)
-        self.combined_own_layout = False
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
@@ -553,8 +550,7 @@ class Trial:
         rules = [s["rule"] for s in specs]
         # A fused optimizer that would take more on channels-last weights than cpu-bf16's fix
         # saves less in the model's own layout: the two together keep the own layout.
-        own = self.found.bf16_channels_last and not self.found.channels_last_together(rules)
-        self.combined_own_layout = own
+        own = self.found.own_layout_together(rules)
         if own:
             specs = [{**s, "options": {**s["options"], "channels_last": False}}
                      if s["rule"] == "cpu-bf16" else s for s in specs]
@@ -816,11 +812,14 @@ class Trial:
         est, basis = self.found.together(self.combined.specs)
         rules = [s["rule"] for s in self.combined.specs]
         less = self.found.cost_between(rules) if est is not None else 0.0
+        # cpu-bf16's fix kept in the model's own layout there, where alone it makes it
+        # channels-last (as _combine ran it)
+        own = self.found.own_layout_together(rules)
         out = {"rules": rules,
                "estimated_pct": None if est is None else round(est, 1),
                **({"estimate_basis": basis} if est is not None else {}),
                **({"estimate_less_pct": less} if less > 0 else {}),
-               **({"cpu_bf16_own_layout": True} if self.combined_own_layout else {})}
+               **({"cpu_bf16_own_layout": True} if own else {})}
         if m is not None:
             out.update(m)
             if est is not None:

@@ -138,26 +138,24 @@ class RunEstimates:
         """What the fixes of `rules` cost each other (% of the step), taken off their estimate
         together: a fused optimizer on the channels-last weights of cpu-bf16's fix, or, where
         that is less, what cpu-bf16's fix saves less in the model's own layout
-        (`channels_last_together` says which)."""
+        (`own_layout_together` says which)."""
         rules = list(rules)
         if "cpu-bf16" not in rules or not self.bf16_channels_last:
             return 0.0
-        cost = round(sum(self.channels_last_cost.get(r, 0.0) for r in rules), 2)
-        if self.channels_last_together(rules):
-            return cost
-        return round(self.own_layout_less or 0.0, 2)
+        if self.own_layout_together(rules):
+            return round(self.own_layout_less or 0.0, 2)
+        return round(sum(self.channels_last_cost.get(r, 0.0) for r in rules), 2)
 
-    def channels_last_together(self, rules: Iterable[str]) -> bool:
-        """Whether cpu-bf16's fix, applied with the other fixes of `rules`, makes the model
-        channels-last: as it does alone, unless a fused optimizer among them would take more
-        on channels-last weights than the fix saves less in the model's own layout (a fused
-        SGD on metrics_sync's ResNet: ~5 % of the step more, against ~2 % less; then `try`
-        keeps the own layout for them together)."""
+    def own_layout_together(self, rules: Iterable[str]) -> bool:
+        """Whether cpu-bf16's fix, among `rules` and channels-last alone, keeps the model's own
+        layout there: where a fused optimizer among them would take more on channels-last
+        weights than the fix saves less in the own layout (a fused SGD on metrics_sync's
+        ResNet: ~5 % of the step more, against ~2 % less). False without cpu-bf16 among them,
+        where it keeps the own layout alone too, or where the loss is not known."""
         rules = list(rules)
-        if "cpu-bf16" not in rules or not self.bf16_channels_last:
+        if "cpu-bf16" not in rules or not self.bf16_channels_last or self.own_layout_less is None:
             return False
-        cost = sum(self.channels_last_cost.get(r, 0.0) for r in rules)
-        return self.own_layout_less is None or cost <= self.own_layout_less
+        return sum(self.channels_last_cost.get(r, 0.0) for r in rules) > self.own_layout_less
 
     def _loader_pct(self, workers: int, less_compute_ms: float) -> float | None:
         if self.loader is None:
