@@ -315,6 +315,8 @@ class ModelSaving(NamedTuple):
     fixed_ms: float  # M under the fix
     probe: ModelPair  # the probe's figures and the layout taken (analysis/bf16_layout)
     pace: float = 1.0  # how much slower the steps ran than the probe (analysis/phase)
+    # of the step, the fix would free in the layout not taken (None: only one was timed)
+    other_share: float | None = None
 
 
 def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
@@ -337,22 +339,19 @@ def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
     # no saving.
     fixed_ms = model_ms * b / a
     saving = max(model_ms - fixed_ms, 0.0) / step_ms
+    other = (None if pair.other_ms is None
+             else max(model_ms - model_ms * pair.other_ms / a, 0.0) / step_ms)  # fmt: skip
     return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, pair,
-                       pace)  # fmt: skip
+                       pace, other)  # fmt: skip
 
 
-def _own_layout_less(m: ModelSaving, ctx: Context, saving_share: float) -> dict[str, float]:
+def _own_layout_less(m: ModelSaving, saving_share: float) -> dict[str, float]:
     """{"own_layout_less_pct": %} where the fix takes channels-last and the model's own layout
     was timed too: the saving (after any fused cost) less what the fix would free in the own
-    layout, the loop's model time scaled by the probe's ratio there; else {}."""
-    pair = m.probe
-    if not pair.channels_last or pair.other_ms is None or not pair.fp32_ms:
+    layout; else {}."""
+    if not m.probe.channels_last or m.other_share is None:
         return {}
-    step_ms = (ctx.unprofiled_step_us or 0) / 1000
-    if step_ms <= 0:
-        return {}
-    own = max(m.model_ms * (1 - pair.other_ms / pair.fp32_ms), 0.0) / step_ms
-    return {"own_layout_less_pct": round(max(100 * (saving_share - own), 0.0), 2)}
+    return {"own_layout_less_pct": round(max(100 * (saving_share - m.other_share), 0.0), 2)}
 
 
 def _layout(pair: ModelPair) -> str:
@@ -432,7 +431,7 @@ def check(ctx: Context) -> list[Finding]:
                 f"{m.pace:.2f}x as long beside them as beside the probe; the probe's ratio holds "
                 "at either speed."
             )
-        metrics_basis: dict = {**_own_layout_less(m, ctx, saving_share),
+        metrics_basis: dict = {**_own_layout_less(m, saving_share),
             "basis": "model",
             "model_fp32_ms": f32,
             "model_bf16_ms": b16,
