@@ -13,13 +13,23 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+# GPU_REPLAY=DIR: the run folders a GPU run of this suite kept (`make gpu-test`'s runs.tgz, or
+# tests/gpu/lease.sh's, unpacked: DIR/<test's tmp folder>/<run>) stand in for running the scripts,
+# so that every assertion on a diagnosis or a comparison is checked against this code on a
+# machine without a GPU (test_gpu_acceptance.tmp_path; `run` and the calibrations run nothing).
+REPLAY = Path(os.environ["GPU_REPLAY"]).resolve() if os.environ.get("GPU_REPLAY") else None
 
 
 @cache
 def cuda_devices() -> int:
-    """CUDA devices torch can use here (0 without a driver or on a CPU-only build)."""
+    """CUDA devices torch can use here (0 without a driver or on a CPU-only build; replayed, the
+    one the replayed runs had)."""
+    if REPLAY is not None:
+        return 1
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -64,7 +74,11 @@ def trace_events(path: Path) -> list[dict]:
 
 def run(folder: Path, script: str, *args: str, flags: tuple[str, ...] = (), **kw) -> Run:
     """`trainprof run --out FOLDER --no-diagnose FLAGS scripts/SCRIPT ARGS`; fails on a non-zero
-    exit with the run's stderr."""
+    exit with the run's stderr. Replayed (REPLAY): the folder as a GPU run left it."""
+    if REPLAY is not None:
+        if not (folder / "trainprof.json").is_file():
+            pytest.skip(f"GPU_REPLAY: no run folder {folder} (the GPU run did not keep it)")
+        return Run(folder, 0, "", "")
     done = cli("run", "--out", str(folder), "--no-diagnose", *flags, str(SCRIPTS / script), *args,
                **kw)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]

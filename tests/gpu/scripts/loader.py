@@ -116,7 +116,7 @@ model = make_model(args.width).to(device)
 opt = torch.optim.Adam(model.parameters(), lr=1e-3)
 for images, labels in loader:
     images = images.to(device, non_blocking=args.pin)  # COPY_LINE
-    labels = labels.to(device, non_blocking=args.pin)
+    labels = labels.to(device, non_blocking=args.pin)  # LABELS_COPY
     loss = nn.functional.cross_entropy(model(images), labels)
     opt.zero_grad(set_to_none=True)
     loss.backward()
