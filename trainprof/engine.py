@@ -14,6 +14,7 @@ from trainprof.analysis.context import Context
 from trainprof.analysis.engine import (
     basis_note,
     cap_savings,
+    hold_by_gpu,
     hold_by_loader,
     notes_for,
     on_basis,
@@ -105,6 +106,7 @@ def analyze_context(
             f.location = _show(f.location, meta)
     mean_ms = ctx.mean_step_us / 1000.0
     hold_by_loader(findings, ctx, {r.id for r in all_rules() if r.part == INPUT})
+    hold_by_gpu(findings, ctx, {r.id for r in all_rules() if r.removes_idle})
     cap_savings(findings, mean_ms)
     basis = saving_basis(ctx)
     on_basis(findings, basis)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainprof.analysis import loader_bound
+from trainprof.analysis import gpu_headroom, loader_bound
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import (
     BASIS_PROFILED,
@@ -21,6 +21,7 @@ from trainprof.trace import intervals as iv
 from trainprof.trace.steps import SOURCE_TEXT
 
 ROUNDING_MS = 0.0005  # half the µs savings are rounded to
+ROUNDING_PCT = 0.005  # half the hundredth of a % they are rounded to
 QUEUED_NOTE_PCT = 1.0  # queued GPU idle below this share of the step goes unmentioned
 
 
@@ -61,6 +62,26 @@ def hold_by_loader(findings: list[Finding], ctx: Context, input_rules: set[str])
         if held.batch_ms is not None:
             f.metrics["worker_batch_ms"] = round(held.batch_ms, 3)
         f.evidence += loader_bound.note(held, f.est_saving_pct)
+        f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
+        f.est_saving_pct = round(cap, 2)
+        f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)
+
+
+def hold_by_gpu(findings: list[Finding], ctx: Context, bounded: set[str]) -> None:
+    """On a GPU, a finding of the `bounded` rules (whose fix removes GPU idle) saves at most the
+    idle of the step without the profiler (analysis/gpu_headroom): what it claimed goes to
+    metrics["traced_idle_saving_pct"], the evidence says why, and the severity follows the
+    smaller saving (never raised)."""
+    h = gpu_headroom.headroom(ctx)
+    if h is None:
+        return
+    cap = h.pct
+    for f in findings:
+        if f.rule not in bounded or f.est_saving_pct <= cap + ROUNDING_PCT:
+            continue
+        f.metrics["traced_idle_saving_pct"] = round(f.est_saving_pct, 2)
+        f.metrics["unprofiled_gpu_idle_pct"] = round(cap, 2)
+        f.evidence += gpu_headroom.note(h, f.est_saving_pct)
         f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
         f.est_saving_pct = round(cap, 2)
         f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)

@@ -696,6 +696,10 @@ class Estimate:
     # The shards of a dataset split by them (analysis/loader_streams), where they held
     # `suggest` below what the model or the fetch alone asked for (else None)
     held_by_shards: int | None = None
+    # Without a CPU model, on a GPU with the fetch timed outside the profiler: the saving (% of
+    # the unprofiled step) of n = 1, 2, ... workers up to the CPUs' cap, for `trainprof try`'s
+    # sweep (each worker count against its own estimate, not the suggested count's)
+    by_workers: list[float] = field(default_factory=list)
 
     @property
     def starving(self) -> float:
@@ -713,6 +717,37 @@ def _gpu_saving(ctx: Context, spans: iv.Intervals, amount: float | None) -> floa
     if amount is None or step is None or part <= 0:
         return idle
     return amount * (idle / part) / step * ctx.mean_step_us
+
+
+def _queued_saving(ctx: Context, fetches: iv.Intervals) -> float | None:
+    """The GPU idle the loop's own fetches (no workers) cause in its unprofiled steps, per traced
+    step in µs as the engine takes savings (None: the run did not time its fetches).
+
+    A fetch idles the GPU only once the work queued before it has run: a fetch of F while the
+    GPU holds L of work costs max(0, F - L). Each traced step gives its lead, its fetch less the
+    GPU idle in it; the least is taken (a fetch that never idled the GPU says only that the lead
+    was at least that long). The profiler inflates a Python-heavy fetch several times and the
+    GPU's queued work hardly at all, so that lead is set against each unprofiled step's fetch,
+    and the saving is the median unprofiled step less the median of those steps without their
+    fetch's idle. Scaling the traced idle by the fetch's ratio instead took one slow fetch for
+    every step: on an H200, tests/gpu/scripts/metric_sync.py's window held a 40.4 ms fetch
+    (30.8 ms of GPU idle) between two of 6.2-6.7 ms (0.08 ms), which put the DataLoader at 8.5 %
+    of the step and first, where the run's unprofiled fetches took 3.9 ms (one of 50 over 10 ms)
+    and two runs whose windows held no such fetch put it at 0.2 % (H200) and 1.4 % (H100)."""
+    m = ctx.meta
+    idx = ctx.unprofiled_step_index
+    plain = ctx.unprofiled_step_us
+    if m is None or not idx or not plain or len(m.fetch_times_s) < len(m.step_times_s):
+        return None
+    s = ctx.steps
+    part = iv.overlap_each(s.start, s.end, fetches)
+    idle = iv.overlap_each(s.start, s.end, iv.intersect(ctx.attribution["dataloader"], fetches))
+    lead = float(np.min(part - idle)) if len(part) else 0.0
+    fetch = np.array([m.fetch_times_s[i] for i in idx]) * 1e6
+    step = np.array([m.step_times_s[i] for i in idx]) * 1e6
+    idle_plain = np.clip(fetch - lead, 0.0, step)
+    gain = plain - float(np.median(step - idle_plain))
+    return max(gain, 0.0) / plain * ctx.mean_step_us
 
 
 def estimate(
@@ -744,7 +779,9 @@ def estimate(
     if ctx.gpu_timeline:
         fetches = iv.intersect(ctx.dataloader_spans, ctx.windows)
         spans = split.wait_spans if split is not None else fetches
-        saving = _gpu_saving(ctx, spans, None if plain is None else plain * q)
+        queued = _queued_saving(ctx, fetches) if split is None else None
+        saving = (queued if queued is not None
+                  else _gpu_saving(ctx, spans, None if plain is None else plain * q))
         if split is not None:
             rest = None if plain is None else plain * (1 - q)
             receive_saving = _gpu_saving(ctx, split.receive_spans, rest)
@@ -779,11 +816,22 @@ def estimate(
     held = shards if shards is not None and shards < suggest else None
     if held is not None:  # workers past a dataset's shards get none of it
         suggest = held
+    def left_with(n: int) -> float:
+        # n workers hand a batch over every f / n and the loop waits the rest: the GPU idle
+        # that goes is at most f less that wait (in the traced step's units)
+        return max(0.0, f / n - compute)
+
+    whole = 100.0 * saving / ctx.mean_step_us if ctx.mean_step_us else 0.0
     left = 0.0
     if need > suggest and ctx.gpu_timeline:
-        # Fewer workers than that hand a batch over every f / n and the loop waits the rest:
-        # the GPU idle that goes is at most f less that wait (in the traced step's units).
-        left = max(0.0, f / suggest - compute)
+        left = left_with(suggest)
         saving = min(saving, (f - left) / total * ctx.mean_step_us)
+    # An H200 (many_problems, no workers, a 45.2 ms fetch in a 51.0 ms step): 1, 2, 4, 8, 16
+    # workers measured +19.7, +64.8, +80.4, +85.9, +88.4 % where `try` showed each against the
+    # suggested count's 88.6 %; this says 11.4, 55.7, 77.8, 88.6, 88.6.
+    by_n = []
+    if ctx.gpu_timeline and unprof and split is None:
+        by_n = [round(whole if not left_with(n) else min(whole, 100 * (f - left_with(n)) / total),
+                      2) for n in range(1, max(cap, suggest) + 1)]
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
-                    need if need > suggest else 0, left, held)
+                    need if need > suggest else 0, left, held, by_n)

@@ -38,6 +38,11 @@ class Rule:
     # model, optimizer, Python), or INPUT, the DataLoader's fetching. Where the loader's workers
     # set the step, a LOOP saving becomes waiting and is taken as none (analysis/loader_bound).
     part: str = LOOP
+    # Its fix removes GPU idle and none of the GPU's work (a sync, the input, copies, launches):
+    # on a GPU it saves at most the idle of the step without the profiler (analysis/
+    # gpu_headroom). False where the fix makes kernels faster, changes the communication or the
+    # number of steps.
+    removes_idle: bool = True
 
 
 @dataclass(frozen=True)

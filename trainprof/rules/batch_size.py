@@ -89,4 +89,5 @@ RULE = Rule(
     detects="GPU mostly idle with most of its memory free: the batch could be larger.",
     fix="Raise batch_size and scale the learning rate.",
     check=check,
+    removes_idle=False,  # more work per step
 )

@@ -133,6 +133,7 @@ RULE = Rule(
     detects="Communication (NCCL/gloo) that no compute overlaps takes over 10 % of the step.",
     fix="Larger DDP buckets (bucket_cap_mb), no_sync() with gradient accumulation, overlap.",
     check=check,
+    removes_idle=False,  # communication overlapped with compute
 )
 
 

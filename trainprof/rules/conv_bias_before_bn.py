@@ -143,4 +143,5 @@ RULE = Rule(
     detects="Convolutions with bias=True feeding straight into BatchNorm (the bias is cancelled).",
     fix="nn.Conv2d(..., bias=False) before BatchNorm.",
     check=check,
+    removes_idle=False,  # less GPU work
 )

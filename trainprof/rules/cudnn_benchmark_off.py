@@ -155,4 +155,5 @@ RULE = Rule(
     detects="Convolutions with the same shapes every step while cudnn.benchmark is off.",
     fix="torch.backends.cudnn.benchmark = True",
     check=check,
+    removes_idle=False,  # faster kernels (analysis/precision)
 )

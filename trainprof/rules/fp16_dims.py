@@ -129,4 +129,5 @@ RULE = Rule(
     detects="fp16/bf16 matmuls whose dimensions are not multiples of 8 (slow tensor-core path).",
     fix="Pad dimensions to multiples of 8 (vocabulary to 64); SDPA for attention.",
     check=check,
+    removes_idle=False,  # faster kernels (analysis/precision)
 )

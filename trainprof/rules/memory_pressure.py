@@ -82,4 +82,5 @@ RULE = Rule(
     detects="Peak GPU memory above 90 % of the device: allocator retries, out-of-memory risk.",
     fix="Activation checkpointing, AMP, or a smaller batch with gradient accumulation.",
     check=check,
+    removes_idle=False,  # the allocator's work
 )

@@ -128,4 +128,5 @@ RULE = Rule(
     fix='torch.autocast(device_type="cuda", dtype=torch.bfloat16) (fp16 + GradScaler before '
     "Ampere).",
     check=check,
+    removes_idle=False,  # faster kernels (analysis/precision)
 )

@@ -121,4 +121,5 @@ RULE = Rule(
     detects="fp32 matmuls on CUDA cores of an Ampere+ GPU because TF32 is disabled.",
     fix='torch.set_float32_matmul_precision("high")',
     check=check,
+    removes_idle=False,  # faster kernels (analysis/precision)
 )

@@ -73,6 +73,11 @@ class RunEstimates:
     # % that cpu-bf16's fix would save less in the model's own layout, where it takes
     # channels-last and the probe timed both (its metrics["own_layout_less_pct"]); None: not known
     own_layout_less: float | None = None
+    # A GPU run's one dataloader-starvation finding without a CPU model: its saving (%) for n = 1,
+    # 2, ... workers (metrics["gpu_saving_by_workers"]), held to the finding's own, and the count
+    # it suggested; empty and None otherwise
+    gpu_by_workers: list[float] = field(default_factory=list)
+    gpu_suggested: int | None = None
 
     def suggested_workers(self) -> int | None:
         """The worker count the diagnosis suggested (its estimate is for that count)."""
@@ -87,6 +92,9 @@ class RunEstimates:
         n = options.get("num_workers")  # none in the sweep's thread-only control
         if rule != LOADER or not isinstance(n, int) or n < 1:
             return None
+        if self.loader is None and self.gpu_by_workers:
+            by_n = self.gpu_by_workers
+            return None if n == self.gpu_suggested else by_n[min(n, len(by_n)) - 1]
         # The suggestion's own estimate, unless the run evaluates every few steps or leaves
         # iterators before their end: then what the workers make ahead meanwhile depends on the
         # prefetch factor, `try`'s not the suggestion's.
@@ -213,6 +221,11 @@ def estimates(run: Path) -> RunEstimates:
                 out.spread[f.rule] = [lo, hi]
             if f.rule == LOADER and "compute_ms_by_workers" in f.metrics:
                 out.loader = dict(f.metrics)
+            by_n = f.metrics.get("gpu_saving_by_workers")
+            if f.rule == LOADER and isinstance(by_n, list) and by_n:
+                out.gpu_by_workers = [min(float(v), f.est_saving_pct) for v in by_n]
+                suggested = f.metrics.get("suggested_num_workers")
+                out.gpu_suggested = suggested if isinstance(suggested, int) else None
             extra = f.metrics.get("channels_last_cost_pct")
             if isinstance(extra, (int, float)):
                 out.channels_last_cost[f.rule] = out.channels_last_cost.get(f.rule, 0.0) + extra
@@ -228,6 +241,7 @@ def estimates(run: Path) -> RunEstimates:
     out.spread = {r: v for r, v in out.spread.items() if counts[r] == 1}
     if counts[LOADER] != 1:
         out.loader = None
+        out.gpu_by_workers, out.gpu_suggested = [], None
     # One kind per rule; where findings differ (several loaders), none: the rule's usual fix.
     out.kind = {r: next(iter(k)) for r, k in kinds.items() if len(k) == 1}
     return out

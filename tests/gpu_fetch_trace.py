@@ -1,0 +1,46 @@
+"""A hand-written GPU run folder for the tests of what a fetch costs a GPU loop without workers:
+traced steps of a fetch then COMPUTE_MS of kernels, the kernels running `lead_ms` past each
+step's end (work the GPU still holds when the next fetch starts), and the unprofiled step and
+fetch times in the metadata. Shaped as an H200 run of tests/gpu/scripts/metric_sync.py
+(2026-11-30)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from conftest import x_event
+
+from trainprof.runmeta import DataLoaderInfo, RunMeta, write_meta
+
+SINGLE = "enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__"
+COMPUTE_MS = 20.0
+
+
+def write(folder: Path, fetch_ms: tuple[float, ...], lead_ms: float, plain_step_ms: list[float],
+          plain_fetch_ms: list[float]) -> Path:
+    """The folder, with one traced step per `fetch_ms`."""
+    lead = lead_ms * 1000
+    events = [  # the work queued before the first traced step
+        x_event("cudaLaunchKernel", "cuda_runtime", -200.0, 10, corr=99),
+        x_event("gemm", "kernel", -100.0, 100 + lead, corr=99),
+    ]
+    t = 0.0
+    for s, f in enumerate(fetch_ms):
+        fetch, step = f * 1000, (f + COMPUTE_MS) * 1000
+        events += [
+            x_event(f"ProfilerStep#{s + 1}", "user_annotation", t, step),
+            x_event(SINGLE, "user_annotation", t, fetch),
+            x_event("cudaLaunchKernel", "cuda_runtime", t + fetch, 10, corr=s + 1),
+            x_event("gemm", "kernel", t + fetch + 20, step - fetch - 20 + lead, corr=s + 1),
+        ]
+        t += step
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "gpu.1.pt.trace.json").write_text(json.dumps({"traceEvents": events}))
+    write_meta(RunMeta(
+        cpu_count=16, torch_threads=8, devices=["NVIDIA H200"],
+        dataloaders=[DataLoaderInfo(num_workers=0, batch_size=32)],
+        step_times_s=[t / 1000 for t in plain_step_ms],
+        fetch_times_s=[f / 1000 for f in plain_fetch_ms],
+    ), folder)  # fmt: skip
+    return folder

@@ -1,0 +1,83 @@
+"""dataloader-starvation on a GPU without workers: a fetch idles the GPU only once the work queued
+before it has run, so its saving comes from each unprofiled step's fetch against the GPU's lead
+(analysis/loader_workers._queued_saving), not from the traced idle scaled by the fetch's ratio.
+
+Hand-written traces (tests/gpu_fetch_trace.py): three traced steps, each a fetch then 20 ms of
+kernels that run `lead_ms` into the next step's fetch. The middle fetch is slow (40.4 ms), as one
+was in the window of an H200 run. The step and fetch times without the profiler are given. Last,
+the saving of each worker count `trainprof try` sweeps, from the same model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gpu_fetch_trace
+import pytest
+
+from trainprof.diagnose import diagnose_path
+from trainprof.tryfix.estimates import LOADER, estimates
+
+FETCH_MS = (6.7, 40.4, 6.2)
+
+
+def _folder(folder: Path, lead_ms: float, plain_fetch_ms: list[float]) -> Path:
+    """Steps of COMPUTE_MS + 7 ms without the profiler, plus each fetch beyond 4 ms."""
+    steps = [gpu_fetch_trace.COMPUTE_MS + 7.0 + max(f - 4.0, 0.0) for f in plain_fetch_ms]
+    return gpu_fetch_trace.write(folder, FETCH_MS, lead_ms, steps, plain_fetch_ms)
+
+
+def _starvation(folder: Path):
+    (d,) = diagnose_path(folder)
+    found = [f for f in d.findings if f.rule == "dataloader-starvation"]
+    return found[0] if found else None
+
+
+# 30 unprofiled fetches of 4 ms, one of 23 ms (as the H200 run's: median 3.9 ms, one over 10 ms)
+PLAIN = [4.0] * 29 + [23.0]
+
+
+def test_one_slow_traced_fetch_is_not_every_step(tmp_path: Path):
+    """The GPU's work covers 9.6 ms of each fetch: only the slow one idled it (30.8 ms), and
+    without the profiler no step's fetch outlasts the lead but one. Scaling the traced idle by
+    the fetch's ratio took 30.8 / 53.3 of every 4 ms fetch as idle."""
+    f = _starvation(_folder(tmp_path, lead_ms=9.6, plain_fetch_ms=PLAIN))
+    assert f is not None and f.metrics["gpu_idle_ms_per_step"] == pytest.approx(30.8 / 3, abs=0.05)
+    assert f.est_saving_pct < 0.5, (f.est_saving_pct, f.evidence)
+    assert f.severity in ("low", "info")
+
+
+def test_a_host_bound_fetch_saves_its_unprofiled_time(tmp_path: Path):
+    """No work queued: every fetch idles the GPU throughout, and the saving is the unprofiled
+    fetch's share of the unprofiled step (median step less the median step without its fetch)."""
+    f = _starvation(_folder(tmp_path, lead_ms=0.0, plain_fetch_ms=PLAIN))
+    assert f is not None
+    assert f.est_saving_pct == pytest.approx(100 * 4.0 / 27.0, abs=0.05)
+    assert f.severity == "high"
+
+
+def test_fetches_past_the_lead_save_what_outlasts_it(tmp_path: Path):
+    """Unprofiled fetches of 10 ms against the least traced lead (6.2 ms, a fetch that never idled
+    the GPU: the lead was at least that): 3.8 ms of each step."""
+    f = _starvation(_folder(tmp_path, lead_ms=9.6, plain_fetch_ms=[10.0] * 30))
+    assert f is not None
+    assert f.est_saving_pct == pytest.approx(100 * (10.0 - 6.2) / 33.0, abs=0.05)
+
+
+def test_each_worker_count_has_its_own_estimate(tmp_path: Path):
+    """40 ms fetches in 60 ms steps: one worker hands a batch over every 40 ms and the loop still
+    waits 20 ms of it (a third of the step saved); two keep up (two thirds). `trainprof try`
+    sets each count of its sweep against its own (an H200: one worker measured +19.7 %, two
+    +64.8 %, where each was shown against the suggested count's 88.6 %)."""
+    folder = gpu_fetch_trace.write(tmp_path, FETCH_MS, 0.0, [60.0] * 30, [40.0] * 30)
+    f = _starvation(folder)
+    by_n = f.metrics["gpu_saving_by_workers"]
+    assert len(by_n) == 15  # 16 CPUs, one left to the loop
+    assert by_n[0] == pytest.approx(100 * 20 / 60, abs=0.05)
+    assert by_n[1] == pytest.approx(100 * 40 / 60, abs=0.05) == by_n[-1]
+    assert f.est_saving_pct == pytest.approx(by_n[2], abs=0.05)
+    est = estimates(folder)
+    assert est.for_workers(LOADER, {"num_workers": 1}) == pytest.approx(by_n[0])
+    assert est.for_workers(LOADER, {"num_workers": 16}) == pytest.approx(by_n[-1])
+    # the suggested count's is the finding's own
+    assert est.for_workers(LOADER, {"num_workers": f.metrics["suggested_num_workers"]}) is None
