@@ -14,6 +14,16 @@ shorter than the host's own work, so the time the host spends waiting for a busy
 synchronising calls, or in runtime calls of over 50 µs such as a launch into a full queue) bounds
 what every faster-kernel fix together can save per step (`kernel_budget_us`). A host-bound loop
 (DataLoader, launch overhead, Python) gains little from faster kernels until that is fixed.
+
+Kernel time is GPU time, which the profiler hardly changes, while it slows the host: the savings
+and the budget are per step without the profiler where the run has such steps. The budget is the
+larger of the traced wait (as a share of the step) and the host's wait in the reads the run timed
+outside the profiler (`sync_times_s`, Context.read_wait); a rule hands its saving to the engine in
+the traced step's units (`gpu_scale`). Two runs of tests/gpu/scripts/metric_sync.py on an H200
+(2026-11-30), each waiting 12-16 ms of its 26.4-26.8 ms unprofiled step in its metric's reads:
+the traced wait on a busy GPU was 6.4 ms a step in one and 0.26 in the other (a window whose
+host the profiler had slowed more, 39.0 ms against 28.3), and `no-amp` said 13.1 % (high) and
+0.6 % (low) of the same 3.6-3.7 ms of kernel time; now 13.5 and 14.0 %.
 """
 
 from __future__ import annotations
@@ -171,7 +181,8 @@ def autocast_seen(ctx: Context) -> bool:
 
 
 def kernel_budget_us(ctx: Context) -> float:
-    """Per step: how much shorter faster kernels can make the step (see the module docstring)."""
+    """Per step: how much shorter faster kernels can make the step (see the module docstring),
+    per step without the profiler where the run has such steps."""
     return ctx.memo(_kernel_budget_us)
 
 
@@ -182,8 +193,17 @@ def _kernel_budget_us(ctx: Context) -> float:
     rt = rt[tr.dur[rt] > RUNTIME_WAIT_US]
     waits = iv.union(iv.merge(tr.ts[b], tr.end[b]), iv.merge(tr.ts[rt], tr.end[rt]))
     busy_waits = iv.intersect(iv.intersect(waits, ctx.windows), ctx.gpu_busy)
-    out = ctx.per_step(iv.total(busy_waits))
-    return out
+    traced = ctx.per_step(iv.total(busy_waits)) / gpu_scale(ctx)
+    reads = ctx.read_wait
+    return max(traced, reads.unprofiled_us) if reads is not None else traced
+
+
+def gpu_scale(ctx: Context) -> float:
+    """The traced step over the unprofiled one (1 without unprofiled steps): kernel time freed
+    shortens the step without the profiler by itself, which the traced step's units (the
+    engine's: a share of that step) count this many times."""
+    plain = ctx.unprofiled_step_us
+    return ctx.mean_step_us / plain if plain and ctx.mean_step_us > 0 else 1.0
 
 
 @dataclass
@@ -267,7 +287,8 @@ def amp_case(ctx: Context) -> AmpCase | None:
 
 def savings(ctx: Context) -> dict[str, float]:
     """µs per step each kernel-speed fix can save, sharing one budget (kernel_budget_us) in a
-    fixed order: tf32-off (one line, no accuracy change), no-amp, fp16-dims."""
+    fixed order: tf32-off (one line, no accuracy change), no-amp, fp16-dims. Per step without the
+    profiler where the run has such steps: times gpu_scale for the engine."""
     return ctx.memo(_savings)
 
 

@@ -30,7 +30,7 @@ import numpy as np
 from trainprof.analysis.context import Context
 from trainprof.analysis.launched import span_gpu
 from trainprof.analysis.model import Finding
-from trainprof.analysis.precision import kernel_budget_us, savings
+from trainprof.analysis.precision import gpu_scale, kernel_budget_us, savings
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 from trainprof.trace.model import Kind
@@ -134,7 +134,7 @@ def check(ctx: Context) -> list[Finding]:
             title=title,
             evidence=evidence,
             fix=FIX,
-            saving_us_per_step=saving,
+            saving_us_per_step=saving * gpu_scale(ctx),
             location=_location(ctx, fwd),
             metrics=metrics,
             severity=severity,

@@ -26,7 +26,7 @@ import numpy as np
 from trainprof.analysis.context import Context
 from trainprof.analysis.gemm_dims import ALIGN, dims_case
 from trainprof.analysis.model import Finding
-from trainprof.analysis.precision import savings
+from trainprof.analysis.precision import gpu_scale, savings
 from trainprof.rules import Rule
 from trainprof.rules._util import finding, ms
 
@@ -109,7 +109,7 @@ def check(ctx: Context) -> list[Finding]:
             f"{len(case.flagged) / n:.3g}/step",
             evidence=evidence,
             fix=(FIX_ATTENTION if bmm else "") + FIX,
-            saving_us_per_step=saving,
+            saving_us_per_step=saving * gpu_scale(ctx),
             severity=severity,
             location=ctx.location(top.op),
             metrics={

@@ -31,6 +31,7 @@ from trainprof.analysis.precision import (
     TF32_C,
     amp_case,
     compute_capability,
+    gpu_scale,
     hot_ops,
     kernel_budget_us,
     matmul_kernels,
@@ -104,7 +105,7 @@ def check(ctx: Context) -> list[Finding]:
             "/step",
             evidence=evidence,
             fix=run_fix(ctx, "amp_bf16", FIX_BF16) if bf16 else run_fix(ctx, "amp_fp16", FIX_FP16),
-            saving_us_per_step=saving,
+            saving_us_per_step=saving * gpu_scale(ctx),
             location=loc,
             metrics={
                 "fp32_kernel_ms_per_step": round(case.fp32_us / 1000, 3),

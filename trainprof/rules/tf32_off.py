@@ -25,6 +25,7 @@ from trainprof.analysis.model import Finding
 from trainprof.analysis.precision import (
     FP32_C,
     compute_capability,
+    gpu_scale,
     hot_ops,
     kernel_budget_us,
     matmul_kernels,
@@ -100,7 +101,7 @@ def check(ctx: Context) -> list[Finding]:
             f"cores of an Ampere+ GPU, {ms(case.eligible_us)}/step",
             evidence=evidence,
             fix=fix,
-            saving_us_per_step=saving,
+            saving_us_per_step=saving * gpu_scale(ctx),
             location=next((ctx.location(i) for i, _, _ in hot if ctx.location(i)), None),
             metrics={
                 "simt_matmul_ms_per_step": round(case.simt_matmul_us / 1000, 3),
