@@ -742,7 +742,10 @@ def _queued_saving(ctx: Context, fetches: iv.Intervals) -> float | None:
     s = ctx.steps
     part = iv.overlap_each(s.start, s.end, fetches)
     idle = iv.overlap_each(s.start, s.end, iv.intersect(ctx.attribution["dataloader"], fetches))
-    lead = float(np.min(part - idle)) if len(part) else 0.0
+    fetched = part > 0  # a step without a fetch says nothing of the lead
+    if not fetched.any():
+        return None
+    lead = float(np.min((part - idle)[fetched]))
     fetch = np.array([m.fetch_times_s[i] for i in idx]) * 1e6
     step = np.array([m.step_times_s[i] for i in idx]) * 1e6
     idle_plain = np.clip(fetch - lead, 0.0, step)
