@@ -11,7 +11,9 @@ import gpu_fetch_trace
 import pytest
 
 from trainprof.diagnose import diagnose_path
+from trainprof.report.tryout import render_try_text
 from trainprof.rules import all_rules
+from trainprof.tryfix.estimates import SUM, RunEstimates, estimates
 
 FETCH_MS = (9.0, 9.0, 9.0)
 
@@ -58,3 +60,24 @@ def test_which_rules_remove_idle():
             "batch-size"}.isdisjoint(bounded)
     assert {"dataloader-starvation", "host-sync", "metric-sync", "pageable-memcpy",
             "launch-bound", "gpu-idle", "optimizer-foreach"} <= bounded
+
+
+def test_the_fixes_together_remove_that_idle_at_most(tmp_path: Path):
+    """`trainprof try`'s estimate of the fixes together: the host's side's sum held to the
+    bound (two fixes of 5 and 4 % against 6 % of idle: 6), the faster kernels' on top."""
+    folder = gpu_fetch_trace.write(tmp_path, FETCH_MS, 0.0, [22.0] * 30, [4.0] * 30)
+    f = _starvation(folder)
+    found = estimates(folder)
+    assert found.idle_bound == pytest.approx(f.metrics["unprofiled_gpu_idle_pct"])
+    assert found.idle_rules == {"dataloader-starvation"}
+    est = RunEstimates(est={"host-sync": 5.0, "metric-sync": 4.0, "no-amp": 10.0},
+                       idle_bound=6.0, idle_rules={"host-sync", "metric-sync"})
+    specs = [{"rule": r, "options": {}} for r in ("host-sync", "metric-sync", "no-amp")]
+    assert est.together(specs) == (16.0, SUM)
+    assert est.idle_over(["host-sync", "no-amp"]) == 0.0
+    text = render_try_text({"baseline": {}, "fixes": [], "combined": {
+        "rules": ["host-sync", "metric-sync", "no-amp"], "estimated_pct": 16.0,
+        "estimate_basis": SUM, "estimate_idle_over_pct": 3.0, "gpu_idle_bound_pct": 6.0}})
+    assert ("estimated +16.0 % (the sum of the estimates, less 3.0 % by which the fixes of the "
+            "host's side exceed the GPU idle of the step without the profiler (6.0 %), which "
+            "they remove at most)") in text

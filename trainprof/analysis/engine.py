@@ -69,7 +69,8 @@ def hold_by_loader(findings: list[Finding], ctx: Context, input_rules: set[str])
 
 def hold_by_gpu(findings: list[Finding], ctx: Context, bounded: set[str]) -> None:
     """On a GPU, a finding of the `bounded` rules (whose fix removes GPU idle) saves at most the
-    idle of the step without the profiler (analysis/gpu_headroom): what it claimed goes to
+    idle of the step without the profiler (analysis/gpu_headroom), which every such finding
+    keeps in metrics["unprofiled_gpu_idle_pct"]: what one claimed over it goes to
     metrics["traced_idle_saving_pct"], the evidence says why, and the severity follows the
     smaller saving (never raised)."""
     h = gpu_headroom.headroom(ctx)
@@ -77,10 +78,13 @@ def hold_by_gpu(findings: list[Finding], ctx: Context, bounded: set[str]) -> Non
         return
     cap = h.pct
     for f in findings:
-        if f.rule not in bounded or f.est_saving_pct <= cap + ROUNDING_PCT:
+        if f.rule not in bounded:
+            continue
+        # the bound of every such finding: also of their fixes together (`trainprof try`)
+        f.metrics["unprofiled_gpu_idle_pct"] = round(cap, 2)
+        if f.est_saving_pct <= cap + ROUNDING_PCT:
             continue
         f.metrics["traced_idle_saving_pct"] = round(f.est_saving_pct, 2)
-        f.metrics["unprofiled_gpu_idle_pct"] = round(cap, 2)
         f.evidence += gpu_headroom.note(h, f.est_saving_pct)
         f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
         f.est_saving_pct = round(cap, 2)

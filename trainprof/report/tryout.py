@@ -229,6 +229,11 @@ def _basis(c: dict[str, Any]) -> str:
                 "weights of cpu-bf16's fix")
     if c.get("estimate_basis") == "model":
         return f" (the DataLoader model, the other fixes' savings{cost} taken off its compute)"
+    over = c.get("estimate_idle_over_pct")
+    if over:
+        cost += (f", less {over:.1f} % by which the fixes of the host's side exceed the GPU "
+                 f"idle of the step without the profiler ({c.get('gpu_idle_bound_pct', 0):.1f} "
+                 "%), which they remove at most")
     return f" (the sum of the estimates{cost})"
 
 

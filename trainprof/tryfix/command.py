@@ -51,7 +51,7 @@ from trainprof.runmeta import (
 )
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
-from trainprof.tryfix.estimates import LOADER, NO_CLAIM, estimates
+from trainprof.tryfix.estimates import LOADER, NO_CLAIM, SUM, estimates
 from trainprof.tryfix.measure import (
     MAX_ROUNDS,
     Timed,
@@ -820,6 +820,10 @@ class Trial:
                **({"estimate_basis": basis} if est is not None else {}),
                **({"estimate_less_pct": less} if less > 0 else {}),
                **({"cpu_bf16_own_layout": True} if own else {})}
+        over = self.found.idle_over(rules) if est is not None and basis == SUM else 0.0
+        if over > 0:
+            # the fixes of the host's side held to the GPU idle of the unprofiled step
+            out.update(estimate_idle_over_pct=over, gpu_idle_bound_pct=self.found.idle_bound)
         if m is not None:
             out.update(m)
             if est is not None:
