@@ -831,7 +831,7 @@ def estimate(
         saving = min(saving, (f - left) / total * ctx.mean_step_us)
     # An H200 (many_problems, no workers, a 45.2 ms fetch in a 51.0 ms step): 1, 2, 4, 8, 16
     # workers measured +19.7, +64.8, +80.4, +85.9, +88.4 % where `try` showed each against the
-    # suggested count's 88.6 %; this says 11.4, 55.7, 77.8, 88.6, 88.6.
+    # suggested count's 88.6 %; this says 11.4, 55.7, 77.8, 89.6, 89.6 (89.6: the queued lead).
     by_n = []
     if ctx.gpu_timeline and unprof and split is None:
         by_n = [round(whole if not left_with(n) else min(whole, 100 * (f - left_with(n)) / total),
