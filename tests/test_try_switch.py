@@ -53,6 +53,29 @@ def test_split_pairs_adjacent_blocks_and_drops_transitions_and_whole_pairs() -> 
     assert switch.split(times, [False] * len(times), warmup, warmup, set(), block) == ([], [])
 
 
+def test_blocks_fit_between_the_evaluation_passes_of_a_short_script(tmp_path: Path) -> None:
+    """Lightning's example: 60 steps of 5.8 ms, validating at steps 20 and 40. Both pairs of
+    blocks of 12 held a validation step, and `split` dropped them: nothing was timed switched.
+    The switched block is the one that keeps the most steps timed there (4: five pairs); the
+    turns keep theirs, and a script without evaluation passes keeps 12."""
+    assert switch.clean_pairs(60, 12, 5, {20, 40}) == 0
+    assert switch.clean_pairs(60, 4, 5, {20, 40}) == 5  # 20 and 40 fall on untimed transitions
+    assert switch.clean_pairs(60, 12, 5, set()) == 2
+    run = [0.0058] * 60
+    write_meta(RunMeta(argv=[SENSOR], cwd=str(tmp_path), cpu_count=2, step_times_s=run), tmp_path)
+    plain = Trial(TryOptions(run=tmp_path, fixes=["zero-grad-not-none"]),
+                  RunMeta(argv=[SENSOR], step_times_s=run, cpu_count=2))
+    assert plain.switched_block == plain.block == 12
+    evals = Trial(TryOptions(run=tmp_path, fixes=["zero-grad-not-none"]),
+                  RunMeta(argv=[SENSOR], step_times_s=run, cpu_count=2, eval_steps=[20, 40]))
+    assert (evals.block, evals.switched_block) == (12, 4)
+    evals.plan()
+    assert evals.by_rule["zero-grad-not-none"][0].block == 4
+    # the script's own 60 steps, and a 1-step run (no room at any block): unchanged
+    one = RunMeta(argv=[SENSOR], step_times_s=[0.0058], cpu_count=2, eval_steps=[0])
+    assert Trial(TryOptions(run=tmp_path), one).switched_block == 12
+
+
 def test_switch_calls_back_only_when_it_flips() -> None:
     s = switch.Switch()
     seen: list[bool] = []

@@ -82,6 +82,7 @@ COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
 # the more of them share one stretch; each costs a transition step, not timed.
 SWITCH_BLOCK_S = 0.25
 MIN_SWITCH_BLOCK = 4
+SWITCH_PAIRS = 2  # pairs of blocks a switched round keeps at least, where the script allows
 
 
 @dataclass
@@ -259,6 +260,26 @@ def switch_block(meta: RunMeta) -> int:
     return min(BLOCK_STEPS, max(MIN_SWITCH_BLOCK, steps))
 
 
+def fit_block(meta: RunMeta, block: int, steps: int) -> int:
+    """`block`, or where the script ends before SWITCH_PAIRS pairs of blocks clear of its
+    evaluation passes (the run's `eval_steps`; `split` leaves out a pair holding one), the block
+    from MIN_SWITCH_BLOCK up that keeps the most steps timed. Lightning's example ends at 60
+    steps and validates at steps 20 and 40: both pairs of blocks of 12 held one, and `try` timed
+    nothing switched; blocks of 4 keep five pairs."""
+    n, evals = len(meta.step_times_s), set(meta.eval_steps)
+    if not n or not evals:
+        return block
+
+    def timed(b: int) -> int:
+        end = min(n, switch.steps_for(steps - WARMUP_STEPS, b, WARMUP_STEPS))
+        return switch.clean_pairs(end, b, WARMUP_STEPS, evals) * b
+
+    if timed(block) >= SWITCH_PAIRS * block:
+        return block
+    best = max(range(MIN_SWITCH_BLOCK, block + 1), key=lambda b: (timed(b), b))
+    return best if timed(best) > 0 else block
+
+
 class Trial:
     def __init__(self, opts: TryOptions, meta: RunMeta) -> None:
         self.opts = opts
@@ -268,7 +289,10 @@ class Trial:
         self.steps = opts.steps or default_steps(meta)
         # A switched round times both sides: about as many steps on each as a plain round keeps.
         self.block = switch_block(meta)
-        self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.block, WARMUP_STEPS)
+        # a switched round's blocks fit between the script's evaluation passes, where it ends soon
+        self.switched_block = fit_block(meta, self.block, self.steps)
+        self.switched_steps = switch.steps_for(self.steps - WARMUP_STEPS, self.switched_block,
+                                               WARMUP_STEPS)
         # A round of turns: for each variant as many blocks as a switched round, half in its
         # process, half in the baseline's.
         self.turn_cycles = turns.cycles_for(self.steps - WARMUP_STEPS, self.block)
@@ -348,7 +372,7 @@ class Trial:
             ]
             if (not self.opts.separate and catalog.switchable(rule, self.cuda)
                     and len(options) == 1 and not ahead):
-                self.by_rule[rule][0].block = self.block
+                self.by_rule[rule][0].block = self.switched_block
             for v in self.by_rule[rule]:
                 self._turns_unless_switched(v)
 
@@ -474,7 +498,8 @@ class Trial:
                     f"(each compared with it in the same seconds), which runs {len(u)} times "
                     "their blocks")
         if switched:
-            say(f"switched off and on in blocks of {switch.TRANSITION} + {self.block} steps in "
+            say(f"switched off and on in blocks of {switch.TRANSITION} + {self.switched_block} "
+                f"steps in "
                 f"rounds of {self.switched_steps} steps (both sides in one process"
                 f"{', each rank switching at the same step' if self.ranks else ''}): "
                 + ", ".join(switched))

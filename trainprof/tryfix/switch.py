@@ -43,6 +43,18 @@ def steps_for(kept: int, block: int, warmup: int) -> int:
     return warmup + cycles * len(PATTERN) * (TRANSITION + block)
 
 
+def clean_pairs(n: int, block: int, warmup: int, skip: set[int]) -> int:
+    """How many pairs of blocks `split` keeps from a round of `n` steps whose steps in `skip`
+    are not timed (evaluation passes), at `block` timed steps a block."""
+    size = TRANSITION + block
+    pairs, start = 0, warmup
+    while start + 2 * size <= n:
+        kept = {k for b in (start, start + size) for k in range(b + TRANSITION, b + size)}
+        pairs += not skip & kept
+        start += 2 * size
+    return pairs
+
+
 def split(
     times: list[float], on: list[bool], warmup: int, head: int, skip: set[int], block: int
 ) -> tuple[list[float], list[float]]:
