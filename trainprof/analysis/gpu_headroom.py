@@ -58,10 +58,11 @@ def _headroom(ctx: Context) -> Headroom | None:
 
 
 def note(h: Headroom, claimed_pct: float) -> str:
-    """The evidence's sentence on a saving held to the bound."""
+    """The evidence's sentence on a saving held to the bound (its % rounded as the saving's is,
+    so that the two read alike)."""
     return (
         f" Without the profiler the step (median {h.step_us / 1000:.1f} ms) leaves the GPU idle "
         f"{(h.step_us - h.busy_us) / 1000:.2f} ms at most: its GPU work took at least "
         f"{h.busy_us / 1000:.1f} ms in each traced step, so removing idle saves at most "
-        f"{h.pct:.1f} % of it (the traced steps' idle gave {claimed_pct:.1f} %)."
+        f"{round(h.pct, 2):.1f} % of it (the traced steps' idle gave {claimed_pct:.1f} %)."
     )
