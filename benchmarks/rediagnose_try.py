@@ -3,14 +3,14 @@
     python benchmarks/rediagnose_try.py DIR [DIR ...]
 
 Each DIR is a run folder holding a try.json, or a folder with such run folders below it (what
-`fix_efficacy.py --try --keep DIR` leaves). Each run is diagnosed again with the code as it is
-now (`trainprof diagnose --json --no-cache`), and for every worker count `try` measured the
-table gives the estimate now (the finding's model solved for that count with `try`'s
-prefetch_factor, analysis/loader_workers.step_with; below 0 printed as 0, as the rule claims
-nothing then), the estimate `try` recorded then, the measured saving with its interval, and
-whether the estimate now is within the target (tryfix/measure.within_target; "right" for no
-claim where the fix made the step slower). `ref` is try.json's machine ratio, `*` where `try`
-said the rounds ran at another speed than the run.
+`fix_efficacy.py --try --keep DIR` leaves). Each run is diagnosed again with the code as it is now
+(`trainprof diagnose --json --no-cache`), and for every worker count `try` measured the table gives
+the estimate now (the finding's model solved for that count with `try`'s prefetch_factor,
+analysis/loader_workers.step_with; below 0 printed as 0, as the rule claims nothing then; on a GPU
+run the finding's `gpu_saving_by_workers`), the estimate `try` recorded then, the measured saving
+with its interval, and whether the estimate now is within the target (tryfix/measure.within_target;
+"right" for no claim where the fix made the step slower). `ref` is try.json's machine ratio, `*`
+where `try` said the rounds ran at another speed than the run.
 
 The measurements stay the old ones, so this takes minutes where a new benchmark takes an hour,
 and it sees a bias a single benchmark cannot: the mean of estimate minus measured per worker
@@ -59,9 +59,26 @@ def loader_metrics(folder: Path) -> dict | None:
     except json.JSONDecodeError:
         return None
     for f in findings:
-        if f.get("rule") == RULE and "compute_ms_by_workers" in f.get("metrics", {}):
-            return f["metrics"]
+        m = f.get("metrics", {})
+        if f.get("rule") == RULE and ("compute_ms_by_workers" in m
+                                      or "gpu_saving_by_workers" in m):
+            return {**m, "est_saving_pct": f.get("est_saving_pct")}
     return None
+
+
+def estimate_now(metrics: dict, n: int) -> float | None:
+    """The finding's estimate (%) for n workers: the CPU model solved for n, or on a GPU run its
+    saving for n (`gpu_saving_by_workers`, held to the finding's own as `trainprof try` holds
+    it; the suggested count's is the finding's own)."""
+    by_n = metrics.get("gpu_saving_by_workers")
+    if isinstance(by_n, list) and by_n and "compute_ms_by_workers" not in metrics:
+        own = metrics.get("est_saving_pct")
+        if n == metrics.get("suggested_num_workers") and isinstance(own, (int, float)):
+            return float(own)
+        value = float(by_n[min(n, len(by_n)) - 1])
+        return min(value, own) if isinstance(own, (int, float)) else value
+    fixed = step_with(metrics, n, prefetch=PREFETCH)
+    return None if fixed is None else max(100 * (1 - fixed / metrics["unprofiled_step_ms"]), 0.0)
 
 
 def workers_of(change: str) -> int | None:
@@ -92,7 +109,8 @@ def main() -> int:
     for folder in folders:
         metrics = loader_metrics(folder)
         tried = json.loads((folder / "try.json").read_text())
-        if metrics is None or not metrics.get("unprofiled_step_ms"):
+        if metrics is None or not (metrics.get("unprofiled_step_ms")
+                                   or metrics.get("gpu_saving_by_workers")):
             continue
         machine = tried.get("machine") or {}
         ratio = machine.get("ratio")
@@ -102,10 +120,9 @@ def main() -> int:
                 continue
             for v in fix.get("variants") or [fix]:
                 n, measured = workers_of(v.get("change", "")), v.get("measured_pct")
-                fixed = step_with(metrics, n, prefetch=PREFETCH) if n else None
-                if fixed is None or measured is None:
+                est = estimate_now(metrics, n) if n else None
+                if est is None or measured is None:
                     continue
-                est = max(100 * (1 - fixed / metrics["unprofiled_step_ms"]), 0.0)
                 then = v.get("estimated_pct")
                 lo, hi = v.get("ci_pct") or [float("nan")] * 2
                 mark = verdict(est, measured)
