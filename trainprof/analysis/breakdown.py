@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from trainprof.analysis.context import COMM_KERNEL, Context
+from trainprof.analysis.context import Context
 from trainprof.analysis.syncops import METRIC_SPANS
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
@@ -99,7 +99,7 @@ def category_sets(ctx: Context) -> Iterator[tuple[str, iv.Intervals]]:
     if ctx.gpu_timeline:
         tr = ctx.trace
         k = tr.where_kind(Kind.KERNEL)
-        comm = np.isin(tr.name_id[k], tr.name_ids(COMM_KERNEL))
+        comm = ctx.is_comm(k)
         yield "Kernel", iv.merge(tr.ts[k[~comm]], tr.end[k[~comm]])
         yield "Memcpy", _events(ctx, Kind.MEMCPY)
         yield "Memset", _events(ctx, Kind.MEMSET)

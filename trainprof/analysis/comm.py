@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainprof.analysis.context import COMM_KERNEL, Context
+from trainprof.analysis.context import Context
 from trainprof.trace import intervals as iv
 from trainprof.trace.model import Kind
 from trainprof.trace.nesting import outermost
@@ -65,7 +65,7 @@ def _comm_stats(ctx: Context) -> CommStats:
     empty = CommStats("", np.zeros(0, np.int64), 0.0, iv.EMPTY, 0.0, 0.0, len(calls))
     if ctx.gpu_timeline:
         k = tr.where_kind(Kind.KERNEL)
-        is_comm = np.isin(tr.name_id[k], tr.name_ids(COMM_KERNEL))
+        is_comm = ctx.is_comm(k)
         comm, comp = k[is_comm], k[~is_comm]
         if not len(comm):
             out = empty

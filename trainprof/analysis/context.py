@@ -253,6 +253,11 @@ class Context:
     def gpu_events(self) -> np.ndarray:
         return self.trace.where_kind(*GPU_KINDS)
 
+    def is_comm(self, kernels: np.ndarray) -> np.ndarray:
+        """Mask: which of these kernels are collectives' (NCCL, RCCL)."""
+        tr = self.trace
+        return np.isin(tr.name_id[kernels], tr.name_ids(COMM_KERNEL))
+
     @cached_property
     def gpu_busy(self) -> iv.Intervals:
         g = self.gpu_events

@@ -62,9 +62,7 @@ def hold_by_loader(findings: list[Finding], ctx: Context, input_rules: set[str])
         if held.batch_ms is not None:
             f.metrics["worker_batch_ms"] = round(held.batch_ms, 3)
         f.evidence += loader_bound.note(held, f.est_saving_pct)
-        f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
-        f.est_saving_pct = round(cap, 2)
-        f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)
+        _hold(f, cap)
 
 
 def hold_by_gpu(findings: list[Finding], ctx: Context, bounded: set[str]) -> None:
@@ -86,9 +84,15 @@ def hold_by_gpu(findings: list[Finding], ctx: Context, bounded: set[str]) -> Non
             continue
         f.metrics["traced_idle_saving_pct"] = round(f.est_saving_pct, 2)
         f.evidence += gpu_headroom.note(h, f.est_saving_pct)
-        f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
-        f.est_saving_pct = round(cap, 2)
-        f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)
+        _hold(f, cap)
+
+
+def _hold(f: Finding, cap: float) -> None:
+    """A finding's saving held to `cap` % of the step: its ms in proportion, its severity the
+    smaller saving's (never raised)."""
+    f.est_saving_ms_per_step = round(f.est_saving_ms_per_step * cap / f.est_saving_pct, 3)
+    f.est_saving_pct = round(cap, 2)
+    f.severity = max(severity_for(f.est_saving_pct), f.severity, key=severity_rank)
 
 
 def saving_basis(ctx: Context) -> SavingBasis:

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-from trainprof.analysis.context import COMM_KERNEL, Context
+from trainprof.analysis.context import Context
 from trainprof.trace import intervals as iv
 
 
@@ -49,7 +47,7 @@ def _headroom(ctx: Context) -> Headroom | None:
         return None
     tr = ctx.trace
     g = ctx.gpu_events
-    g = g[~np.isin(tr.name_id[g], tr.name_ids(COMM_KERNEL))]
+    g = g[~ctx.is_comm(g)]
     s = ctx.steps
     busy = iv.overlap_each(s.start, s.end, iv.merge(tr.ts[g], tr.end[g]))
     if not len(busy) or float(busy.min()) <= 0:
