@@ -1,11 +1,13 @@
-"""dataloader-starvation on a GPU without workers: a fetch idles the GPU only once the work queued
+"""dataloader-starvation on a GPU: a fetch idles the GPU only once the work queued
 before it has run, so its saving comes from each unprofiled step's fetch against the GPU's lead
 (analysis/loader_workers._queued_saving), not from the traced idle scaled by the fetch's ratio.
 
 Hand-written traces (tests/gpu_fetch_trace.py): three traced steps, each a fetch then 20 ms of
 kernels that run `lead_ms` into the next step's fetch. The middle fetch is slow (40.4 ms), as one
-was in the window of an H200 run. The step and fetch times without the profiler are given. Last,
-the saving of each worker count `trainprof try` sweeps, from the same model.
+was in the window of an H200 run. The step and fetch times without the profiler are given. Then
+the saving of each worker count `trainprof try` sweeps, from the same model. Last, loaders with
+workers: the loop waits for a worker, then receives the batch, and the fix of each part (more
+workers; a pin-memory thread) leaves the other to outlast the lead.
 """
 
 from __future__ import annotations
@@ -81,3 +83,42 @@ def test_each_worker_count_has_its_own_estimate(tmp_path: Path):
     assert est.for_workers(LOADER, {"num_workers": 16}) == pytest.approx(by_n[-1])
     # the suggested count's is the finding's own
     assert est.for_workers(LOADER, {"num_workers": f.metrics["suggested_num_workers"]}) is None
+
+
+def _with_workers(folder: Path, lead_ms: float, plain_fetch_ms: list[float], wait_share: float):
+    steps = [gpu_fetch_trace.COMPUTE_MS + 7.0 + max(f - 4.0, 0.0) for f in plain_fetch_ms]
+    return gpu_fetch_trace.write(folder, FETCH_MS, lead_ms, steps, plain_fetch_ms, wait_share)
+
+
+def test_with_workers_one_slow_traced_wait_is_not_every_step(tmp_path: Path):
+    """A loader with workers whose window held one slow wait: as without workers, only the fetch
+    that outlasted the GPU's queued work idled it, and no unprofiled fetch but one does. The
+    traced idle's ratio, applied to every unprofiled fetch's waiting, made it 8 % of the step."""
+    f = _starvation(_with_workers(tmp_path, 9.6, PLAIN, wait_share=0.9))
+    assert f is None or f.est_saving_pct < 0.5, (f.est_saving_pct, f.evidence)
+
+
+def test_with_workers_more_workers_leave_the_receiving(tmp_path: Path):
+    """The GPU holds 2 ms of work when each 10 ms fetch starts (the least traced lead); the loop
+    waits for a worker first, then receives the batch. More workers take the waiting off, and
+    the receiving (the rest of the fetch) still outlasts the lead where it is longer."""
+    for share, name in ((0.9, "short"), (0.5, "long")):
+        f = _starvation(_with_workers(tmp_path / name, 2.0, [10.0] * 30, wait_share=share))
+        assert f is not None and f.metrics["kind"] == "starvation"
+        q = f.metrics["wait_pct"] / f.metrics["share_pct"]  # the waiting's share, unprofiled
+        assert q == pytest.approx(share, abs=0.01)
+        idle = 10.0 - 2.0  # of a 33 ms step
+        left = max(10.0 * (1 - q) - 2.0, 0.0)
+        assert f.est_saving_pct == pytest.approx(100 * (idle - left) / 33.0, abs=0.05)
+        assert f.est_saving_pct <= f.metrics["wait_pct"] + 0.05
+    # (a receiving of 1 ms hides under the lead: all the idle goes; of 5 ms, 3 ms of it stays)
+
+
+def test_with_workers_that_keep_up_the_receiving_saves_past_the_lead(tmp_path: Path):
+    """Workers keep up (the loop waits 0.5 ms of a 10 ms fetch): the finding is the receiving's,
+    and its saving (what a pin-memory thread could take off) is the idle that the waiting alone
+    would not cause: all 8 ms past the 2 ms lead, the waiting being shorter than the lead."""
+    f = _starvation(_with_workers(tmp_path, 2.0, [10.0] * 30, wait_share=0.05))
+    assert f is not None and f.metrics["kind"] == "receiving"
+    assert f.est_saving_pct == pytest.approx(100 * (10.0 - 2.0) / 33.0, abs=0.05)
+    assert f.severity == "medium"  # an upper bound is never ranked high

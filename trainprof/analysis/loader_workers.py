@@ -719,17 +719,22 @@ def _gpu_saving(ctx: Context, spans: iv.Intervals, amount: float | None) -> floa
     return amount * (idle / part) / step * ctx.mean_step_us
 
 
-def _queued_saving(ctx: Context, fetches: iv.Intervals) -> float | None:
-    """The GPU idle the loop's own fetches (no workers) cause in its unprofiled steps, per traced
-    step in µs as the engine takes savings (None: the run did not time its fetches).
+def _queued_saving(ctx: Context, fetches: iv.Intervals, q: float = 1.0
+                   ) -> tuple[float, float] | None:
+    """The GPU idle the loop's fetches cause in its unprofiled steps that more workers (the
+    waiting) and a pin-memory thread (the receiving) would take off, per traced step in µs as
+    the engine takes savings (None: the run did not time its fetches). `q`: the share of the
+    fetch spent waiting for a worker (1 without workers: all of it goes).
 
     A fetch idles the GPU only once the work queued before it has run: a fetch of F while the
     GPU holds L of work costs max(0, F - L). Each traced step gives its lead, its fetch less the
     GPU idle in it; the least is taken (a fetch that never idled the GPU says only that the lead
     was at least that long). The profiler inflates a Python-heavy fetch several times and the
     GPU's queued work hardly at all, so that lead is set against each unprofiled step's fetch,
-    and the saving is the median unprofiled step less the median of those steps without their
-    fetch's idle. Scaling the traced idle by the fetch's ratio instead took one slow fetch for
+    and the saving is the median unprofiled step less the median of those steps without what
+    goes. With workers the loop waits (W = q F) and then receives (R = F - W): the idle is
+    max(0, W + R - L); without the waiting it is max(0, R - L), without the receiving
+    max(0, W - L). Scaling the traced idle by the fetch's ratio instead took one slow fetch for
     every step: on an H200, tests/gpu/scripts/metric_sync.py's window held a 40.4 ms fetch
     (30.8 ms of GPU idle) between two of 6.2-6.7 ms (0.08 ms), which put the DataLoader at 8.5 %
     of the step and first, where the run's unprofiled fetches took 3.9 ms (one of 50 over 10 ms)
@@ -749,8 +754,13 @@ def _queued_saving(ctx: Context, fetches: iv.Intervals) -> float | None:
     fetch = np.array([m.fetch_times_s[i] for i in idx]) * 1e6
     step = np.array([m.step_times_s[i] for i in idx]) * 1e6
     idle_plain = np.clip(fetch - lead, 0.0, step)
-    gain = plain - float(np.median(step - idle_plain))
-    return max(gain, 0.0) / plain * ctx.mean_step_us
+
+    def gain(left: np.ndarray) -> float:  # the idle left once a part of the fetch is gone
+        freed = plain - float(np.median(step - (idle_plain - left)))
+        return max(freed, 0.0) / plain * ctx.mean_step_us
+
+    return (gain(np.clip(fetch * (1 - q) - lead, 0.0, step)),
+            gain(np.clip(fetch * q - lead, 0.0, step)))
 
 
 def estimate(
@@ -781,13 +791,15 @@ def estimate(
     receive_saving = 0.0
     if ctx.gpu_timeline:
         fetches = iv.intersect(ctx.dataloader_spans, ctx.windows)
-        spans = split.wait_spans if split is not None else fetches
-        queued = _queued_saving(ctx, fetches) if split is None else None
-        saving = (queued if queued is not None
-                  else _gpu_saving(ctx, spans, None if plain is None else plain * q))
-        if split is not None:
-            rest = None if plain is None else plain * (1 - q)
-            receive_saving = _gpu_saving(ctx, split.receive_spans, rest)
+        queued = _queued_saving(ctx, fetches, q)
+        if queued is not None:
+            saving, receive_saving = queued
+        else:
+            spans = split.wait_spans if split is not None else fetches
+            saving = _gpu_saving(ctx, spans, None if plain is None else plain * q)
+            if split is not None:
+                rest = None if plain is None else plain * (1 - q)
+                receive_saving = _gpu_saving(ctx, split.receive_spans, rest)
     elif cpus and threads and (model := cpu_model(ctx, fetch, k, cpus, q, shards)) is not None:
         if plain is None:  # older metadata: the fetch's traced share, the profiler taken out
             share = 100 * unprofiled.share(ctx, fetch, ctx.dataloader_spans)

@@ -38,11 +38,14 @@ them with workers), never more than the fetch share. Where the run timed its fet
 profiler (trainprof run: every step), the saving is stated for the fetch without the profiler,
 which inflates a Python-heavy fetch far more than the GPU's work (num_workers=0 on an H100: 92 %
 of the traced step, 85 % unprofiled, 86 % measured by the fix; with 4 workers 16 % traced, 2.2 %
-unprofiled). With workers, the traced idle is taken as a fraction of the waiting and applied to
-the unprofiled fetch. Without, a fetch idles the GPU only once the work queued before it has
-run: each traced step's lead is its fetch less the GPU idle in it, the least taken, and each
-unprofiled step's fetch costs what outlasts it; the saving is the median unprofiled step less
-the median of those steps without that cost (analysis/loader_workers). A ratio took one slow
+unprofiled). A fetch idles the GPU only once the work queued before it has run: each traced
+step's lead is its fetch less the GPU idle in it, the least taken, and each unprofiled step's
+fetch costs what outlasts it; the saving is the median unprofiled step less the median of those
+steps without what the fix takes off (analysis/loader_workers). With workers the loop waits and
+then receives, the waiting's share of the fetch as above: more workers leave the receiving to
+outlast the lead (a waiting finding's saving), a pin-memory thread the waiting (a receiving
+finding's). Where the run did not time its fetches, the traced idle is taken as a fraction of
+the fetch's part (waiting, receiving) and applied to the unprofiled one. A ratio took one slow
 fetch for every step: an H200 run's window held a 40.4 ms fetch (30.8 ms of GPU idle) between
 two of 6.2-6.7 ms that idled it 0.08 ms, and the DataLoader came first at 8.5 %, where its
 unprofiled fetches took 3.9 ms (one in 50 over 10 ms); now 0.1 %, as two runs of the script
