@@ -28,7 +28,7 @@ def test_max_steps_ends_the_run_cleanly(stopped: Run) -> None:
     assert "Traceback" not in stopped.stderr and "MaxStepsReached" not in stopped.stderr
     meta = stopped.meta
     assert meta["status"] == "ok" and meta["exit_code"] == 0
-    assert len(meta["step_times_s"]) == 20
+    assert len(meta["step_times_s"]) == 20 and meta["max_steps"] == 20
     assert "stopped by --max-steps after 20 steps" in meta["notes"]
 
 
@@ -55,7 +55,7 @@ def test_without_max_steps_the_window_line_says_ctrl_c_is_safe(tmp_path: Path) -
         "Ctrl-C now stops it and keeps everything"
     )
     assert line in result.stderr
-    assert len(result.meta["step_times_s"]) == 12
+    assert len(result.meta["step_times_s"]) == 12 and result.meta["max_steps"] == 0
 
 
 @pytest.mark.slow

@@ -12,12 +12,13 @@ import sys
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from test_run_cli import ROOT, SCRIPTS, trainprof
 
 from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
 from trainprof.tryfix import turns
-from trainprof.tryfix.command import Trial, TryOptions
+from trainprof.tryfix.command import Trial, TryOptions, script_end
 from trainprof.tryfix.switch import TRANSITION
 
 STARVED = str(SCRIPTS / "try_turns.py")
@@ -185,7 +186,7 @@ def test_a_fixs_variants_share_one_baseline_process_on_a_cpu_run(
     folder = tmp_path / "run"
     folder.mkdir()
     write_meta(RunMeta(argv=[STARVED], cwd=str(ROOT), cpu_count=2, wall_time_s=5.0,
-                       devices=devices, step_times_s=[0.021] * 20,
+                       devices=devices, step_times_s=[0.021] * 20, max_steps=20,
                        dataloaders=[DataLoaderInfo(num_workers=0)]), folder)
     trial = Trial(TryOptions(run=folder, fixes=["dataloader-starvation"]), read_meta(folder))
     trial.plan()
@@ -197,6 +198,33 @@ def test_a_fixs_variants_share_one_baseline_process_on_a_cpu_run(
     assert len(todo) == 3 and [len(u) for u in trial.units(todo)] == [3]
     todo[0].alone = True  # its shared round failed: a baseline of its own from then on
     assert sorted(len(u) for u in trial.units(todo)) == [1, 2]
+
+
+@pytest.mark.parametrize("steps", [40, 20000])
+def test_a_script_that_ends_before_a_shared_baseline_does_not_share_one(
+    tmp_path: Path, steps: int
+) -> None:
+    """The Hugging Face example ends after 40 steps: a baseline process shared by the DataLoader
+    sweep's three variants ended in the first one's blocks, and the other two were not measured
+    ("too few for a block"). Each runs beside a baseline of its own there; a script that runs
+    long enough shares one; a run `--max-steps` ended says nothing of the script's end."""
+    base = RunMeta(argv=[STARVED], cwd=str(ROOT), cpu_count=2, wall_time_s=5.0,
+                   step_times_s=[0.021] * steps, dataloaders=[DataLoaderInfo(num_workers=0)])
+    trial = Trial(TryOptions(run=tmp_path, fixes=["dataloader-starvation"]), base)
+    write_meta(base, tmp_path)
+    trial.plan()
+    todo = trial.active()
+    assert len(todo) == 3
+    fits = steps >= trial.shared_steps(3)
+    assert trial.shared_steps(1) < 20000 and (fits == (steps == 20000))
+    assert script_end(base) == steps
+    assert [len(u) for u in trial.units(todo)] == ([3] if fits else [1, 1, 1])
+    for stopped in (RunMeta(**{**msgspec.structs.asdict(base), "max_steps": steps}),
+                    RunMeta(**{**msgspec.structs.asdict(base),
+                               "notes": [f"stopped by --max-steps after {steps} steps"]})):
+        assert script_end(stopped) is None
+        trial.meta = stopped
+        assert [len(u) for u in trial.units(todo)] == [3]
 
 
 # ----- real rounds -------------------------------------------------------------------------------

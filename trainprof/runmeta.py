@@ -347,6 +347,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     wall_time_s: float = 0.0
     step_source: str = "none"  # optimizer | backward | dataloader | none
     step_times_s: list[float] = []  # wall time of EVERY step, not only the traced ones
+    # `trainprof run --max-steps N`: the run ended the script after N steps (0: it ran to its own
+    # end, or older metadata)
+    max_steps: int = 0
     # On CUDA: the GPU's time per step (same indices), from an event at every step boundary
     # (capture/gpusteps.py); null where unknown (the first step, steps in a CUDA graph capture).
     gpu_step_times_s: list[float | None] = []

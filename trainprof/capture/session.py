@@ -248,6 +248,7 @@ class Session:
                 started_at=started_at,
                 step_source=steps.source,
                 step_times_s=[round(t, 6) for t in steps.step_times],
+                max_steps=stepper.max_steps,
                 gpu_step_times_s=[None if t is None else round(t, 6) for t in steps.gpu_step_times],
                 fetch_times_s=[round(t, 6) for t in steps.fetch_times],
                 # 0.1 µs: a CPU tensor's `.item()` takes about 1 µs

@@ -260,13 +260,22 @@ def switch_block(meta: RunMeta) -> int:
     return min(BLOCK_STEPS, max(MIN_SWITCH_BLOCK, steps))
 
 
+def script_end(meta: RunMeta) -> int | None:
+    """The steps the script runs before it ends by itself, as the run saw it; None where the run
+    does not say (it failed, or `--max-steps` ended it: a round runs the script further)."""
+    n = len(meta.step_times_s)
+    stopped = (meta.max_steps and n >= meta.max_steps) or any(
+        x.startswith("stopped by --max-steps") for x in meta.notes)  # older metadata
+    return n if n and meta.status == "ok" and not stopped else None
+
+
 def fit_block(meta: RunMeta, block: int, steps: int) -> int:
     """`block`, or where the script ends before SWITCH_PAIRS pairs of blocks clear of its
     evaluation passes (the run's `eval_steps`; `split` leaves out a pair holding one), the block
     from MIN_SWITCH_BLOCK up that keeps the most steps timed. Lightning's example ends at 60
     steps and validates at steps 20 and 40: both pairs of blocks of 12 held one, and `try` timed
     nothing switched; blocks of 4 keep five pairs."""
-    n, evals = len(meta.step_times_s), set(meta.eval_steps)
+    n, evals = script_end(meta), set(meta.eval_steps)
     if not n or not evals:
         return block
 
@@ -479,8 +488,12 @@ class Trial:
             return 0
         # A script that runs its own profiler runs it in the rounds too (tryfix/outputs).
         off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
+        end = script_end(self.meta)
+        upto = f", where the script does not end first (after {end})" if (
+            end is not None and end < self.steps) else ""
         say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
-            f"(the first {WARMUP_STEPS} of each not timed), {off}; script output: {self.log}")
+            f"(the first {WARMUP_STEPS} of each not timed{upto}), {off}; script output: "
+            f"{self.log}")
         if self.ranks:
             how = ("through torchrun" if self.job.torchrun else
                    "started as the script starts them (Lightning, accelerate, spawn)")
@@ -497,6 +510,12 @@ class Trial:
                 say(f"{u[0].specs[0]['rule']}'s {len(u)} variants share one baseline process "
                     f"(each compared with it in the same seconds), which runs {len(u)} times "
                     "their blocks")
+            rules = [v.specs[0]["rule"] for v in todo
+                     if v.turns and not v.alone and not self.cuda and v.specs]
+            if not shared and len(rules) > len(set(rules)):  # units() gave each its own
+                say(f"the script ends after {end} steps, before a baseline "
+                    "process shared by a rule's variants would reach all their blocks: each "
+                    "variant runs beside a baseline process of its own")
         if switched:
             say(f"switched off and on in blocks of {switch.TRANSITION} + {self.switched_block} "
                 f"steps in "
@@ -561,7 +580,17 @@ class Trial:
                 shared[rule].append(v)
             else:
                 units.append([v])
-        return units
+        # A script that ends before a shared baseline process reaches every variant's blocks
+        # (the Hugging Face example's 40 steps: the first of three variants got pairs, the
+        # others none) measures each beside a baseline process of its own.
+        end = script_end(self.meta)
+        return [[v] for u in units for v in u] if end is not None and any(
+            end < self.shared_steps(len(u)) for u in units if len(u) > 1) else units
+
+    def shared_steps(self, variants: int) -> int:
+        """The steps a baseline process shared by `variants` variants runs in a round of turns."""
+        sides = turns.schedule(self.turn_cycles, 0, variants)
+        return turns.own_steps(turns.own_blocks(sides, 0), self.block, WARMUP_STEPS)
 
     def _combine(self) -> None:
         best = [b for b in (self.best(r) for r in self.by_rule) if b is not None]
