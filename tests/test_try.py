@@ -30,7 +30,7 @@ from trainprof.runmeta import (
 )
 from trainprof.tryfix import catalog, measure
 from trainprof.tryfix.apply import Applied, install
-from trainprof.tryfix.command import Trial, TryOptions, load_run
+from trainprof.tryfix.command import Trial, TryOptions
 from trainprof.tryfix.measure import (
     pace,
     resampled_medians,
@@ -39,6 +39,7 @@ from trainprof.tryfix.measure import (
     verdict,
     within_target,
 )
+from trainprof.tryfix.runfolder import load_run
 
 MLP = str(SCRIPTS / "try_mlp.py")
 API_BLOCK = str(SCRIPTS / "try_api_block.py")
@@ -661,7 +662,7 @@ def test_receiving_round_sets_file_system_for_that_round_only(tmp_path: Path) ->
 def test_default_steps_from_the_runs_own_steps():
     """The round length comes from the run's plain steps: evaluation passes and steps run with
     fewer threads (slower by design) left out, as in every other step statistic."""
-    from trainprof.tryfix.command import (
+    from trainprof.tryfix.plan import (
         MAX_KEPT_STEPS,
         MIN_KEPT_STEPS,
         WARMUP_STEPS,

@@ -14,7 +14,8 @@ import pytest
 from test_run_cli import ROOT, SCRIPTS, SMALL, run
 
 from trainprof.runmeta import Load, RunMeta, write_meta
-from trainprof.tryfix.command import Trial, TryOptions, load_run
+from trainprof.tryfix.command import Trial, TryOptions
+from trainprof.tryfix.runfolder import load_run
 from trainprof.tryfix.spawn import Job, Launcher, merge_ranks, rank_result
 
 JOB = str(SCRIPTS / "try_ddp.py")

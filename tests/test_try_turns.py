@@ -18,7 +18,8 @@ from test_run_cli import ROOT, SCRIPTS, trainprof
 
 from trainprof.runmeta import DataLoaderInfo, RunMeta, read_meta, write_meta
 from trainprof.tryfix import turns
-from trainprof.tryfix.command import Trial, TryOptions, script_end
+from trainprof.tryfix.command import Trial, TryOptions
+from trainprof.tryfix.plan import script_end
 from trainprof.tryfix.switch import TRANSITION
 
 STARVED = str(SCRIPTS / "try_turns.py")

@@ -18,7 +18,8 @@ from test_dataloader_starvation_estimate import LOOP
 
 from trainprof.diagnose import diagnose_path
 from trainprof.runmeta import DataLoaderInfo, LoaderIpc, RunMeta, write_meta
-from trainprof.tryfix.command import Trial, TryOptions, load_run
+from trainprof.tryfix.command import Trial, TryOptions
+from trainprof.tryfix.runfolder import load_run
 
 IPC = LoaderIpc(receive_ms=0.5, worker_ms=1.0, startup_ms=50.0, tensors=2)
 SPLIT = "First split the stream"

@@ -34,8 +34,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.bf16_layout import fix_channels_last
 from trainprof.errors import TrainprofError
@@ -46,8 +44,6 @@ from trainprof.runmeta import (
     RunMeta,
     earlier_tries,
     keep_earlier_try,
-    read_meta,
-    started_by_torchrun,
 )
 from trainprof.stats import BLOCK_STEPS
 from trainprof.tryfix import catalog, machine, switch, turns
@@ -65,24 +61,20 @@ from trainprof.tryfix.measure import (
     verdict,
     within_target,
 )
-from trainprof.tryfix.spawn import Job, Launcher, read_result, round_cwd
+from trainprof.tryfix.plan import (
+    WARMUP_STEPS,
+    default_steps,
+    fit_block,
+    script_end,
+    switch_block,
+)
+from trainprof.tryfix.runfolder import job_of, load_run
+from trainprof.tryfix.spawn import Launcher, read_result
 
 LOG_NAME = "try.log"
 SCHEMA = 1
-WARMUP_STEPS = 5  # allocator warm-up, the first batches, DataLoader worker start-up
-# Kept steps per round at most. A round of a fast step is mostly the script's start-up, and few
-# steps of it are noise: try_mlp (0.4 ms steps), rounds of 25 kept steps measured fused Adam at
-# +4.1 % [-22.2, +23.9], of 295 at +13.7 % [+11.8, +15.6].
-MAX_KEPT_STEPS = 1000
-MIN_KEPT_STEPS = 36  # three blocks (tryfix/measure): one a stall fell into is outvoted
 DEFAULT_ROUNDS = 3
 COMPILE_TIME_S = 600.0  # more time for a round that runs torch.compile
-# A switched round's blocks last about this long (at most BLOCK_STEPS steps, at least
-# MIN_SWITCH_BLOCK): a VM's speed moves in stretches of seconds, and the shorter the blocks,
-# the more of them share one stretch; each costs a transition step, not timed.
-SWITCH_BLOCK_S = 0.25
-MIN_SWITCH_BLOCK = 4
-SWITCH_PAIRS = 2  # pairs of blocks a switched round keeps at least, where the script allows
 
 
 @dataclass
@@ -140,153 +132,6 @@ def _stream_notes(options: dict, loaders: list[DataLoaderInfo]) -> list[str]:
             f"in these rounds each of the {n} workers ran all of it. The step is timed as a "
             "split dataset's would be; split it before you keep the change, or a stream read "
             "from data yields every sample once per worker (`trainprof diagnose` says how)"]
-
-
-def load_run(run: Path) -> RunMeta:
-    """The run's metadata with its recorded command (a job's: rank 0's, with the command of the
-    launcher that started it where the script ran one); TrainprofError (exit 2) otherwise."""
-    run = Path(run)
-    if not run.is_dir():
-        raise TrainprofError(
-            f"{run} is not a run folder: `trainprof try` re-runs what `trainprof run` recorded"
-        )
-    top = read_meta(run)
-    files = _rank_files(run)
-    job = job_of(run)
-    if job is not None and files:  # a job's ranks: one file each
-        meta = read_meta(run / "trainprof.rank0.json")
-        if meta is None or not (top or meta).argv:
-            raise TrainprofError(f"{run} is a job of {job.ranks} ranks without rank 0's recorded "
-                                 "command (trainprof.rank0.json), which `trainprof try` re-runs")
-        # not recorded before 2026-11-29: torchrun's jobs taken as on one machine; ranks the
-        # script started, on another machine unless its rendezvous was this one's (loopback)
-        local = meta.local_world_size or (job.ranks if job.torchrun else 0)
-        if local < job.ranks:
-            where = (f"on {-(-job.ranks // local)} machines" if local else
-                     "not all on this machine (its rendezvous was not on the loopback address)")
-            raise TrainprofError(
-                f"{run} is a job of {job.ranks} ranks {where}: `trainprof try` re-runs a job on "
-                "this machine only; record it on one machine (`trainprof run --nproc-per-node "
-                "N`, one node) and try that run")
-        # the ranks share this machine's CPUs (RunMeta.cpus_per_rank)
-        meta = msgspec.structs.replace(meta, local_world_size=local)
-        if top is not None:  # the script's process that started them: its command
-            meta = msgspec.structs.replace(meta, argv=top.argv, cwd=top.cwd, env=top.env,
-                                           executable=top.executable, module=top.module)
-        return _with_script(run, meta)
-    if top is None:
-        raise TrainprofError(
-            f"{run} has no recorded command (no trainprof.json with argv): `trainprof try` needs "
-            "a run folder written by `trainprof run`, not a bare trace"
-        )
-    if not top.argv:
-        raise TrainprofError(
-            f"{run} has no command to start again: trainprof.profile() or %%trainprof recorded "
-            "it in a notebook or an interactive session; `trainprof try` re-runs a script or a "
-            "notebook, so record it with `trainprof run train.py` (or `trainprof run "
-            "notebook.ipynb`) and try that run")
-    world = max(top.world_size or 1, len(files))
-    if world > 1 or files:
-        raise TrainprofError(
-            f"{run} is a job of {world} ranks whose ranks this run did not record as a job "
-            "(trainprof.json of a process that trained, beside or without rank files): "
-            "`trainprof try` cannot start them as they were; record the script under torchrun "
-            "(`trainprof run --nproc-per-node N`) or as one process, and try that run")
-    return _with_script(run, top)
-
-
-def _with_script(run: Path, meta: RunMeta) -> RunMeta:
-    """`meta`, once its command's script is found where the rounds start it (spawn.round_cwd):
-    a script moved or deleted since is one line here, not a failed baseline round."""
-    if meta.argv and meta.argv[0] != "-m":
-        cwd = round_cwd(meta)
-        if not Path(cwd, meta.argv[0]).exists():
-            raise TrainprofError(
-                f"the script of the command {run} recorded, {meta.argv[0]}, is not in {cwd} any "
-                "more: `trainprof try` re-runs that command there")
-    return meta
-
-
-def _rank_files(run: Path) -> list[Path]:
-    return list(Path(run).glob("trainprof.rank*.json"))
-
-
-def _by_torchrun(meta: RunMeta) -> bool:
-    # (runs recorded before `torchrun` was kept have torchrun's variables in `env`)
-    return meta.torchrun or started_by_torchrun(meta.env)
-
-
-def job_of(run: Path) -> Job | None:
-    """The job recorded in `run`, which `try` runs again:
-    - a file per rank and no trainprof.json: `trainprof run --nproc-per-node N` (by torchrun),
-      or Lightning's ddp, whose rank 0 was trainprof's own process (by the script);
-    - trainprof.json of a process that ran no step, beside rank files: a launcher the script ran
-      (`accelerate launch`) or ranks it spawned (`torch.multiprocessing.spawn`; by the script);
-    - trainprof.json of the one rank torchrun started.
-    None for one process."""
-    run = Path(run)
-    own = read_meta(run)
-    files = _rank_files(run)
-    if own is not None and not files:
-        return Job(1, True) if _by_torchrun(own) else None
-    if not files:
-        return None
-    first = read_meta(run / "trainprof.rank0.json") or read_meta(min(files))
-    ranks = max((first.world_size if first else None) or 0, len(files))
-    if own is not None:
-        return Job(ranks, False) if not own.step_times_s else None
-    return Job(ranks, first is not None and _by_torchrun(first))
-
-
-def run_step(meta: RunMeta) -> float:
-    """The run's median step in s, without its evaluation passes and thread steps (0.1 when it
-    timed none)."""
-    aside = meta.altered_steps()  # evaluation passes, steps run with fewer threads
-    plain = [t for i, t in enumerate(meta.step_times_s) if i >= 1 and i not in aside]
-    times = sorted(plain or meta.step_times_s)
-    return times[len(times) // 2] if times else 0.1
-
-
-def default_steps(meta: RunMeta) -> int:
-    """Enough steps for a stable pace: at least MIN_KEPT_STEPS kept steps, and about 3 s of them
-    (at most MAX_KEPT_STEPS)."""
-    kept = min(MAX_KEPT_STEPS, max(MIN_KEPT_STEPS, math.ceil(3.0 / max(run_step(meta), 1e-4))))
-    return WARMUP_STEPS + kept
-
-
-def switch_block(meta: RunMeta) -> int:
-    """Timed steps per block of a switched round: about SWITCH_BLOCK_S of the run's step."""
-    steps = round(SWITCH_BLOCK_S / max(run_step(meta), 1e-4))
-    return min(BLOCK_STEPS, max(MIN_SWITCH_BLOCK, steps))
-
-
-def script_end(meta: RunMeta) -> int | None:
-    """The steps the script runs before it ends by itself, as the run saw it; None where the run
-    does not say (it failed, or `--max-steps` ended it: a round runs the script further)."""
-    n = len(meta.step_times_s)
-    stopped = (meta.max_steps and n >= meta.max_steps) or any(
-        x.startswith("stopped by --max-steps") for x in meta.notes)  # older metadata
-    return n if n and meta.status == "ok" and not stopped else None
-
-
-def fit_block(meta: RunMeta, block: int, steps: int) -> int:
-    """`block`, or where the script ends before SWITCH_PAIRS pairs of blocks clear of its
-    evaluation passes (the run's `eval_steps`; `split` leaves out a pair holding one), the block
-    from MIN_SWITCH_BLOCK up that keeps the most steps timed. Lightning's example ends at 60
-    steps and validates at steps 20 and 40: both pairs of blocks of 12 held one, and `try` timed
-    nothing switched; blocks of 4 keep five pairs."""
-    n, evals = script_end(meta), set(meta.eval_steps)
-    if not n or not evals:
-        return block
-
-    def timed(b: int) -> int:
-        end = min(n, switch.steps_for(steps - WARMUP_STEPS, b, WARMUP_STEPS))
-        return switch.clean_pairs(end, b, WARMUP_STEPS, evals) * b
-
-    if timed(block) >= SWITCH_PAIRS * block:
-        return block
-    best = max(range(MIN_SWITCH_BLOCK, block + 1), key=lambda b: (timed(b), b))
-    return best if timed(best) > 0 else block
 
 
 class Trial:
