@@ -334,11 +334,11 @@ class Trial:
         # A script that runs its own profiler runs it in the rounds too (tryfix/outputs).
         off = "trainprof's profiler off" if self.meta.user_traces else "profiler off"
         end = script_end(self.meta)
-        upto = f", where the script does not end first (after {end})" if (
-            end is not None and end < self.steps) else ""
-        say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of {self.steps} steps "
-            f"(the first {WARMUP_STEPS} of each not timed{upto}), {off}; script output: "
-            f"{self.log}")
+        short = end is not None and end < self.steps
+        upto = f"the script ends after {end}; " if short else ""
+        say(f"{len(todo)} variant(s) + baseline, {self.opts.rounds} rounds of "
+            f"{'at most ' if short else ''}{self.steps} steps ({upto}the first {WARMUP_STEPS} of "
+            f"each not timed), {off}; script output: {self.log}")
         if self.ranks:
             how = ("through torchrun" if self.job.torchrun else
                    "started as the script starts them (Lightning, accelerate, spawn)")
