@@ -19,11 +19,11 @@ from cpu_trace import record, with_meta
 from torch import nn
 
 import trainprof
+from trainprof.analysis.bf16_model import model_fraction
 from trainprof.analysis.context import Context
 from trainprof.capture import cpumath, modelprobe
 from trainprof.capture.modelprobe import time_model
 from trainprof.diagnose import diagnose_path
-from trainprof.rules.cpu_bf16 import model_fraction
 from trainprof.runmeta import CpuBf16
 from trainprof.trace.load import load_trace
 

@@ -106,13 +106,12 @@ would save in the own layout (the model's slower bf16 there, less any fused cost
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
 
 import numpy as np
 
-from trainprof.analysis import phase, unprofiled
-from trainprof.analysis.bf16_layout import ModelPair, fused_layout_cost, model_pair
-from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
+from trainprof.analysis import unprofiled
+from trainprof.analysis.bf16_layout import ModelPair, fused_layout_cost
+from trainprof.analysis.bf16_model import model_saving, own_layout_less
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.opflops import (
@@ -267,93 +266,6 @@ def _per_step(ctx: Context, ops: np.ndarray, probe: CpuBf16) -> tuple[dict[str, 
     return out, unknown
 
 
-def model_share(ctx: Context) -> tuple[float, int] | None:
-    """The share (0-1) of the step, without the profiler, that the model's forward + backward
-    take, and the number of steps it is a median over: per unprofiled step (run metadata), the
-    step minus its DataLoader fetches and optimizer step()s, a median over those steps, over the
-    median step. None without unprofiled steps or their parts (older metadata)."""
-    meta = ctx.meta
-    idx = ctx.unprofiled_step_index
-    if meta is None or not idx:
-        return None
-    steps = meta.step_times_s
-    parts = [meta.fetch_times_s, *meta.optimizer_times_s.values()]
-    if any(len(p) < len(steps) for p in parts) or not meta.fetch_times_s:
-        return None
-    rest = [steps[i] - sum(p[i] for p in parts) for i in idx]
-    step = float(np.median([steps[i] for i in idx]))
-    return (min(max(float(np.median(rest)), 0.0) / step, 1.0) if step > 0 else 0.0), len(idx)
-
-
-FORWARD_BACKWARD = r"^trainprof/(forward|backward)$"
-
-
-def model_fraction(ctx: Context) -> float:
-    """The part (0-1) of the step outside fetches and optimizer steps that the model's forward
-    and backward take in the recorded steps (trainprof's forward/backward ranges), a median
-    over those steps: the rest (the loss, metrics, logging, the loop's Python) is not the
-    model's and the fix leaves it as it is. 1.0 when the trace has no such ranges."""
-    fb = ctx.spans(FORWARD_BACKWARD)
-    if not len(fb[0]):
-        return 1.0
-    st = ctx.steps
-    aside = fetch_and_update_spans(ctx)
-    rest = steps_outside(ctx, aside)
-    inside = iv.overlap_each(st.start, st.end, iv.subtract(fb, aside))
-    ok = rest > 0
-    return float(np.clip(np.median(inside[ok] / rest[ok]), 0.0, 1.0)) if ok.any() else 1.0
-
-
-class ModelSaving(NamedTuple):
-    """cpu-bf16's estimate from the model probe, each part as the evidence states it."""
-
-    saving_share: float  # of the step, the fix frees (0 to 1)
-    rest_share: float  # of the step, the step minus its fetches and optimizer step()s (0 to 1)
-    steps: int  # unprofiled steps the medians are over
-    fraction: float  # of that rest, the model's forward + backward (recorded steps' ranges)
-    model_ms: float  # the model's forward + backward in the loop, M
-    fixed_ms: float  # M under the fix
-    probe: ModelPair  # the probe's figures and the layout taken (analysis/bf16_layout)
-    pace: float = 1.0  # how much slower the steps ran than the probe (analysis/phase)
-    # of the step, the fix would free in the layout not taken (None: only one was timed)
-    other_share: float | None = None
-
-
-def _measured(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
-    """The estimate from the model probe; None when the model was not timed or the step's parts
-    are unknown (then the curves stand in). The fix saves the probe's ratio of the loop's own
-    model time, M x (1 - B / A)."""
-    pair = model_pair(probe, ctx.meta)
-    a, b = pair.fp32_ms, pair.bf16_ms
-    if not a or b is None or ctx.unprofiled_step_us is None:
-        return None
-    share = model_share(ctx)
-    if share is None:
-        return None
-    step_ms = ctx.unprofiled_step_us / 1000
-    fraction = model_fraction(ctx)
-    model_ms = fraction * share[0] * step_ms
-    pace = phase.pace(ctx, probe.model_phase_ref_ms)
-    # The loop's excess over the probe (colder caches) shrinks in proportion too (timed in the
-    # loop: the docstring). Slower in bf16 (autocast's casts cost more than small matmuls gain):
-    # no saving.
-    fixed_ms = model_ms * b / a
-    saving = max(model_ms - fixed_ms, 0.0) / step_ms
-    other = (None if pair.other_ms is None
-             else max(model_ms - model_ms * pair.other_ms / a, 0.0) / step_ms)  # fmt: skip
-    return ModelSaving(saving, share[0], share[1], fraction, model_ms, fixed_ms, pair,
-                       pace, other)  # fmt: skip
-
-
-def _own_layout_less(m: ModelSaving, saving_share: float) -> dict[str, float]:
-    """{"own_layout_less_pct": %} where the fix takes channels-last and the model's own layout
-    was timed too: the saving (after any fused cost) less what the fix would free in the own
-    layout; else {}."""
-    if not m.probe.channels_last or m.other_share is None:
-        return {}
-    return {"own_layout_less_pct": round(max(100 * (saving_share - m.other_share), 0.0), 2)}
-
-
 def _layout(pair: ModelPair) -> str:
     """The layout the fix takes, as the evidence states it after "bf16 autocast"."""
     if pair.other_ms is None:
@@ -374,7 +286,7 @@ def check(ctx: Context) -> list[Finding]:
     ops = np.sort(np.concatenate([mats, _eltwise_ops(ctx, probe)]))
     t, unknown = _per_step(ctx, ops, probe)
     conv_us, mm_us, elt_us, freed = t["conv"], t["matmul"], t["eltwise"], t["freed"]
-    measured = _measured(ctx, probe)
+    measured = model_saving(ctx, probe)
     if conv_us + mm_us <= 0:
         return []
     if measured is not None:
@@ -431,7 +343,9 @@ def check(ctx: Context) -> list[Finding]:
                 f"{m.pace:.2f}x as long beside them as beside the probe; the probe's ratio holds "
                 "at either speed."
             )
-        metrics_basis: dict = {**_own_layout_less(m, saving_share),
+        less = own_layout_less(m, saving_share)
+        metrics_basis: dict = {
+            **({} if less is None else {"own_layout_less_pct": round(100 * less, 2)}),
             "basis": "model",
             "model_fp32_ms": f32,
             "model_bf16_ms": b16,
