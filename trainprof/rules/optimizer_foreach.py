@@ -64,8 +64,9 @@ off the estimate of the two together (examples/metrics_sync.py: `cpu-bf16` +20.4
 fused SGD +1.1 to +2.9 %, both +15.3 % against a sum of 22.0 %). Not where `cpu-bf16`'s fix
 keeps the model's own layout, having measured it faster under bf16. Where the fused step's extra
 is more than `cpu-bf16`'s fix saves less in the model's own layout (its `own_layout_less_pct`),
-`trainprof try` runs the two together in the own layout and takes that smaller loss off instead.
-The finding's own saving is for the run's layout.
+`trainprof try` runs the two together in the own layout and takes that smaller loss off instead,
+and the evidence says so, with the same figures (analysis/bf16_model.layout_loss). The finding's
+own saving is for the run's layout.
 """
 
 from __future__ import annotations
@@ -73,6 +74,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from trainprof.analysis.bf16_layout import fix_channels_last
+from trainprof.analysis.bf16_model import layout_loss
 from trainprof.analysis.breakdown import closure_spans
 from trainprof.analysis.context import Context
 from trainprof.analysis.fused_cpu import FUSED_OK, PLAIN_SGD_RATIO, fused_cpu
@@ -180,7 +182,7 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
             if (fc.channels_last_cost is not None and pr.fix_channels_last_ms is not None
                     and fix_channels_last(ctx.meta) is not False):
                 evidence += _channels_last(pr.loop_ms, pr.fix_ms, pr.fix_channels_last_ms,
-                                           saved, fc.channels_last_cost)
+                                           saved, fc.channels_last_cost, layout_loss(ctx))
                 metrics.update(probe_fix_channels_last_ms=pr.fix_channels_last_ms,
                                channels_last_cost_pct=round(100 * fc.channels_last_cost, 2))
         else:
@@ -212,10 +214,12 @@ def _finding(ctx: Context, lp: Loop) -> Finding:
     )
 
 
-def _channels_last(loop_ms: float, fix_ms: float, cl_ms: float, saved: float, cost: float) -> str:
+def _channels_last(loop_ms: float, fix_ms: float, cl_ms: float, saved: float, cost: float,
+                   own_less: float | None) -> str:
     """The sentence on fused=True over channels-last weights (cpu-bf16's fix on a CNN), where
     torch's fused CPU kernels run several times slower (capture/optprobe). `saved`, `cost`:
-    shares of the step (0-1), the saving on contiguous weights and the extra on channels-last."""
+    shares of the step (0-1), the saving on contiguous weights and the extra on channels-last;
+    `own_less`: how much less cpu-bf16's fix saves in the model's own layout (None: unknown)."""
     text = (
         f" On copies with the convolution weights channels-last, the layout `cpu-bf16`'s fix "
         f"gives a CNN on a CPU, fused=True took {cl_ms:.3f} ms per step() ({cl_ms / fix_ms:.1f}x "
@@ -224,12 +228,19 @@ def _channels_last(loop_ms: float, fix_ms: float, cl_ms: float, saved: float, co
     net = saved - cost
     if cost < 0.0005:
         return text + ": with that fix too, it saves as much."
-    if net >= 0:
-        return text + f": with that fix too, it would save ~{100 * net:.1f} % of the step."
-    return text + (
-        f": with that fix too, it would add ~{-100 * net:.1f} % to the step instead of saving "
-        f"{100 * saved:.1f} %; keep the optimizer as it is there."
-    )
+    said = (f": with that fix too, it would save ~{100 * net:.1f} % of the step" if net >= 0 else
+            f": with that fix too, it would add ~{-100 * net:.1f} % to the step instead of "
+            f"saving {100 * saved:.1f} %")
+    # as `trainprof try` weighs the two together (tryfix/estimates: own_layout_together)
+    if own_less is not None and cost > own_less:
+        return text + said + (
+            f". Both pay with `cpu-bf16`'s fix in the model's own layout instead (bf16 autocast "
+            f"without channels-last): its model probe says that saves ~{100 * own_less:.1f} % of "
+            f"the step less than channels-last, under the ~{100 * cost:.1f} % fused=True takes "
+            f"more there, and fused=True then saves its ~{100 * saved:.1f} %; `trainprof try` "
+            "runs the two together so."
+        )
+    return text + said + ("." if net >= 0 else "; keep the optimizer as it is there.")
 
 
 def _meta_only(ctx: Context, seen: set[str]) -> list[Finding]:
