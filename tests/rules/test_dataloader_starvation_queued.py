@@ -122,3 +122,25 @@ def test_with_workers_that_keep_up_the_receiving_saves_past_the_lead(tmp_path: P
     assert f is not None and f.metrics["kind"] == "receiving"
     assert f.est_saving_pct == pytest.approx(100 * (10.0 - 2.0) / 33.0, abs=0.05)
     assert f.severity == "medium"  # an upper bound is never ranked high
+
+
+def test_with_workers_each_count_has_its_own_estimate(tmp_path: Path):
+    """4 workers, the loop waiting 9 ms of a 10 ms fetch in a 33 ms step, nothing queued on the
+    GPU: the workers hand over a batch per step between them, so one takes them about 4 x 33 =
+    132 ms, against the loop's own 24 ms a step. 5 workers make one every 26.4 ms (2.4 ms still
+    waited), 6 keep up (the suggestion); 4 or fewer save nothing. Before, each count of `try`'s
+    sweep was shown against the suggested count's estimate, fewer workers than the script's
+    too."""
+    f = _starvation(_with_workers(tmp_path, 0.0, [10.0] * 30, wait_share=0.9))
+    assert f is not None and f.metrics["kind"] == "starvation"
+    q = f.metrics["wait_pct"] / f.metrics["share_pct"]
+    wait = 10.0 * q
+    by_n = f.metrics["gpu_saving_by_workers"]
+    assert by_n[:4] == [0.0] * 4
+    assert by_n[4] == pytest.approx(100 * (wait - (4 * 33.0 / 5 - (33.0 - wait))) / 33.0, abs=0.1)
+    assert by_n[5] == pytest.approx(100 * wait / 33.0, abs=0.1) == f.est_saving_pct
+    assert f.metrics["suggested_num_workers"] == 6 and "num_workers=6" in f.fix
+    assert "about 132.0 ms for one" in " ".join(f.evidence.split()), f.evidence
+    est = estimates(_with_workers(tmp_path / "again", 0.0, [10.0] * 30, wait_share=0.9))
+    assert est.for_workers(LOADER, {"num_workers": 2}) == 0.0
+    assert est.for_workers(LOADER, {"num_workers": 5}) == pytest.approx(by_n[4])

@@ -209,11 +209,12 @@ def _gpu_folder(folder: Path, step: Callable[[float, int], list[dict]], meta: Ru
     return folder
 
 
-def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float) -> Path:
+def _gpu_run(folder: Path, wait_us: float, workers: int, fetch_ms: float, cpus: int = 2) -> Path:
     """Three 10 ms steps; each opens with a 4 ms fetch from a loader with workers: `wait_us` of
     it blocked in the data queue's select, the rest unpickling the batch. The GPU idles through
     the fetch and runs 4.2-9.8 ms. Without the profiler: 8 ms steps, `fetch_ms` of fetching."""
     meta = _meta(workers, 8.0, fetch_ms)
+    meta.cpu_count = cpus
     meta.dataloaders[0].pin_memory = False
     return _gpu_folder(folder, lambda t, s: [
         x_event(NEXT, "user_annotation", t, 4000),
@@ -273,14 +274,21 @@ def test_gpu_receiving_is_not_starvation(tmp_path: Path):
 
 def test_gpu_waiting_is_starvation_scaled_to_the_unprofiled_fetch(tmp_path: Path):
     """Mostly waiting: starvation, its saving the idle share of the fetch timed without the
-    profiler (2 of 8 ms), not the traced fetch's 40 % of the step."""
-    (f,) = _starvation(_gpu_run(tmp_path, wait_us=3000, workers=4, fetch_ms=2.0))
+    profiler (2 of 8 ms), not the traced fetch's 40 % of the step. The 4 workers hand a batch
+    over every 8 ms step between them (32 ms each) against 6.5 ms of the loop's own: 5 keep up,
+    on 16 CPUs. On 2, where they have no CPU to spare already, more would not pay off."""
+    (f,) = _starvation(_gpu_run(tmp_path / "16", wait_us=3000, workers=4, fetch_ms=2.0, cpus=16))
     assert "waiting for workers" in f.title, f.title
     m = f.metrics
     assert m["share_pct"] == pytest.approx(25.0)
     # The waiting's share of the fetch: 3000 µs against 900 µs receiving (no events to deflate).
     assert m["wait_pct"] == pytest.approx(25.0 * 3000 / 3900, abs=0.5)
     assert f.est_saving_pct == pytest.approx(m["wait_pct"], abs=0.5)  # the GPU idles throughout
+    assert m["suggested_num_workers"] == 5 and "num_workers=5" in f.fix
+    (full,) = _starvation(_gpu_run(tmp_path / "2", wait_us=3000, workers=4, fetch_ms=2.0))
+    assert "more workers would not pay off" in full.title and "Keep num_workers=4" in full.fix
+    assert full.est_saving_pct == 0.0 and full.metrics["wait_pct"] == m["wait_pct"]
+    assert set(full.metrics["gpu_saving_by_workers"]) == {0.0}
 
 
 def test_gpu_large_receiving_gets_its_own_finding(tmp_path: Path):

@@ -700,6 +700,11 @@ class Estimate:
     # the unprofiled step) of n = 1, 2, ... workers up to the CPUs' cap, for `trainprof try`'s
     # sweep (each worker count against its own estimate, not the suggested count's)
     by_workers: list[float] = field(default_factory=list)
+    # On a GPU, with workers the loop waits for: a batch's work for one of them (µs per step's
+    # batches, the workers' count times the unprofiled step) and the loop's own time per step
+    # without the waiting (µs); 0.0 otherwise
+    worker_batch: float = 0.0
+    loop_own: float = 0.0
 
     @property
     def starving(self) -> float:
@@ -770,10 +775,12 @@ def estimate(
     cpus: int | None,
     threads: int | None,
     has_workers: bool = False,
+    n_workers: int | None = None,
 ) -> Estimate:
     """The saving of worker processes for `fetch` µs of fetching per traced step (`k` fetches per
     step), on `cpus` cores running `threads` torch threads (None: unknown); `has_workers`: the
-    loader has workers already (its fetches are split into waiting and receiving)."""
+    loader has workers already (its fetches are split into waiting and receiving), `n_workers`
+    of them where known."""
     split = fetch_split(ctx) if has_workers else None
     if split is not None and not split.stacks:
         split = None  # no frames: the whole fetch counts, as for a loader without workers
@@ -824,6 +831,15 @@ def estimate(
     f = fetched * q
     compute = max(total - fetched, 1.0)
     need = math.ceil(f / compute) + 1
+    # A batch takes a worker `per_batch` µs of work: without workers, the loop's own fetch;
+    # with n0 workers the loop waits for, they hand one over per step between them, so n0
+    # steps' time each, and the loop keeps its own part of the fetch (the receiving).
+    per_batch = f
+    waited = split is not None and bool(n_workers) and ctx.gpu_timeline and unprof
+    if waited:
+        compute = max(total - f, 1.0)
+        per_batch = n_workers * total
+        need = math.ceil(per_batch / compute)
     # One CPU left to the loop itself, which launches the GPU's work (Lightning's
     # suggested_max_num_workers leaves it too)
     cap = max(1, cpus - 1) if cpus else 8
@@ -832,21 +848,25 @@ def estimate(
     if held is not None:  # workers past a dataset's shards get none of it
         suggest = held
     def left_with(n: int) -> float:
-        # n workers hand a batch over every f / n and the loop waits the rest: the GPU idle
-        # that goes is at most f less that wait (in the traced step's units)
-        return max(0.0, f / n - compute)
+        # n workers hand a batch over every per_batch / n and the loop waits the rest: the GPU
+        # idle that goes is at most f less that wait (in the traced step's units)
+        return max(0.0, per_batch / n - compute)
 
     whole = 100.0 * saving / ctx.mean_step_us if ctx.mean_step_us else 0.0
     left = 0.0
     if need > suggest and ctx.gpu_timeline:
         left = left_with(suggest)
-        saving = min(saving, (f - left) / total * ctx.mean_step_us)
+        # (no more workers than the loader has, where the CPUs allow no more: nothing)
+        saving = max(0.0, min(saving, (f - left) / total * ctx.mean_step_us))
     # An H200 (many_problems, no workers, a 45.2 ms fetch in a 51.0 ms step): 1, 2, 4, 8, 16
     # workers measured +19.7, +64.8, +80.4, +85.9, +88.4 % where `try` showed each against the
     # suggested count's 88.6 %; this says 11.4, 55.7, 77.8, 89.6, 89.6 (89.6: the queued lead).
+    # With workers already, as many or fewer save nothing (the loop waits as long or longer).
     by_n = []
-    if ctx.gpu_timeline and unprof and split is None:
-        by_n = [round(whole if not left_with(n) else min(whole, 100 * (f - left_with(n)) / total),
-                      2) for n in range(1, max(cap, suggest) + 1)]
+    if ctx.gpu_timeline and unprof and (split is None or waited):
+        by_n = [round(whole if not left_with(n) else
+                      max(0.0, min(whole, 100 * (f - left_with(n)) / total)), 2)
+                for n in range(1, max(cap, suggest) + 1)]
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
-                    need if need > suggest else 0, left, held, by_n)
+                    need if need > suggest else 0, left, held, by_n,
+                    per_batch if waited else 0.0, compute if waited else 0.0)

@@ -45,7 +45,12 @@ steps without what the fix takes off (analysis/loader_workers). With workers the
 then receives, the waiting's share of the fetch as above: more workers leave the receiving to
 outlast the lead (a waiting finding's saving), a pin-memory thread the waiting (a receiving
 finding's). Where the run did not time its fetches, the traced idle is taken as a fraction of
-the fetch's part (waiting, receiving) and applied to the unprofiled one. A ratio took one slow
+the fetch's part (waiting, receiving) and applied to the unprofiled one. The count to suggest
+on a GPU: enough workers for one batch per step of the loop's own work (its step less the
+waiting); a loader with n workers the loop waits for hands over one batch per step between
+them, so a batch takes a worker n unprofiled steps, and each count of `trainprof try`'s sweep
+gets its own estimate from that (`gpu_saving_by_workers`; as many workers or fewer save
+nothing). A ratio took one slow
 fetch for every step: an H200 run's window held a 40.4 ms fetch (30.8 ms of GPU idle) between
 two of 6.2-6.7 ms that idled it 0.08 ms, and the DataLoader came first at 8.5 %, where its
 unprofiled fetches took 3.9 ms (one in 50 over 10 ms); now 0.1 %, as two runs of the script
@@ -608,7 +613,7 @@ def check(ctx: Context) -> list[Finding]:
     cpus = ctx.meta.cpus_per_rank() if ctx.meta else None
     threads = ctx.meta.torch_threads if ctx.meta and ctx.meta.torch_threads else None
     n_workers = workers(ctx)
-    est = estimate(ctx, fetch, k, cpus, threads, _multiprocess(ctx, n_workers))
+    est = estimate(ctx, fetch, k, cpus, threads, _multiprocess(ctx, n_workers), n_workers)
     share, saving, model, suggest = est.share, est.saving, est.model, est.suggest
     # The GPU idle inside the traced fetches (the saving is its part in the waiting, scaled to
     # the fetch without the profiler where the run timed it).
@@ -657,16 +662,29 @@ def check(ctx: Context) -> list[Finding]:
                                       load.other_cpus if load else None, bool(n_workers))
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
-    if est.need:
+    # On a GPU, where the CPUs allow no more workers than the loader has
+    full = bool(est.worker_batch) and est.suggest <= (n_workers or 0)
+    if est.need and not full:
         evidence += _too_few_evidence(ctx, est, cpus)
     if _multiprocess(ctx, n_workers):
         evidence += _split_evidence(est)
+    if est.worker_batch:
+        evidence += (
+            f" The {n_workers} workers hand a batch over per step between them: without the "
+            f"profiler each takes about {ms(est.worker_batch)} for one, against "
+            f"{ms(est.loop_own)} of the loop's own work per step"
+            + (f", so {est.suggest} would keep up." if not est.left_wait else
+               f"; {est.need} would keep up, more than the {cpus} CPUs here allow beside the "
+               "loop." if full else ".")
+        )
     loaders = ctx.meta.dataloaders if ctx.meta else []
     unsplit = loader_streams.unsplit(loaders)
     shards = est.held_by_shards
     if shards is not None:
         evidence += loader_streams.shard_note(shards)
-    no_gain = model is not None and model.saving <= 0
+    # More workers would not pay off: the CPU model says so, or on a GPU the CPUs allow no more
+    # than the loader has (they make no more batches)
+    no_gain = (model is not None and model.saving <= 0) or (model is None and full)
     if no_gain and n_workers == 0 and shards is not None:
         title = (f"DataLoader fetching takes {share:.0f} % of the step, but the dataset's "
                  f"{shards} shard(s) feed too few workers")
@@ -710,11 +728,20 @@ def check(ctx: Context) -> list[Finding]:
         )
         fix = ("The input pipeline is CPU-bound: raise num_workers up to the core count, "
                f"persistent_workers=True; {lighter}")
-        if model is not None and no_gain:
+        if no_gain:
             title = (f"DataLoader starves the step despite {have}, but more workers would not "
                      "pay off")
-            fix = (f"Keep {have}: its workers and the model's threads fill the {model.cores} "
-                   f"cores. The input pipeline is CPU-bound: {lighter}")
+            fill = (f"its workers and the model's threads fill the {model.cores} cores"
+                    if model is not None else
+                    f"more workers than the {cpus} CPUs here less one for the loop make no "
+                    "more batches")
+            fix = f"Keep {have}: {fill}. The input pipeline is CPU-bound: {lighter}"
+        elif model is None and est.worker_batch:
+            fix = (f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
+                   + (f"  # {_cpus_here(ctx, cpus)}" if cpus else ""))
+            fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
+            if unsplit:
+                fix += loader_streams.unsplit_fix(unsplit, suggest)
         elif model is not None and model.workers > (n_workers or 0):
             fix = (f"DataLoader(..., num_workers={model.workers}, persistent_workers=True)"
                    + (f"  # {_cpus_here(ctx, cpus)}" if cpus else "")
