@@ -141,4 +141,7 @@ def test_a_slow_stretch_in_the_steps_keeps_the_estimate(run_dir: Path, tmp_path:
     blind = _dataloader(_slowed(short, tmp_path / "blind", 1.5, refs_too=False))
     assert blind["pace"] == pytest.approx(base["pace"], rel=1e-3)
     assert blind["receive_ms_per_batch"] == pytest.approx(base["receive_ms_per_batch"], rel=1e-3)
-    assert blind["fixed_step_ms"] < 1.5 * base["fixed_step_ms"] - 0.1
+    # (the receiving, R per batch, stays as timed: about R / 2 under the slowed step; a fixed
+    # 0.1 ms held only where R is over 0.2 ms)
+    less = 0.25 * base["receive_ms_per_batch"]
+    assert blind["fixed_step_ms"] < 1.5 * base["fixed_step_ms"] - less

@@ -361,12 +361,17 @@ def test_a_rank_killed_after_a_window_is_named_with_its_steps() -> None:
 
 
 # ----- a gloo straggler: rank 1 sleeps before every forward ---------------------------------------
+# 30 ms left rank 0's recorded wait 25-29 ms on a machine loaded twice over (rank 0 paused before
+# the all-reduce): long against such pauses.
+SLOW_MS = 100
+
+
 @pytest.fixture(scope="module")
 def straggling(tmp_path_factory) -> Job:
     folder = tmp_path_factory.mktemp("straggler") / "run"
     return trainprof_run(
         folder, "--nproc-per-node", "2", "--no-diagnose", *SMALL, DDP, "--slow-rank", "1",
-        "--slow-ms", "30",
+        "--slow-ms", str(SLOW_MS),
     )
 
 
@@ -382,7 +387,8 @@ def test_gloo_straggler_found_from_the_per_rank_breakdown(straggling: Job) -> No
     assert f.ranks == [1] and f.metrics["method"] == "breakdown"
     # Rank 1's sleep is outside any op ("Other"); rank 0 waits in DDP's all-reduce (Backward).
     assert f.metrics["category"] == "Other" and f.metrics["wait_category"] == "Backward"
-    assert 20 <= f.metrics["excess_ms"] <= 60 and 20 <= f.metrics["wait_ms"] <= 60
+    lo, hi = 0.5 * SLOW_MS, 2 * SLOW_MS
+    assert lo <= f.metrics["excess_ms"] <= hi and lo <= f.metrics["wait_ms"] <= hi
     assert f.severity == "high"
     # A rule like any other: selected alone, the same finding; ignored, none.
     (alone,) = diagnose_items(straggling.folder, select=["straggler"])

@@ -71,7 +71,9 @@ def test_a_closures_time_is_left_out_of_the_optimizers(tmp_path: Path) -> None:
     steps, update = meta["step_times_s"], meta["optimizer_times_s"]["SGD"]
     assert len(steps) == len(update) == 6
     assert all(s > 0.03 for s in steps), steps
-    assert all(0 < u < 0.015 for u in update), update
+    # the step holds the sleep beside the update, whatever pauses the update took on a busy
+    # machine (a bound on the update alone fails there)
+    assert all(u > 0 and s - u >= 0.03 for s, u in zip(steps, update, strict=True)), update
     assert names["trainprof/closure"] == 2  # the recorded steps' closures are marked
 
 

@@ -454,12 +454,13 @@ def test_rounds_leave_the_runs_checkpoints_and_logs_as_they_were(tmp_path: Path,
     if kind == "lightning":  # its default logger's folder: the working folder
         assert str(work) in doc["redirected"]
     if name in ("lightning", "hf"):
-        # Validation every 4 steps, each 50 ms more: the steps that hold one are not timed.
+        # Validation every 4 steps, each 50 ms more: those after the warm-up are not timed
+        # (8; a resumed run's 5 and 9). Not told by their time: on a loaded machine the other
+        # steps took 60-96 ms too.
         base = doc["baseline"]
         (evals,) = base["eval_steps"]
-        assert evals and all(5 <= s < 12 for s in evals), evals
+        assert evals and 5 <= evals[0] < 9 and evals == list(range(evals[0], 12, 4)), evals
         assert base["steps_run"] == [12] and len(base["step_times_ms"][0]) == 12 - 5 - len(evals)
-        assert max(base["step_times_ms"][0]) < 50, base["step_times_ms"]
         assert doc["fixes"][0]["eval_steps"] == [evals]
     else:
         assert doc["baseline"]["eval_steps"] is None
@@ -569,14 +570,21 @@ def test_a_round_past_its_time_limit_says_where_it_hung(tmp_path: Path) -> None:
     try.log), so that a hang can be told from a slow round, and where it hung."""
     from trainprof.tryfix.spawn import wait
 
-    (tmp_path / "stuck.py").write_text("import time\n\ndef stuck():\n    time.sleep(120)\n\n"
-                                       "stuck()\n")
+    started = tmp_path / "started"  # written once the round runs the script
+    (tmp_path / "stuck.py").write_text(
+        "import pathlib, time\n\ndef stuck():\n"
+        f"    pathlib.Path({str(started)!r}).touch()\n    time.sleep(120)\n\nstuck()\n")
     with open(tmp_path / "try.log", "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainprof.tryfix.round", "--result",
              str(tmp_path / "result.json"), "--", str(tmp_path / "stuck.py")],
             cwd=ROOT, stdout=log, stderr=log, stdin=subprocess.DEVNULL)
-        time.sleep(3)  # the round has started the script
+        # Not a fixed sleep: on a loaded machine the round was still importing torch after 3 s.
+        deadline = time.monotonic() + 120
+        while not started.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started.exists(), "the round did not start the script"
+        time.sleep(0.2)  # into the sleep
         t0 = time.monotonic()
         code = wait(proc, time.monotonic())
     assert code == -signal.SIGKILL and time.monotonic() - t0 < 60

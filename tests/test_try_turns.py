@@ -230,9 +230,11 @@ def test_a_script_that_ends_before_a_shared_baseline_does_not_share_one(
 
 # ----- real rounds -------------------------------------------------------------------------------
 def _starved(folder: Path, *args: str) -> Path:
+    """A run of the script stopped by --max-steps after 20 steps: it runs longer in the rounds."""
     folder.mkdir()
     write_meta(RunMeta(argv=[STARVED, *args], cwd=str(ROOT), cpu_count=2, wall_time_s=5.0,
-                       step_times_s=[0.021] * 20, dataloaders=[DataLoaderInfo(num_workers=0)]),
+                       step_times_s=[0.021] * 20, max_steps=20,
+                       dataloaders=[DataLoaderInfo(num_workers=0)]),
                folder)
     return folder
 
