@@ -36,26 +36,25 @@ counts, as for a loader without workers, and the evidence says so.
 Saving estimate: on a GPU trace, the GPU idle time that falls inside fetches (the waiting part of
 them with workers), never more than the fetch share. Where the run timed its fetches outside the
 profiler (trainprof run: every step), the saving is stated for the fetch without the profiler,
-which inflates a Python-heavy fetch far more than the GPU's work (num_workers=0 on an H100: 92 %
-of the traced step, 85 % unprofiled, 86 % measured by the fix; with 4 workers 16 % traced, 2.2 %
-unprofiled). A fetch idles the GPU only once the work queued before it has run: each traced
-step's lead is its fetch less the GPU idle in it, the least taken, and each unprofiled step's
-fetch costs what outlasts it; the saving is the median unprofiled step less the median of those
-steps without what the fix takes off (analysis/loader_workers). With workers the loop waits and
-then receives, the waiting's share of the fetch as above: more workers leave the receiving to
-outlast the lead (a waiting finding's saving), a pin-memory thread the waiting (a receiving
-finding's). Where the run did not time its fetches, the traced idle is taken as a fraction of
-the fetch's part (waiting, receiving) and applied to the unprofiled one. The count to suggest
-on a GPU: enough workers for one batch per step of the loop's own work (its step less the
-waiting); a loader with n workers the loop waits for hands over one batch per step between
-them, so a batch takes a worker n unprofiled steps, and each count of `trainprof try`'s sweep
-gets its own estimate from that (`gpu_saving_by_workers`; as many workers or fewer save
-nothing). A ratio took one slow
-fetch for every step: an H200 run's window held a 40.4 ms fetch (30.8 ms of GPU idle) between
-two of 6.2-6.7 ms that idled it 0.08 ms, and the DataLoader came first at 8.5 %, where its
-unprofiled fetches took 3.9 ms (one in 50 over 10 ms); now 0.1 %, as two runs of the script
-without such a fetch said (0.2 % on the H200, 1.4 % on an H100). On a GPU the saving is also
-held to the idle of the unprofiled step (analysis/gpu_headroom), as every fix of the host's side.
+which inflates a Python-heavy fetch far more than the GPU's work (num_workers=0 on an H100: 92 % of
+the traced step, 85 % unprofiled, 86 % measured by the fix; with 4 workers 16 % traced, 2.2 %
+unprofiled). A fetch idles the GPU only once the work queued before it has run: each traced step's
+lead is its fetch less the GPU idle in it, the least taken, and each unprofiled step's fetch costs
+what outlasts it; the saving is the median unprofiled step less the median of those steps without
+what the fix takes off (analysis/loader_workers). With workers the loop waits and then receives,
+the waiting's share of the fetch as above: more workers leave the receiving to outlast the lead (a
+waiting finding's saving), a pin-memory thread the waiting (a receiving finding's). Where the run
+did not time its fetches, the traced idle is taken as a fraction of the fetch's part (waiting,
+receiving) and applied to the unprofiled one. The count to suggest on a GPU: enough workers for one
+batch per step of the loop's own work (its step less the waiting); a loader with n workers the loop
+waits for hands over one batch per step between them, so a batch takes a worker n unprofiled steps,
+and each count of `trainprof try`'s sweep gets its own estimate from that (`gpu_saving_by_workers`;
+as many workers or fewer save nothing). A ratio took one slow fetch for every step: an H200 run's
+window held a 40.4 ms fetch (30.8 ms of GPU idle) between two of 6.2-6.7 ms that idled it 0.08 ms,
+and the DataLoader came first at 8.5 %, where its unprofiled fetches took 3.9 ms (one in 50 over 10
+ms); now 0.1 %, as two runs of the script without such a fetch said (0.2 % on the H200, 1.4 % on an
+H100). On a GPU the saving is also held to the idle of the unprofiled step (analysis/gpu_headroom),
+as every fix of the host's side.
 On a CPU trace the workers take the fetch off the loop, but:
 - the fetch and the step are taken without the profiler, which inflates a Python-heavy fetch
   several times over (136 ms profiled vs 33 ms unprofiled in one run): the medians over the
