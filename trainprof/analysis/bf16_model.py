@@ -15,7 +15,6 @@ from trainprof.analysis import phase
 from trainprof.analysis.bf16_layout import ModelPair, fused_layout_cost, model_pair
 from trainprof.analysis.breakdown import fetch_and_update_spans, steps_outside
 from trainprof.analysis.context import Context
-from trainprof.runmeta import CpuBf16
 from trainprof.trace import intervals as iv
 
 
@@ -71,10 +70,17 @@ class ModelSaving(NamedTuple):
     other_share: float | None = None
 
 
-def model_saving(ctx: Context, probe: CpuBf16) -> ModelSaving | None:
-    """The estimate from the model probe; None when the model was not timed or the step's parts
-    are unknown (then the curves stand in). The fix saves the probe's ratio of the loop's own
-    model time, M x (1 - B / A)."""
+def model_saving(ctx: Context) -> ModelSaving | None:
+    """The estimate from the run's model probe (memoised: the rule and optimizer-foreach read
+    it); None when the model was not timed or the step's parts are unknown (then the curves
+    stand in). The fix saves the probe's ratio of the loop's own model time, M x (1 - B / A)."""
+    return ctx.memo(_model_saving)
+
+
+def _model_saving(ctx: Context) -> ModelSaving | None:
+    probe = ctx.meta.cpu_bf16 if ctx.meta is not None else None
+    if probe is None:
+        return None
     pair = model_pair(probe, ctx.meta)
     a, b = pair.fp32_ms, pair.bf16_ms
     if not a or b is None or ctx.unprofiled_step_us is None:
@@ -111,11 +117,14 @@ def layout_loss(ctx: Context) -> float | None:
     (optimizer-foreach): how much less the fix saves in the model's own layout than
     channels-last (0-1 of the step); None where it does not take channels-last, or the probe
     did not time both layouts."""
-    probe = ctx.meta.cpu_bf16 if ctx.meta is not None else None
-    m = model_saving(ctx, probe) if probe is not None else None
+    m = model_saving(ctx)
     if m is None:
         return None
-    cost_ms, _ = fused_layout_cost(ctx.meta)
+    return own_layout_less(m, less_fused_cost(ctx, m.saving_share, fused_layout_cost(ctx.meta)[0]))
+
+
+def less_fused_cost(ctx: Context, share: float, cost_ms: float) -> float:
+    """`share` (0-1) of the step less `cost_ms` a step that the script's fused optimizers take
+    more on the channels-last weights the fix gives a CNN (analysis/bf16_layout)."""
     step_us = ctx.unprofiled_step_us or ctx.mean_step_us
-    share = max(m.saving_share - 1000 * cost_ms / step_us, 0.0) if step_us else m.saving_share
-    return own_layout_less(m, share)
+    return max(share - 1000 * cost_ms / step_us, 0.0) if cost_ms > 0 and step_us else share

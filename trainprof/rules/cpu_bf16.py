@@ -111,7 +111,7 @@ import numpy as np
 
 from trainprof.analysis import unprofiled
 from trainprof.analysis.bf16_layout import ModelPair, fused_layout_cost
-from trainprof.analysis.bf16_model import model_saving, own_layout_less
+from trainprof.analysis.bf16_model import less_fused_cost, model_saving, own_layout_less
 from trainprof.analysis.context import Context
 from trainprof.analysis.model import Finding
 from trainprof.analysis.opflops import (
@@ -286,7 +286,7 @@ def check(ctx: Context) -> list[Finding]:
     ops = np.sort(np.concatenate([mats, _eltwise_ops(ctx, probe)]))
     t, unknown = _per_step(ctx, ops, probe)
     conv_us, mm_us, elt_us, freed = t["conv"], t["matmul"], t["eltwise"], t["freed"]
-    measured = model_saving(ctx, probe)
+    measured = model_saving(ctx)
     if conv_us + mm_us <= 0:
         return []
     if measured is not None:
@@ -304,10 +304,8 @@ def check(ctx: Context) -> list[Finding]:
     # The fix's channels-last weights slow the script's fused optimizers down: off the saving.
     channels_last = measured.probe.channels_last if measured is not None else conv_us > 0
     cost_ms, fused = fused_layout_cost(ctx.meta) if channels_last else (0.0, [])
-    step_us = ctx.unprofiled_step_us or ctx.mean_step_us
     model_share = saving_share  # what the fix frees of the model's time, as the evidence says
-    if cost_ms > 0 and step_us:
-        saving_share = max(saving_share - 1000 * cost_ms / step_us, 0.0)
+    saving_share = less_fused_cost(ctx, saving_share, cost_ms)
     # Handed over in the profiled step's units (as `finding` takes them): the engine states it
     # on the unprofiled step.
     saving = saving_share * ctx.mean_step_us
