@@ -355,9 +355,7 @@ class Trial:
                 say(f"{u[0].specs[0]['rule']}'s {len(u)} variants share one baseline process "
                     f"(each compared with it in the same seconds), which runs {len(u)} times "
                     "their blocks")
-            rules = [v.specs[0]["rule"] for v in todo
-                     if v.turns and not v.alone and not self.cuda and v.specs]
-            if not shared and len(rules) > len(set(rules)):  # units() gave each its own
+            if not shared and any(len(u) > 1 for u in self._by_rule(todo)):  # each its own
                 say(f"the script ends after {end} steps, before a baseline "
                     "process shared by a rule's variants would reach all their blocks: each "
                     "variant runs beside a baseline process of its own")
@@ -414,6 +412,16 @@ class Trial:
         on a CPU, beside one baseline process (tryfix/turns: each compared with the baseline in
         the same seconds, and one baseline process instead of one each); any other variant
         alone."""
+        units = self._by_rule(todo)
+        # A script that ends before a shared baseline process reaches every variant's blocks
+        # (the Hugging Face example's 40 steps: the first of three variants got pairs, the
+        # others none) measures each beside a baseline process of its own.
+        end = script_end(self.meta)
+        return [[v] for u in units for v in u] if end is not None and any(
+            end < self.shared_steps(len(u)) for u in units if len(u) > 1) else units
+
+    def _by_rule(self, todo: list[Variant]) -> list[list[Variant]]:
+        """`units` wherever the script runs long enough: a rule's variants in turns together."""
         units: list[list[Variant]] = []
         shared: dict[str, list[Variant]] = {}
         for v in todo:
@@ -425,12 +433,7 @@ class Trial:
                 shared[rule].append(v)
             else:
                 units.append([v])
-        # A script that ends before a shared baseline process reaches every variant's blocks
-        # (the Hugging Face example's 40 steps: the first of three variants got pairs, the
-        # others none) measures each beside a baseline process of its own.
-        end = script_end(self.meta)
-        return [[v] for u in units for v in u] if end is not None and any(
-            end < self.shared_steps(len(u)) for u in units if len(u) > 1) else units
+        return units
 
     def shared_steps(self, variants: int) -> int:
         """The steps a baseline process shared by `variants` variants runs in a round of turns."""
