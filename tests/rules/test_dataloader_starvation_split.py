@@ -276,7 +276,8 @@ def test_gpu_waiting_is_starvation_scaled_to_the_unprofiled_fetch(tmp_path: Path
     """Mostly waiting: starvation, its saving the idle share of the fetch timed without the
     profiler (2 of 8 ms), not the traced fetch's 40 % of the step. The 4 workers hand a batch
     over every 8 ms step between them (32 ms each) against 6.5 ms of the loop's own: 5 keep up,
-    on 16 CPUs. On 2, where they have no CPU to spare already, more would not pay off."""
+    on 16 CPUs. On 2, where they have no CPU to spare already, more would not pay off: the GPU
+    idles through the waiting all the same, which is the CPU-bound pipeline's cost."""
     (f,) = _starvation(_gpu_run(tmp_path / "16", wait_us=3000, workers=4, fetch_ms=2.0, cpus=16))
     assert "waiting for workers" in f.title, f.title
     m = f.metrics
@@ -285,10 +286,16 @@ def test_gpu_waiting_is_starvation_scaled_to_the_unprofiled_fetch(tmp_path: Path
     assert m["wait_pct"] == pytest.approx(25.0 * 3000 / 3900, abs=0.5)
     assert f.est_saving_pct == pytest.approx(m["wait_pct"], abs=0.5)  # the GPU idles throughout
     assert m["suggested_num_workers"] == 5 and "num_workers=5" in f.fix
+    assert m["kind"] == "starvation"
     (full,) = _starvation(_gpu_run(tmp_path / "2", wait_us=3000, workers=4, fetch_ms=2.0))
-    assert "more workers would not pay off" in full.title and "Keep num_workers=4" in full.fix
-    assert full.est_saving_pct == 0.0 and full.metrics["wait_pct"] == m["wait_pct"]
+    assert "CPU-bound input pipeline" in full.title, full.title
+    assert "Keep num_workers=4" in full.fix and "augmentation to the GPU" in full.fix
+    assert full.metrics["kind"] == "cpu-bound" and full.metrics["wait_pct"] == m["wait_pct"]
+    # Not the workers' saving (none: every count's is 0) but the waiting's idle, as on 16 CPUs
     assert set(full.metrics["gpu_saving_by_workers"]) == {0.0}
+    assert full.est_saving_pct == pytest.approx(f.est_saving_pct, abs=0.01)
+    assert full.est_saving_pct > 5
+    assert full.severity == f.severity == "high"
 
 
 def test_gpu_large_receiving_gets_its_own_finding(tmp_path: Path):
@@ -307,8 +314,26 @@ def test_gpu_try_measures_pinned_memory_and_file_system_for_receiving(tmp_path: 
     trial, variants = _try_plan(recv, ["NVIDIA H100 80GB HBM3"])
     assert variants == [{"sharing_strategy": "file_system"}, {"pin_memory": True}]
     assert trial.est["dataloader-starvation"] > 0
-    waiting = _gpu_run(tmp_path / "wait", wait_us=3000, workers=4, fetch_ms=2.0)
+    waiting = _gpu_run(tmp_path / "wait", wait_us=3000, workers=4, fetch_ms=2.0, cpus=16)
     (f,) = _starvation(waiting)
     assert f.metrics["kind"] == "starvation"
     _, variants = _try_plan(waiting, ["NVIDIA H100 80GB HBM3"])
     assert all("num_workers" in v for v in variants) and len(variants) > 1
+
+
+def test_gpu_try_lists_a_cpu_bound_pipeline_as_a_change_to_the_code(tmp_path: Path):
+    """Workers that fill the CPUs: no sweep of worker counts (none makes more batches); the
+    finding is listed with its estimate, to edit."""
+    full = _gpu_run(tmp_path, wait_us=3000, workers=4, fetch_ms=2.0, cpus=2)
+    (f,) = _starvation(full)
+    meta = read_meta(full)
+    meta.argv, meta.devices = ["train.py"], ["NVIDIA H100 80GB HBM3"]
+    trial = Trial(TryOptions(run=full), meta)
+    trial.plan()
+    assert "dataloader-starvation" not in trial.by_rule
+    (entry,) = [e for e in trial.document()["fixes"] if e["rule"] == "dataloader-starvation"]
+    assert entry["verdict"] == "edit the code"
+    assert entry["estimated_pct"] == pytest.approx(f.est_saving_pct, abs=0.1)
+    assert entry["estimated_pct"] > 5
+    assert "augmentation on the GPU" in entry["change"] and "Keep num_workers=4" in entry[
+        "permanent_fix"]

@@ -50,6 +50,10 @@ def workers(ctx: Context) -> int | None:
     return None
 
 
+# The kind (metrics["kind"]) of a GPU run's dataloader-starvation finding whose loader's workers
+# fill the CPUs: its saving is an input pipeline's that keeps up, which no runtime change makes
+CPU_BOUND = "cpu-bound"
+
 @dataclass(frozen=True)
 class FetchSplit:
     """A fetch with workers, per traced step (µs): waiting for a worker vs the loop's own work to
@@ -705,6 +709,10 @@ class Estimate:
     # without the waiting (µs); 0.0 otherwise
     worker_batch: float = 0.0
     loop_own: float = 0.0
+    # On a GPU, where the CPUs allow no more workers than the loader has: the GPU idle of the
+    # loop's waiting (µs per traced step), which more workers cannot take off (`saving` is 0) and
+    # an input pipeline that keeps up would: the cost of the pipeline itself
+    pipeline: float = 0.0
 
     @property
     def starving(self) -> float:
@@ -853,10 +861,11 @@ def estimate(
         return max(0.0, per_batch / n - compute)
 
     whole = 100.0 * saving / ctx.mean_step_us if ctx.mean_step_us else 0.0
-    left = 0.0
+    left = pipeline = 0.0
     if need > suggest and ctx.gpu_timeline:
         left = left_with(suggest)
-        # (no more workers than the loader has, where the CPUs allow no more: nothing)
+        if waited and suggest <= (n_workers or 0):
+            pipeline = saving  # (no more workers than the loader has: they save nothing)
         saving = max(0.0, min(saving, (f - left) / total * ctx.mean_step_us))
     # An H200 (many_problems, no workers, a 45.2 ms fetch in a 51.0 ms step): 1, 2, 4, 8, 16
     # workers measured +19.7, +64.8, +80.4, +85.9, +88.4 % where `try` showed each against the
@@ -869,4 +878,4 @@ def estimate(
                 for n in range(1, max(cap, suggest) + 1)]
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
                     need if need > suggest else 0, left, held, by_n,
-                    per_batch if waited else 0.0, compute if waited else 0.0)
+                    per_batch if waited else 0.0, compute if waited else 0.0, pipeline)

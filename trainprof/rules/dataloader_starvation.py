@@ -297,7 +297,14 @@ needs: the rank's share of them where the job runs several ranks on the machine 
 accelerate's LOCAL_WORLD_SIZE, or a rendezvous on 127.0.0.1: 8 ranks on 32 CPUs leave 4 each,
 so 3 workers; Lightning's `suggested_max_num_workers` divides the same way). Where the cap
 binds, n workers hand a batch over every F / n and the loop still waits F / n - C per step, so
-the saving counts only the rest, F - (F / n - C), and the evidence says so.
+the saving counts only the rest, F - (F / n - C), and the evidence says so. Where the loader
+already has as many workers as that cap, or more, more workers make no more batches, but the
+GPU idles through the waiting all the same: the finding (its `metrics["kind"]` "cpu-bound")
+says the input pipeline is CPU-bound and claims the waiting's GPU idle, the cost of the pipeline
+itself: what one that keeps up (less CPU work per batch: augmentation on the GPU, NVIDIA DALI,
+decoded samples cached; or more CPUs) would take off, at most. It was reported as info with no
+saving before, below findings that cost the GPU far less. `trainprof try` cannot make that
+change: it lists the finding as one to edit, with its estimate, and sweeps no worker counts.
 
 An IterableDataset (analysis/loader_streams): each worker runs the dataset's whole `__iter__`,
 so workers split its samples only where its code asks `get_worker_info()` which worker it is
@@ -318,6 +325,7 @@ from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
 from trainprof.analysis.loader_workers import (
+    CPU_BOUND,
     SUGGESTED_PREFETCH,
     CpuModel,
     Estimate,
@@ -735,6 +743,16 @@ def check(ctx: Context) -> list[Finding]:
                     f"more workers than the {cpus} CPUs here less one for the loop make no "
                     "more batches")
             fix = f"Keep {have}: {fill}. The input pipeline is CPU-bound: {lighter}"
+        if no_gain and est.pipeline > 0:
+            # On a GPU the waiting idles it all the same: the pipeline's cost, not the workers'
+            title = (f"DataLoader starves the GPU despite {have}: {est.wait:.0f} % of the step "
+                     "waiting for a CPU-bound input pipeline")
+            evidence += (
+                " The saving is the GPU idle of that waiting: what an input pipeline that keeps "
+                "up (less CPU work per batch, or more CPUs) would take off, at most. No runtime "
+                "change makes it: `trainprof try` lists it as a change to the code."
+            )
+            saving = est.pipeline
         elif model is None and est.worker_batch:
             fix = (f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
                    + (f"  # {_cpus_here(ctx, cpus)}" if cpus else ""))
@@ -748,7 +766,9 @@ def check(ctx: Context) -> list[Finding]:
             fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
             if unsplit:
                 fix += loader_streams.unsplit_fix(unsplit, model.workers)
-    metrics["kind"] = "starvation"  # the loop waits: more workers help (vs "receiving")
+    # The loop waits: more workers help (vs "receiving"), or on a GPU whose CPUs allow no more
+    # workers the pipeline itself costs the GPU's idle ("cpu-bound": `try` cannot apply that fix)
+    metrics["kind"] = CPU_BOUND if no_gain and est.pipeline > 0 else "starvation"
     if model is not None:
         metrics.update(
             unprofiled_fetch_ms=round(model.fetch / 1000, 3),

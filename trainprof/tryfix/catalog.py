@@ -51,6 +51,10 @@ EDIT_THE_CODE = {
     "iterable-duplicates": "split the IterableDataset's stream between workers in its __iter__ "
     "(get_worker_info)",
 }
+# A GPU run's dataloader-starvation finding whose workers fill the CPUs (its metrics["kind"] is
+# analysis/loader_workers.CPU_BOUND): more workers make no more batches
+PIPELINE = ("less CPU work per batch (augmentation on the GPU, NVIDIA DALI, decoded samples "
+            "cached) or more CPUs: the workers fill them")
 
 # rules whose variants share one model-forward patch: never combined twice
 AUTOCAST_RULES = ("no-amp", "cpu-bf16")

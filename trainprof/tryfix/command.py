@@ -36,6 +36,7 @@ from typing import Any
 
 from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.bf16_layout import fix_channels_last
+from trainprof.analysis.loader_workers import CPU_BOUND
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import (
@@ -200,8 +201,11 @@ class Trial:
         # a 49 ms step. In turns each process's workers stop with it.
         ahead = not self.cuda and bool(workers)
         for rule in rules:
-            if rule in catalog.EDIT_THE_CODE:
-                self.edit.append({"rule": rule, "change": catalog.EDIT_THE_CODE[rule],
+            # A GPU loader whose workers fill the CPUs: the saving is a lighter pipeline's
+            cpu_bound = rule == LOADER and self.kind.get(rule) == CPU_BOUND
+            if rule in catalog.EDIT_THE_CODE or cpu_bound:
+                change = catalog.PIPELINE if cpu_bound else catalog.EDIT_THE_CODE[rule]
+                self.edit.append({"rule": rule, "change": change,
                                   "estimated_pct": self._est(rule), "verdict": "edit the code",
                                   "permanent_fix": self.rule_fix.get(rule, "")})
                 continue
