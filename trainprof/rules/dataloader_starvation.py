@@ -743,16 +743,16 @@ def check(ctx: Context) -> list[Finding]:
                     f"more workers than the {cpus} CPUs here less one for the loop make no "
                     "more batches")
             fix = f"Keep {have}: {fill}. The input pipeline is CPU-bound: {lighter}"
-        if no_gain and est.pipeline > 0:
-            # On a GPU the waiting idles it all the same: the pipeline's cost, not the workers'
-            title = (f"DataLoader starves the GPU despite {have}: {est.wait:.0f} % of the step "
-                     "waiting for a CPU-bound input pipeline")
-            evidence += (
-                " The saving is the GPU idle of that waiting: what an input pipeline that keeps "
-                "up (less CPU work per batch, or more CPUs) would take off, at most. No runtime "
-                "change makes it: `trainprof try` lists it as a change to the code."
-            )
-            saving = est.pipeline
+            if est.pipeline > 0:
+                # On a GPU the waiting idles it all the same: the pipeline's cost
+                title = (f"DataLoader starves the GPU despite {have}: {est.wait:.0f} % of the "
+                         "step waiting for a CPU-bound input pipeline")
+                evidence += (
+                    " The saving is the GPU idle of that waiting: what an input pipeline that "
+                    "keeps up (less CPU work per batch, or more CPUs) would take off, at most. "
+                    "No runtime change makes it: `trainprof try` lists it as a change to the code."
+                )
+                saving = est.pipeline
         elif model is None and est.worker_batch:
             fix = (f"DataLoader(..., num_workers={suggest}, persistent_workers=True)"
                    + (f"  # {_cpus_here(ctx, cpus)}" if cpus else ""))
