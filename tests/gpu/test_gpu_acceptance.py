@@ -179,6 +179,26 @@ def test_too_few_workers_the_wait_is_starvation(tmp_path: Path) -> None:
     assert_fix_pays(starved["est_saving_pct"], compare(a, b))
 
 
+# ----- 2c. workers that fill the CPUs and still cannot keep up: the pipeline is the cost --------
+def test_workers_that_fill_the_cpus_the_pipeline_is_the_cost(tmp_path: Path) -> None:
+    """Two workers on three CPUs (the script keeps itself to them), every sample decoded twice (a
+    batch about four steps of a worker's time): no more workers fit beside the loop, and the
+    loop waits. The finding's kind is "cpu-bound", ranked first by the waiting's GPU idle
+    (2026-12-01; info with no saving before), and its estimate is what a pipeline that keeps up
+    saves: the same loop with 8 workers on all the CPUs (a lighter pipeline or more CPUs alike)."""
+    size = _loader_size()
+    heavy = ("--heavier", "2", *size)
+    a = run(tmp_path / "cpus3", "loader.py", "--workers", "2", "--cpus", "3", *heavy)
+    b = run(tmp_path / "w8", "loader.py", "--workers", "8", *heavy)
+    da = a.diagnosis()
+    found = _gpu_finding(da, "dataloader-starvation")
+    print("workers on full CPUs:", found["evidence"])  # shown with -rA / on failure
+    assert found["metrics"]["kind"] == "cpu-bound", found["evidence"]
+    assert da["findings"][0]["rule"] == "dataloader-starvation", rules(da)
+    assert found["severity"] in ("high", "medium"), found
+    assert_fix_pays(found["est_saving_pct"], compare(a, b))
+
+
 # ----- 3. loss.item() every step vs every 50 steps -----------------------------------------------
 def _host_work() -> list[str]:
     """--host-n for host work of about half the GPU step on this machine (see item_sync.py: on a

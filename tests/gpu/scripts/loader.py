@@ -4,6 +4,8 @@ on FakeData 1x28x28 images, decoded (PIL -> tensor) per sample.
     loader.py --workers 0                 # the main process decodes every batch: starved
     loader.py --workers 4                 # workers keep up; batches still in pageable memory
     loader.py --workers 4 --pin           # pin_memory=True and .to(device, non_blocking=True)
+    loader.py --workers 2 --cpus 3 --heavier 2   # every sample decoded twice, on 3 CPUs: the
+                                                 # workers fill them and cannot keep up
 
 The scenario needs a batch that takes about twice a training step to decode in one process
 (starved with 0 workers, fed with 4) and a step long enough that receiving a batch from a worker
@@ -12,6 +14,7 @@ no trainprof) measures them and prints the `--width` and `--batch` that give it,
 
     DEVICE=cpu python loader.py --calibrate --widths 8 16      # smoke test on a CPU
     DEVICE=cpu python loader.py --steps 12 --batch 8 --width 8 --workers 0
+    DEVICE=cpu python loader.py --steps 12 --batch 8 --width 8 --workers 2 --cpus 3 --heavier 2
 """
 
 import argparse
@@ -43,6 +46,21 @@ def fake_data(n: int) -> torchvision.datasets.FakeData:
     return torchvision.datasets.FakeData(
         size=n, image_size=(1, 28, 28), num_classes=10, transform=T.ToTensor()
     )
+
+
+class Heavier(torch.utils.data.Dataset):
+    """`data` with every sample decoded `k` times: a pipeline k times as heavy per batch."""
+
+    def __init__(self, data: torch.utils.data.Dataset, k: int) -> None:
+        self.data, self.k = data, k
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, i: int):
+        for _ in range(self.k - 1):
+            self.data[i]
+        return self.data[i]
 
 
 def sync(device: torch.device) -> None:
@@ -95,6 +113,9 @@ parser.add_argument("--pin", action="store_true")
 parser.add_argument("--steps", type=int, default=300)
 parser.add_argument("--batch", type=int, default=64)
 parser.add_argument("--width", type=int, default=64)
+parser.add_argument("--heavier", type=int, default=1, help="decode every sample K times")
+parser.add_argument("--cpus", type=int, default=0, help="keep the script (and its workers) to "
+                    "the first N CPUs it may use, as `taskset` would")
 parser.add_argument("--calibrate", action="store_true")
 parser.add_argument("--widths", type=int, nargs="*", default=[64, 128, 256, 512])
 args = parser.parse_args()
@@ -104,8 +125,10 @@ if args.calibrate:
     print(json.dumps(calibrate(device, args.widths)))
     raise SystemExit(0)
 
+if args.cpus:
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: args.cpus])
 loader = DataLoader(  # LOADER_LINE
-    fake_data(args.steps * args.batch),
+    Heavier(fake_data(args.steps * args.batch), args.heavier),
     batch_size=args.batch,
     shuffle=True,
     num_workers=args.workers,
