@@ -88,12 +88,12 @@ def test_fixed_step_model():
     # Receiving counts on the loop's path and on the cores: (10 + 30 + 4) / 2.
     assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2) == 22.0
     assert fixed_step(m=20.0, f=10.0, k=1, r=4.0, w=0.0, cores=2, n=2) == 24.0
-    # A worker with a core of its own fetches batch after batch, warm: its rate bound at the
-    # warm ratio (0.9 x 20 + 2 = 20); where the workers share the cores with the model's
-    # threads (n = cores), the fetch stands: (10 + 30 + 4) / 2 as above.
+    # A worker fetches batch after batch, warm: its rate bound at the warm ratio (0.9 x 20 + 2 =
+    # 20), and its work on the cores too, where the workers share them with the model's
+    # threads (n = cores): (10 + 0.5 x 30 + 4) / 2, not (10 + 30 + 4) / 2 as above.
     assert fixed_step(m=10.0, f=20.0, k=1, r=0.0, w=2.0, cores=2, n=1) == 22.0
     assert fixed_step(m=10.0, f=20.0, k=1, r=0.0, w=2.0, cores=2, n=1, warm=0.9) == 20.0
-    assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2, warm=0.5) == 22.0
+    assert fixed_step(m=10.0, f=30.0, k=1, r=4.0, w=0.0, cores=2, n=2, warm=0.5) == 14.5
     # The receiving from busy workers counts on the cores where the workers fill them: (10 + 30
     # + 8) / 2 = 24 with two workers on two cores. With one (a core for each process) the cores
     # take the loop's own receiving, as its path does: the loop's path 14 + 2 = 16 bounds the
@@ -502,15 +502,15 @@ def test_the_model_is_solved_again_for_other_counts_and_fixes_together(loop: Pat
     assert step_with({"kind": "starvation"}, 1) is None  # no CPU model (a GPU trace)
 
     # A worker that fetched its next batch straight after in 0.8x the time (capture/loaderfetch):
-    # one worker, with a core of its own, has its rate at 0.8 x 20 + 1 = 17, under the cores'
-    # bound (16 + 20 + 1.5) / 2, which two workers share (their fetch stands on the cores): one
-    # at 18.75, as two, and fewer workers for the same step; the evidence says why.
+    # one worker has its rate at 0.8 x 20 + 1 = 17, and two workers' cores' bound falls to
+    # (16 + 0.8 x 20 + 1.5) / 2 = 16.75 (18.75 with the cold fetch): two suggested, at that
+    # step; the evidence says why.
     ipc.worker_fetch_ratio, ipc.worker_fetch_warm_ratio = 1.0, 0.8
     ipc.worker_fetch_warm_all = [0.8] * 12
     w = _starvation(with_meta(loop, tmp_path / "warm", _meta(steps, fetch, ipc)))
-    assert w.metrics["worker_warm_ratio"] == 0.8 and w.metrics["suggested_num_workers"] == 1
-    assert step_with(w.metrics, 1) == pytest.approx(18.75) == w.metrics["fixed_step_ms"]
-    assert step_with(w.metrics, 2) == pytest.approx(18.75)
+    assert w.metrics["worker_warm_ratio"] == 0.8 and w.metrics["suggested_num_workers"] == 2
+    assert step_with(w.metrics, 1) == pytest.approx(17.0)
+    assert step_with(w.metrics, 2) == pytest.approx(16.75) == w.metrics["fixed_step_ms"]
     assert "straight after one taken between the run's steps in 0.80x the time" in w.evidence
     assert "straight after" not in f.evidence  # not timed there
 

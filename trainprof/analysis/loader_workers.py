@@ -139,7 +139,7 @@ class CpuModel:
     worker_fetch_source: str = ""
     run_workers: int = 0  # the loader's num_workers in the run (0: none)
     # That worker's next batch, fetched straight after, over it (capture/loaderfetch; at most 1,
-    # 1 where not timed): a worker of the fix fetching batch after batch on a core of its own.
+    # 1 where not timed): a worker of the fix fetching batch after batch.
     warm: float = 1.0
     # How much slower the steps S and F come from ran than the run's typical speed, by a fixed
     # piece of work timed at the step boundaries (1: not timed); R and W are scaled by it.
@@ -199,17 +199,20 @@ def fixed_step(
     `wasted`: the batches per step the workers fetch for iterators the script leaves before
     their end (analysis/loader_cuts), each a batch's work, on the cores only: those are mostly
     another loader's workers, an evaluation's. `warm`: a worker's fetch batch after batch over
-    `f` (timed cold, between the loop's steps), taken in the workers' rate where each has a core
-    of its own (n < cores); on the cores they share them with the model's threads, and `f`
-    stands."""
+    `f` (timed cold, between the loop's steps): a worker's work per batch, in the workers' rate
+    and on the cores alike. Until 2026-12-01 the cores' bound kept the cold fetch, and the rate
+    took `warm` only where each worker had a core of its own; the kept benchmark runs of stops
+    57-63 (36 runs, 12 workloads), diagnosed again with `warm` everywhere, put 60 of 70 worker
+    counts within target or the right call instead of 57, try_fakedata's two workers within it
+    in all five runs (three under before), none out that was in (docs/fix-efficacy.md)."""
     threads = max(1, cores - n)
     share = max(1.0 - ahead / k, 0.0) if k > 0 else 1.0
     busy = r if r_busy is None or n < cores else r_busy
-    own = warm if n < cores else 1.0
     return max(
         m + k * r,
-        (f * own + k * w) * share / n,
-        (m * min(threads, cores) + f + k * w + k * busy + wasted * batch_work(f, k, w)) / cores,
+        (f * warm + k * w) * share / n,
+        (m * min(threads, cores) + f * warm + k * w + k * busy + wasted * batch_work(f, k, w))
+        / cores,
     )
 
 

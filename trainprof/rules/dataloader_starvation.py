@@ -126,9 +126,9 @@ On a CPU trace the workers take the fetch off the loop, but:
   2 threads and 15.0 ms with one.
 - workers and the model's intra-op threads share the C cores: the fix runs n workers with
   torch.set_num_threads(T' = max(1, C - n)), and the fixed step is the largest of the loop's
-  own work M(T') + k R (k fetches per step), the workers' rate (F h + k W) / n (h below, 1
-  where n = C), and all the CPU work spread over the cores, (M(T') min(T', C) + F + k (W + R))
-  / C (R in full where n = C, below).
+  own work M(T') + k R (k fetches per step), the workers' rate (F h + k W) / n (h below), and
+  all the CPU work spread over the cores, (M(T') min(T', C) + F h + k (W + R)) / C (R in full
+  where n = C, below).
   Each n from 1 to C is tried and the best suggested. The saving is S minus that step.
   The metrics hold what solves the model again (analysis/loader_workers.step_with): M with the
   run's threads, M with each n's threads, F, R, W, k and C. `trainprof try` estimates each
@@ -178,12 +178,17 @@ On a CPU trace the workers take the fetch off the loop, but:
   hand, the median training step with the evaluation loader at 4 and at 1: one worker 7.4-12.9
   ms (median 10.4) against 7.8-10.0 (8.8); two 9.2-11.6 (10.8) against 9.0-11.5 (10.5), the
   workers' CPU 1.21-1.26 against 1.05-1.12 cores.
-- a worker fetching batch after batch on a core of its own keeps its caches warm, where the
-  forked worker above fetches one batch between two of the loop's steps, cold, as the loop's own
-  fetch is. So in each pause it fetches the next batch straight after the timed one
-  (capture/loaderfetch), and h is the median of each pause's second fetch over its first, at
-  most 1, in the workers' rate where each has a core of its own (n < C); on the cores (n = C)
-  they share them with the model's threads, and F stands. Before, one worker's estimate ran 6.8
+- a worker fetching batch after batch keeps its caches warm, where the forked worker above
+  fetches one batch between two of the loop's steps, cold, as the loop's own fetch is. So in
+  each pause it fetches the next batch straight after the timed one (capture/loaderfetch), and
+  h is the median of each pause's second fetch over its first, at most 1: F h is a worker's
+  work per batch, in the workers' rate and in the cores' bound alike. Until 2026-12-01 h was
+  taken in the rate only, where each worker has a core of its own (n < C), the workers on full
+  cores (n = C) taken to share them with the model's threads cold; the kept benchmark runs of
+  stops 57-63 (36 runs of 12 workloads) diagnosed again with h everywhere put 60 of 70 worker
+  counts within target or the right call instead of 57 (try_fakedata's two workers within it in
+  all five runs, three under before; none out that was in), the mean error of two workers +2.4
+  points against +1.0 (docs/fix-efficacy.md, stop 63). Before, one worker's estimate ran 6.8
   points under the measurement on average over 17 benchmark runs (benchmarks/rediagnose_try.py),
   the step measured a median 0.88 of the worker's rate bound; by hand a second batch straight
   after the first took 0.93-0.98 of it. The runs' h on another VM (2026-11-29, stop 48):
@@ -432,15 +437,15 @@ def _cpu_evidence(
                 f"thread, as a worker runs it, against {ms(model.removable)} with {threads}: a "
                 "worker's work per batch."
             )
-    if model.warm <= 1 - WARM_SAYS and model.workers < model.cores:
+    if model.warm <= 1 - WARM_SAYS:
         who = (
             "It" if slower and model.worker_fetch_source == "worker"
             else "A DataLoader worker forked from the loop"
         )  # fmt: skip
         text += (
             f" {who} fetched a batch straight after one taken between the run's steps in "
-            f"{model.warm:.2f}x the time: with a core of its own, a worker of the fix fetches "
-            "batch after batch, its caches warm."
+            f"{model.warm:.2f}x the time: a worker of the fix fetches batch after batch, its "
+            "caches warm."
         )
     if model.eval_every:
         text += (
