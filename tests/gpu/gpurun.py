@@ -72,16 +72,26 @@ def trace_events(path: Path) -> list[dict]:
         return json.load(f)["traceEvents"]
 
 
+# The script as a GPU run ran it, kept in its run folder: a replay finds the lines the run's
+# findings name there, where the script may have been edited since (lines added above them).
+SOURCE = "{}.source"
+_replayed_sources: dict[str, str] = {}
+
+
 def run(folder: Path, script: str, *args: str, flags: tuple[str, ...] = (), **kw) -> Run:
     """`trainprof run --out FOLDER --no-diagnose FLAGS scripts/SCRIPT ARGS`; fails on a non-zero
     exit with the run's stderr. Replayed (REPLAY): the folder as a GPU run left it."""
     if REPLAY is not None:
         if not (folder / "trainprof.json").is_file():
             pytest.skip(f"GPU_REPLAY: no run folder {folder} (the GPU run did not keep it)")
+        kept = folder / SOURCE.format(script)
+        if kept.is_file():
+            _replayed_sources[script] = kept.read_text()
         return Run(folder, 0, "", "")
     done = cli("run", "--out", str(folder), "--no-diagnose", *flags, str(SCRIPTS / script), *args,
                **kw)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
+    (folder / SOURCE.format(script)).write_text((SCRIPTS / script).read_text())
     return Run(folder, done.returncode, done.stdout, done.stderr)
 
 
@@ -99,11 +109,24 @@ def rules(diag: dict) -> list[str]:
     return [f["rule"] for f in diag["findings"]]
 
 
-def line_of(script: str, marker: str) -> tuple[str, int]:
-    """(absolute path, line) of the line of scripts/SCRIPT holding MARKER."""
-    lines = (SCRIPTS / script).read_text().splitlines()
-    n = next(i for i, text in enumerate(lines, 1) if marker in text)
-    return str((SCRIPTS / script).resolve()), n
+def lines_of(script: str, marker: str) -> set[tuple[str, int]]:
+    """{(absolute path, line)} of the line of scripts/SCRIPT holding MARKER. Replayed, also that
+    line in the script as the replayed run ran it, where its folder kept it: a location the run
+    recorded (the metadata's) is of that script, one the diagnosis reads from the source now is
+    of this one."""
+    texts = [(SCRIPTS / script).read_text()]
+    if script in _replayed_sources:
+        texts.append(_replayed_sources[script])
+    path = str((SCRIPTS / script).resolve())
+    return {(path, next(i for i, text in enumerate(t.splitlines(), 1) if marker in text))
+            for t in texts}
+
+
+def edited_since(script: str) -> bool:
+    """Replayed, and scripts/SCRIPT has been edited since the replayed run ran it (its folder
+    kept the text): lines that trainprof reads from the script now need not be the run's."""
+    kept = _replayed_sources.get(script)
+    return kept is not None and kept != (SCRIPTS / script).read_text()
 
 
 def place(location: str | None) -> tuple[str, int] | None:

@@ -31,7 +31,8 @@ from gpurun import (
     cli,
     compare,
     cuda_devices,
-    line_of,
+    edited_since,
+    lines_of,
     place,
     rules,
     run,
@@ -100,7 +101,7 @@ def test_metric_sync_found_ranked_and_fixed(tmp_path: Path) -> None:
     assert_fix_pays(f["est_saving_pct"], cmp)
     # Last, as it may fail apart from the rest: on a CPU run of this script the location is the
     # `opt.step()` line, the stale line of Kineto's <module> frame (no probe names this site).
-    assert place(f["location"]) == line_of("metric_sync.py", "METRIC_LINE"), f
+    assert place(f["location"]) in lines_of("metric_sync.py", "METRIC_LINE"), f
 
 
 # ----- 2. num_workers=0 -> 4 -> pin_memory + non_blocking on an MNIST-sized CNN ------------------
@@ -128,7 +129,7 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     starved = _gpu_finding(da, "dataloader-starvation")
     assert starved["severity"] == "high"
     assert da["findings"][0]["rule"] == "dataloader-starvation", rules(da)
-    assert place(starved["location"]) == line_of("loader.py", "LOADER_LINE"), starved
+    assert place(starved["location"]) in lines_of("loader.py", "LOADER_LINE"), starved
     # 4 workers keep up: the loop does not wait for them. Receiving their batches still costs
     # the loop time per step (unpickling, a socket hand-shake per tensor), and where the step is
     # short (a launch-bound model: the calibration cannot lengthen it) that is its own finding,
@@ -157,8 +158,12 @@ def test_dataloader_starvation_then_pageable_memcpy(tmp_path: Path) -> None:
     # Last: the copy's line comes from Kineto's Python stack (see the metric-sync test). Either
     # copy's: the two are as frequent, and the rule names the one whose copies cost the GPU
     # more, which was the labels' (just before the forward's launches) on an H200 (2026-11-30).
-    copy_lines = {line_of("loader.py", "COPY_LINE"), line_of("loader.py", "LABELS_COPY")}
-    assert place(pageable[0]["location"]) in copy_lines, pageable
+    copy_lines = lines_of("loader.py", "COPY_LINE") | lines_of("loader.py", "LABELS_COPY")
+    where = place(pageable[0]["location"])
+    if edited_since("loader.py"):  # replayed: the diagnosis read the script as it is now
+        assert where is not None and where[0] == str((SCRIPTS / "loader.py").resolve()), where
+    else:
+        assert where in copy_lines, pageable
 
 
 # ----- 2b. one worker where a batch takes about two steps to decode: the loop waits for it -------
@@ -218,7 +223,7 @@ def test_item_every_step_is_a_host_sync_every_50_is_not(tmp_path: Path) -> None:
     every = run(tmp_path / "every1", "item_sync.py", "--every", "1", *host)
     rare = run(tmp_path / "every50", "item_sync.py", "--every", "50", *host)
     f = _gpu_finding(every.diagnosis(), "host-sync")
-    assert place(f["location"]) == line_of("item_sync.py", "ITEM_LINE"), f
+    assert place(f["location"]) in lines_of("item_sync.py", "ITEM_LINE"), f
     assert f["metrics"]["per_step"] == pytest.approx(1.0), f
     after = rare.diagnosis()
     assert not by_rule(after, "host-sync"), rules(after)
@@ -273,11 +278,11 @@ def test_sync_events_and_sync_debug_warnings(tmp_path: Path) -> None:
     assert not [n for n in meta["notes"] if "ignored" in n], meta["notes"]
     syncs = [e for e in r.events() if e.get("cat") == "cuda_sync"]
     assert syncs, "no cuda_sync events in the trace"
-    where = line_of("sync_flags.py", "SYNC_LINE")
-    warned = {place(w["location"]): w for w in meta["sync_warnings"]}
-    assert where in warned, meta["sync_warnings"]
-    assert warned[where]["count"] >= 20  # every step's loss.item(), not only the first
-    assert "synchroniz" in warned[where]["message"]
+    where = lines_of("sync_flags.py", "SYNC_LINE")
+    warned = [w for w in meta["sync_warnings"] if place(w["location"]) in where]
+    assert warned, meta["sync_warnings"]
+    assert warned[0]["count"] >= 20  # every step's loss.item(), not only the first
+    assert "synchroniz" in warned[0]["message"]
 
 
 # ----- 7. torch.compile(mode="reduce-overhead"): kernels replayed from CUDA graphs ----------------
