@@ -54,6 +54,7 @@ def workers(ctx: Context) -> int | None:
 # fill the CPUs: its saving is an input pipeline's that keeps up, which no runtime change makes
 CPU_BOUND = "cpu-bound"
 
+
 @dataclass(frozen=True)
 class FetchSplit:
     """A fetch with workers, per traced step (µs): waiting for a worker vs the loop's own work to
