@@ -697,6 +697,9 @@ def check(ctx: Context) -> list[Finding]:
     # More workers would not pay off: the CPU model says so, or on a GPU the CPUs allow no more
     # than the loader has (they make no more batches)
     no_gain = (model is not None and model.saving <= 0) or (model is None and full)
+    # On a GPU the waiting idles it all the same: that is the CPU-bound pipeline's cost, which
+    # no runtime change takes off (`try` lists it to edit)
+    cpu_bound = no_gain and est.pipeline > 0
     if no_gain and n_workers == 0 and shards is not None:
         title = (f"DataLoader fetching takes {share:.0f} % of the step, but the dataset's "
                  f"{shards} shard(s) feed too few workers")
@@ -748,8 +751,7 @@ def check(ctx: Context) -> list[Finding]:
                     f"more workers than the {cpus} CPUs here less one for the loop make no "
                     "more batches")
             fix = f"Keep {have}: {fill}. The input pipeline is CPU-bound: {lighter}"
-            if est.pipeline > 0:
-                # On a GPU the waiting idles it all the same: the pipeline's cost
+            if cpu_bound:
                 title = (f"DataLoader starves the GPU despite {have}: {est.wait:.0f} % of the "
                          "step waiting for a CPU-bound input pipeline")
                 evidence += (
@@ -771,9 +773,8 @@ def check(ctx: Context) -> list[Finding]:
             fix += f"\nBeyond that the input pipeline is CPU-bound: {lighter}"
             if unsplit:
                 fix += loader_streams.unsplit_fix(unsplit, model.workers)
-    # The loop waits: more workers help (vs "receiving"), or on a GPU whose CPUs allow no more
-    # workers the pipeline itself costs the GPU's idle ("cpu-bound": `try` cannot apply that fix)
-    metrics["kind"] = CPU_BOUND if no_gain and est.pipeline > 0 else "starvation"
+    # The loop waits: more workers help (vs "receiving"), or the pipeline itself is the cost
+    metrics["kind"] = CPU_BOUND if cpu_bound else "starvation"
     if model is not None:
         metrics.update(
             unprofiled_fetch_ms=round(model.fetch / 1000, 3),
