@@ -50,11 +50,6 @@ def workers(ctx: Context) -> int | None:
     return None
 
 
-# The kind (metrics["kind"]) of a GPU run's dataloader-starvation finding whose loader's workers
-# fill the CPUs: its saving is an input pipeline's that keeps up, which no runtime change makes
-CPU_BOUND = "cpu-bound"
-
-
 @dataclass(frozen=True)
 class FetchSplit:
     """A fetch with workers, per traced step (µs): waiting for a worker vs the loop's own work to

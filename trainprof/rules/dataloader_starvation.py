@@ -329,8 +329,8 @@ import os
 from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.context import Context
 from trainprof.analysis.frameworks import run_fix
+from trainprof.analysis.kinds import CPU_BOUND, RECEIVING, STARVATION
 from trainprof.analysis.loader_workers import (
-    CPU_BOUND,
     SUGGESTED_PREFETCH,
     CpuModel,
     Estimate,
@@ -568,7 +568,7 @@ def _receive_finding(
     saving = est.receive_saving if ctx.gpu_timeline and not pinned else 0.0
     # `trainprof try` reads the kind (its fix is not more workers) and a receiving saving of 0
     # as no claim (tryfix/command.py).
-    metrics = {**metrics, "kind": "receiving"}
+    metrics = {**metrics, "kind": RECEIVING}
     evidence = (
         f"Fetching batches takes {ms(fetch)} per traced step, {est.share:.1f} % of the step"
         + (" without the profiler" if est.plain is not None else "")
@@ -774,7 +774,7 @@ def check(ctx: Context) -> list[Finding]:
             if unsplit:
                 fix += loader_streams.unsplit_fix(unsplit, model.workers)
     # The loop waits: more workers help (vs "receiving"), or the pipeline itself is the cost
-    metrics["kind"] = CPU_BOUND if cpu_bound else "starvation"
+    metrics["kind"] = CPU_BOUND if cpu_bound else STARVATION
     if model is not None:
         metrics.update(
             unprofiled_fetch_ms=round(model.fetch / 1000, 3),

@@ -59,6 +59,7 @@ import numpy as np
 
 from trainprof.analysis.context import Context
 from trainprof.analysis.dispatch import compiled, launch_stats, split_other
+from trainprof.analysis.kinds import CPU_OVERHEAD
 from trainprof.analysis.ledger import ledger
 from trainprof.analysis.model import Finding
 from trainprof.analysis.overhead import busiest_location, cpu_ops, idle_by_op
@@ -196,7 +197,7 @@ def _cpu(ctx: Context) -> list[Finding]:
             severity="low",
             location=busiest_location(ctx, c.ops),
             metrics={
-                "kind": "cpu-overhead",  # no saving claimed: `trainprof try` says "not estimated"
+                "kind": CPU_OVERHEAD,  # no saving claimed: `trainprof try` says "not estimated"
                 "ops_per_step": round(per_step, 1),
                 "median_op_us": round(med, 2),
                 "us_per_op": round(slot, 1),

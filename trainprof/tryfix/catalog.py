@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from trainprof.analysis.kinds import RECEIVING
 from trainprof.analysis.loader_cuts import EVAL_PREFETCH, evaluation_fix, place_names
 
 # The prefetch_factor `try` gives the DataLoader's workers (tryfix/apply): four batches in hand
@@ -52,7 +53,7 @@ EDIT_THE_CODE = {
     "(get_worker_info)",
 }
 # A GPU run's dataloader-starvation finding whose workers fill the CPUs (its metrics["kind"] is
-# analysis/loader_workers.CPU_BOUND): more workers make no more batches
+# analysis/kinds.CPU_BOUND): more workers make no more batches
 PIPELINE = ("less CPU work per batch (augmentation on the GPU, NVIDIA DALI, decoded samples "
             "cached) or more CPUs: the workers fill them")
 
@@ -84,11 +85,6 @@ def worker_counts(cores: int, baseline: int | None) -> list[int]:
     return [c for c in counts if c != baseline]
 
 
-# A dataloader-starvation finding of the receiving kind (its metrics["kind"]): the workers keep
-# up, the loop spends the time unpickling batches and mapping each tensor's shared memory.
-RECEIVING = "receiving"
-# A launch-bound finding on a CPU run (its metrics["kind"]): per-op overhead, no saving claimed
-CPU_OVERHEAD = "cpu-overhead"
 FILE_SYSTEM = "file_system"
 # torch.compile's CUDA-graph mode: what launch-bound's estimate models on a GPU
 REDUCE_OVERHEAD = "reduce-overhead"

@@ -36,7 +36,7 @@ from typing import Any
 
 from trainprof.analysis import loader_cuts, loader_streams
 from trainprof.analysis.bf16_layout import fix_channels_last
-from trainprof.analysis.loader_workers import CPU_BOUND
+from trainprof.analysis.kinds import CPU_BOUND
 from trainprof.errors import TrainprofError
 from trainprof.fileio import write_atomic
 from trainprof.runmeta import (

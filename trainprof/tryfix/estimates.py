@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainprof.analysis import kinds
 from trainprof.analysis.loader_workers import step_with
 from trainprof.errors import TrainprofError
 from trainprof.tryfix import catalog
@@ -30,9 +31,9 @@ LOADER = "dataloader-starvation"
 
 # Why a rule that has a finding has no estimate (its findings claim nothing).
 NO_CLAIM = {
-    catalog.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
+    kinds.RECEIVING: "not estimated: the diagnosis claims no saving for receiving batches from "
     "DataLoader workers on a CPU run, or with pin_memory=True already",
-    catalog.CPU_OVERHEAD: "not estimated: on a CPU run the diagnosis claims no saving for "
+    kinds.CPU_OVERHEAD: "not estimated: on a CPU run the diagnosis claims no saving for "
     "torch.compile (the per-op cost it removes and the fixed cost it adds to every call depend "
     "on the model)",
 }
