@@ -109,3 +109,58 @@ def test_probe_names_with_a_library_line() -> None:
     plain = "trainprof/host_read:item@/home/me/train.py:31"
     assert probe_location(plain) == "/home/me/train.py:31"
     assert probe_library_frame(plain) is None
+
+
+@pytest.mark.slow
+def test_a_script_edited_after_the_run_is_read_as_it_ran(tmp_path: Path) -> None:
+    # The run keeps the script's text (capture/sources): the module frame's calls are aligned
+    # with it, not with the file as it is after the user's edit.
+    script = tmp_path / TOPLEVEL
+    shutil.copy(SCRIPTS / TOPLEVEL, script)
+    r = run(tmp_path / "run", "--wait", "3", "--warmup", "1", "--active", "4", str(script))
+    assert r.code == 0, r.stderr
+    kept = r.meta["sources"]
+    assert str(script) in kept, kept
+    assert (r.folder / kept[str(script)]).read_text() == script.read_text()
+    metric_line = line_of(TOPLEVEL, "METRIC_LINE")
+    script.write_text("# three lines added\n# after the run\n# by hand\n" + script.read_text())
+
+    def metric_at(folder: Path) -> tuple[str, list[str]]:
+        done = trainprof("diagnose", str(folder), "--json", "--no-cache")
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        (metric,) = [f for f in out["findings"] if f["rule"] == "metric-sync"]
+        return metric["location"], out["notes"]
+
+    location, notes = metric_at(r.folder)
+    assert location.endswith(f"{TOPLEVEL}:{metric_line}"), location
+    assert not [n for n in notes if "changed after this run started" in n], notes
+    # The same run without the copy (older metadata) reads the edited file: its lines moved.
+    meta = r.meta
+    meta["sources"] = {}
+    (r.folder / "trainprof.json").write_text(json.dumps(meta))
+    location, notes = metric_at(r.folder)
+    assert not location.endswith(f"{TOPLEVEL}:{metric_line}"), location
+    assert [n for n in notes if "changed after this run started" in n], notes
+
+
+@pytest.mark.slow
+def test_the_run_keeps_the_files_of_the_loops_stack(tmp_path: Path) -> None:
+    # A loop in a function of the user's own module, called from the script: the frames Kineto
+    # finds running when the window opens are in both files; a library's are not kept.
+    (tmp_path / "loop_mod.py").write_text(
+        "import torch\n\n\ndef train(steps):\n"
+        "    model = torch.nn.Linear(8, 1)\n"
+        "    opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "    for _ in range(steps):\n"
+        "        opt.zero_grad()\n"
+        "        model(torch.randn(4, 8)).sum().backward()\n"
+        "        opt.step()\n"
+    )
+    script = tmp_path / "main.py"
+    script.write_text("from loop_mod import train\n\ntrain(12)\n")
+    r = run(tmp_path / "run", "--wait", "2", "--warmup", "1", "--active", "2", str(script))
+    assert r.code == 0, r.stderr
+    kept = r.meta["sources"]
+    assert set(kept) == {str(script), str(tmp_path / "loop_mod.py")}, kept
+    assert all((r.folder / name).is_file() for name in kept.values())

@@ -484,6 +484,9 @@ def test_try_measures_a_fix_against_the_recorded_run(tmp_path: Path) -> None:
     doc = json.loads((folder / "try.json").read_text())
     assert doc["schema"] == 1 and doc["profiled"] is False
     assert doc["baseline"]["rounds"] == 1 and len(doc["baseline"]["step_times_ms"][0]) == 10
+    # The run kept the script as it ran, and the rounds ran it unchanged.
+    assert MLP in meta["sources"] and doc["sources_changed"] == []
+    assert "changed since the run" not in done.stderr
     (fix,) = doc["fixes"]
     assert fix["rule"] == "optimizer-foreach" and "fused=True" in fix["permanent_fix"]
     assert fix["measured_pct"] is not None and fix["ci_pct"][0] <= fix["ci_pct"][1]

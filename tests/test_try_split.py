@@ -31,6 +31,7 @@ def _trial(base_ms: float, control_ms: float, workers_ms: float, estimate: float
     t.edit, t.combined, t.combined_note = [], None, None
     t.interrupted, t.stopped, t.clocks = False, None, {"host"}
     t.script_profiler, t.redirected = {"started": set(), "unwritten": set()}, set()
+    t.sources_changed = []  # the run kept no copies of its files
     t.others = []  # other processes' CPUs, per round (none: no round ran)
     t.steals = []  # the hypervisor's steal, per round (likewise)
     t.job, t.ranks = None, None  # one process, not a job

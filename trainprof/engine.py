@@ -4,7 +4,7 @@ ledger) -> the selected rules -> the Diagnosis, savings on one basis step and ra
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import datetime
 
 import numpy as np
@@ -65,10 +65,13 @@ def _show(loc: str, meta: RunMeta | None) -> str:
     return display_location(loc)
 
 
-def stale_source_note(findings: list[Finding], meta: RunMeta | None) -> str | None:
+def stale_source_note(
+    findings: list[Finding], meta: RunMeta | None, kept: Collection[str] = ()
+) -> str | None:
     """A note naming the files the findings point into that changed after the run started:
     their lines are read as they are now (the findings' line numbers, callsites.py's alignment of
-    a module-level loop), so an edit since the run can move them."""
+    a module-level loop), so an edit since the run can move them. `kept`: files the run folder
+    holds as the run ran them (capture/sources), which are read instead and need no note."""
     if meta is None or not meta.started_at:
         return None
     try:
@@ -76,7 +79,8 @@ def stale_source_note(findings: list[Finding], meta: RunMeta | None) -> str | No
     except ValueError:
         return None
     files = sorted({f.location.rpartition(":")[0] for f in findings if f.location})
-    changed = [p for p in files if os.path.isfile(p) and os.path.getmtime(p) > start + 1.0]
+    changed = [p for p in files if os.path.isfile(p) and os.path.getmtime(p) > start + 1.0
+               and os.path.abspath(p) not in kept]
     if not changed:
         return None
     return (
@@ -111,7 +115,7 @@ def analyze_context(
     basis = saving_basis(ctx)
     on_basis(findings, basis)
     notes = notes_for(ctx)
-    for extra in (basis_note(basis, mean_ms), stale_source_note(findings, meta)):
+    for extra in (basis_note(basis, mean_ms), stale_source_note(findings, meta, ctx.kept_sources)):
         if extra:
             notes.append(extra)
     durs = ctx.steps.durations / 1000.0

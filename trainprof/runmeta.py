@@ -422,6 +422,9 @@ class RunMeta(msgspec.Struct, kw_only=True):
     optimizer_probe: dict[str, OptimizerProbe] = {}
     # Trace files the script's own profiler wrote (absolute paths; trainprof's stepped aside).
     user_traces: list[str] = []
+    # The user's source files as the run ran them (capture/sources): absolute path -> the copy's
+    # name, relative to the run folder. Empty in older metadata.
+    sources: dict[str, str] = {}
     dynamo: DynamoInfo | None = None  # only when the script called torch.compile
     # What `trainprof try` needs to run the script again as it ran here: the working folder at
     # the start, the Python that ran it, and the environment variables that change a training

@@ -35,6 +35,7 @@ from trainprof.trace import intervals as iv
 from trainprof.trace.frames import PyStacks, event_frames, event_location
 from trainprof.trace.model import GPU_KINDS, Kind, Trace
 from trainprof.trace.nesting import enclosing
+from trainprof.trace.source import is_url
 from trainprof.trace.steps import (
     DATALOADER_NEXT,
     GENERIC_EVAL,
@@ -286,7 +287,17 @@ class Context:
         # Kineto names the script's files relative to its folder (sys.path[0]).
         script = self.meta.script if self.meta else None
         dirs = (os.path.dirname(os.path.abspath(script)),) if script else ()
-        return PyStacks(self.trace, dirs)
+        return PyStacks(self.trace, dirs, self.kept_sources)
+
+    @cached_property
+    def kept_sources(self) -> dict[str, str]:
+        """The user's files as the run ran them, where the run folder holds copies
+        (capture/sources): absolute path -> the copy's path."""
+        if not self.meta or not self.meta.sources or is_url(self.trace.path):
+            return {}
+        folder = os.path.dirname(os.path.abspath(self.trace.path))
+        copies = {k: os.path.join(folder, v) for k, v in self.meta.sources.items()}
+        return {k: v for k, v in copies.items() if os.path.isfile(v)}
 
     @cached_property
     def dataloader_idx(self) -> np.ndarray:

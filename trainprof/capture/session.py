@@ -199,6 +199,7 @@ class Session:
         from trainprof.capture.patching import Patches
         from trainprof.capture.phaseref import PhaseRef, cpu_run
         from trainprof.capture.probes import install_probes
+        from trainprof.capture.sources import SourceKeeper
         from trainprof.capture.state import S
         from trainprof.capture.stepper import Stepper, StepSummary
         from trainprof.capture.threadsteps import BLOCKS, ThreadSteps, cpu_loop_fetches
@@ -208,6 +209,8 @@ class Session:
 
         cfg = self.cfg
         user = UserCode(self.target.user_roots)
+        sources = SourceKeeper(self.folder, user, time.time())
+        sources.keep(self.target.path)  # before the script runs: the text it runs
         cuda = CudaFlags(self.cuda_sync_events, self.sync_debug, user)
         noise.add_warning_tap(cuda.tap)
         writer = TraceWriter(
@@ -275,6 +278,7 @@ class Session:
                 sync_warnings=cuda.sync_warnings(),
                 cupti_teardown=cuda.cupti_teardown,
                 user_traces=theirs.existing_traces(),
+                sources=dict(sources.kept),
                 dynamo=collector.dynamo_info(),
                 **relaunch,
                 **extra,
@@ -337,6 +341,9 @@ class Session:
         phase = PhaseRef(window_done, cpu_run, lambda: len(stepper.step_times))
 
         def on_step() -> None:
+            if not sources.stack_kept and stepper.recording:
+                # The frames Kineto finds running as it starts (trace/callsites reads them).
+                sources.keep_stack(sys._getframe(1))
             phase.after_step()  # before the worker's fetch and the thread change
             pairs.after_step()  # first: the thread count is still the ended step's
             threads.after_step()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import ast
 import os
 import re
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -53,15 +54,21 @@ def _parse(path: str) -> ast.Module | None:
         return None
 
 
-def find_source(path: str, dirs: tuple[str, ...]) -> str | None:
-    """The file Kineto named `path` (often relative to sys.path), or None when not found."""
-    if os.path.isabs(path):
-        return path if os.path.isfile(path) else None
-    for d in (*dirs, os.getcwd()):
-        candidate = os.path.join(d, path)
-        if os.path.isfile(candidate):
-            return candidate
-    return None
+def find_source(
+    path: str, dirs: tuple[str, ...], kept: Mapping[str, str] | None = None
+) -> str | None:
+    """The file Kineto named `path` (often relative to sys.path), or None when not found.
+    `kept`: copies of files as the run ran them (absolute path -> the copy's path,
+    capture/sources), read instead of the file as it is now."""
+    kept = kept or {}
+    candidates = [path] if os.path.isabs(path) else [os.path.join(d, path) for d in dirs]
+    for candidate in candidates:
+        copy = kept.get(os.path.abspath(candidate))
+        if copy is not None and os.path.isfile(copy):
+            return copy
+    if not os.path.isabs(path):
+        candidates.append(os.path.join(os.getcwd(), path))
+    return next((c for c in candidates if os.path.isfile(c)), None)
 
 
 def _scope(tree: ast.Module, func: str, line: int) -> ast.AST | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from collections.abc import Mapping
 from functools import lru_cache
 
 import numpy as np
@@ -199,11 +200,15 @@ class PyStacks:
     """Fast lookup of the Python stack active on a thread at a point in time.
 
     `source_dirs`: folders where Kineto's relative file names may be found (the script's), to
-    read the source of stale user frames."""
+    read the source of stale user frames; `kept`: copies of those files as the run ran them
+    (absolute path -> the copy's path), read instead of the files as they are now."""
 
-    def __init__(self, trace: Trace, source_dirs: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, trace: Trace, source_dirs: tuple[str, ...] = (), kept: Mapping[str, str] | None = None
+    ) -> None:
         self.trace = trace
         self.source_dirs = source_dirs
+        self.kept = dict(kept or {})
         idx = trace.where_kind(Kind.PYTHON)
         self.by_thread: dict[int, np.ndarray] = {}
         self.ts_by_thread: dict[int, np.ndarray] = {}  # their starts: searched on every lookup
@@ -288,7 +293,7 @@ class PyStacks:
             return hit
         hit = self._lines[frame] = {}
         f = parse_frame(self.trace.name(frame))
-        src = find_source(f[0], self.source_dirs) if f else None
+        src = find_source(f[0], self.source_dirs, self.kept) if f else None
         if f is None or src is None:
             return hit
         calls, repeats = loop_calls(src, f[2], f[1])

@@ -69,7 +69,7 @@ from trainprof.tryfix.plan import (
     script_end,
     switch_block,
 )
-from trainprof.tryfix.runfolder import job_of, load_run
+from trainprof.tryfix.runfolder import changed_sources, job_of, load_run
 from trainprof.tryfix.spawn import Launcher, read_result
 
 LOG_NAME = "try.log"
@@ -168,6 +168,8 @@ class Trial:
         self.interrupted = False
         self.stopped: str | None = None  # why the rounds ended early, other than Ctrl-C
         self.log = self.run / LOG_NAME
+        # The user's files that differ from what the run ran (its kept copies, capture/sources)
+        self.sources_changed = changed_sources(self.run, meta)
         # A job's rounds are the job again, on this machine (spawn.Launcher).
         self.job = job_of(self.run)
         self.ranks = self.job.ranks if self.job else None
@@ -851,6 +853,7 @@ class Trial:
                 if any(self.script_profiler.values()) else None
             ),
             "redirected": sorted(self.redirected),
+            "sources_changed": self.sources_changed,
             "fixes": fixes,
             "combined": combined,
             # earlier tries' results kept in the run folder (runmeta.keep_earlier_try)
@@ -900,6 +903,9 @@ def try_command(opts: TryOptions) -> int:
     meta = load_run(opts.run)
     trial = Trial(opts, meta)
     trial.plan()
+    if trial.sources_changed:
+        _say(f"{', '.join(trial.sources_changed)} changed since the run: the rounds run the "
+             "files as they are now, the estimates are the run's diagnosis of them as they ran")
     kept = keep_earlier_try(Path(opts.run))
     if kept is not None:
         _say(f"the results of the earlier try on this run are kept as {kept}")

@@ -106,3 +106,19 @@ def job_of(run: Path) -> Job | None:
     if own is not None:
         return Job(ranks, False) if not own.step_times_s else None
     return Job(ranks, first is not None and _by_torchrun(first))
+
+
+def changed_sources(run: Path, meta: RunMeta) -> list[str]:
+    """The user's files the run kept (capture/sources) that differ now, or are gone: the rounds
+    run them as they are now, while the estimates are the run's diagnosis of them as they ran."""
+    changed = []
+    for path, name in sorted(meta.sources.items()):
+        copy = Path(run) / name
+        try:
+            if not copy.is_file():
+                continue
+            if Path(path).read_bytes() != copy.read_bytes():
+                changed.append(path)
+        except OSError:  # gone, or unreadable: not what the run ran
+            changed.append(path)
+    return changed
