@@ -180,7 +180,10 @@ class StderrFilter:
             return
         with self._lock:
             data = text.encode("utf-8", "backslashreplace")
-            self.log.write(data if data.endswith(b"\n") else data + b"\n")
+            try:
+                self.log.write(data if data.endswith(b"\n") else data + b"\n")
+            except OSError:  # a full disk: the log is trainprof's notes, the run goes on without
+                pass
 
     # ----- fd side -----------------------------------------------------------------------------
     def _pump(self) -> None:
