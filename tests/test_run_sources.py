@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from trainprof.capture.sources import SourceKeeper
 from trainprof.capture.userframe import UserCode
@@ -93,6 +94,7 @@ def test_try_names_the_files_changed_since_the_run(tmp_path: Path) -> None:
     assert changed_sources(run, RunMeta(argv=["train.py"])) == []  # older metadata: no copies
 
 
+@pytest.mark.slow  # `trainprof try` in a process of its own
 def test_try_says_which_files_changed_since_the_run(tmp_path: Path) -> None:
     # A run folder with no trace and no fix to measure on this CPU: `try` plans, says what
     # changed, and ends without rounds.
