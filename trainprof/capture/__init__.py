@@ -46,5 +46,7 @@ Modules, one job each:
 * state      the flags every probe checks; disables everything in forked workers
 * patching   reversible monkey-patching
 * userframe  file:line of the first user-code frame
+* sources    copies of the user's files as they ran (the script; the loop's stack's), in the
+             run folder, for the diagnosis's alignment of frames already running
 * compat     torch API differences across supported versions
 """
