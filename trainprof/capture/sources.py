@@ -21,6 +21,7 @@ from pathlib import Path
 from types import FrameType
 
 from trainprof.capture.userframe import UserCode
+from trainprof.fileio import write_atomic
 
 FOLDER = "sources"
 MAX_FILES = 32  # files kept at most (a deep stack of the user's own modules)
@@ -60,9 +61,7 @@ class SourceKeeper:
             target = self.folder / name
             if not target.exists():
                 target.parent.mkdir(exist_ok=True)
-                tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, target)  # another rank may write the same content at once
+                write_atomic(target, data)  # another rank may write the same content at once
         except OSError:
             return
         self.kept[path] = name
