@@ -712,6 +712,9 @@ class Estimate:
     # loop's waiting (µs per traced step), which more workers cannot take off (`saving` is 0) and
     # an input pipeline that keeps up would: the cost of the pipeline itself
     pipeline: float = 0.0
+    # On a GPU, with workers the loop waits for: the CPUs allow no more than the loader has
+    # (`suggest` is at most its count), so more workers would make no more batches
+    full: bool = False
 
     @property
     def starving(self) -> float:
@@ -861,9 +864,10 @@ def estimate(
 
     whole = 100.0 * saving / ctx.mean_step_us if ctx.mean_step_us else 0.0
     left = pipeline = 0.0
+    full = waited and suggest <= (n_workers or 0)
     if need > suggest and ctx.gpu_timeline:
         left = left_with(suggest)
-        if waited and suggest <= (n_workers or 0):
+        if full:
             pipeline = saving  # (no more workers than the loader has: they save nothing)
         saving = max(0.0, min(saving, (f - left) / total * ctx.mean_step_us))
     # An H200 (many_problems, no workers, a 45.2 ms fetch in a 51.0 ms step): 1, 2, 4, 8, 16
@@ -877,4 +881,4 @@ def estimate(
                 for n in range(1, max(cap, suggest) + 1)]
     return Estimate(share, saving, None, suggest, split, wait, receive, receive_saving, plain,
                     need if need > suggest else 0, left, held, by_n,
-                    per_batch if waited else 0.0, compute if waited else 0.0, pipeline)
+                    per_batch if waited else 0.0, compute if waited else 0.0, pipeline, full)

@@ -674,8 +674,7 @@ def check(ctx: Context) -> list[Finding]:
                                       load.other_cpus if load else None, bool(n_workers))
         else:
             evidence += " Upper bound: the core count or the step without the profiler is unknown."
-    # On a GPU, where the CPUs allow no more workers than the loader has
-    full = bool(est.worker_batch) and est.suggest <= (n_workers or 0)
+    full = est.full  # on a GPU, the CPUs allow no more workers than the loader has
     if est.need and not full:
         evidence += _too_few_evidence(ctx, est, cpus)
     if _multiprocess(ctx, n_workers):
