@@ -72,10 +72,26 @@ def trace_events(path: Path) -> list[dict]:
         return json.load(f)["traceEvents"]
 
 
-# The script as a GPU run ran it, kept in its run folder: a replay finds the lines the run's
-# findings name there, where the script may have been edited since (lines added above them).
+# The script as a GPU run ran it: a replay finds the lines the run's findings name there, where
+# the script may have been edited since (lines added above them). `trainprof run` keeps it in
+# the run folder's sources/ (RunMeta.sources; the diagnosis reads that copy too); folders of
+# GPU runs before it (2026-12-01) have this suite's own copy, SOURCE, which the diagnosis does not
+# read.
 SOURCE = "{}.source"
 _replayed_sources: dict[str, str] = {}
+_read_as_it_ran: set[str] = set()  # replayed scripts the diagnosis reads from the run's copy
+
+
+def _kept_text(folder: Path, script: str) -> tuple[str, bool] | None:
+    """The text of scripts/SCRIPT as the run in `folder` ran it, and whether the diagnosis reads
+    that text (the run's own copy) rather than the script as it is now; None if not kept."""
+    meta = json.loads((folder / "trainprof.json").read_text())
+    for path, name in (meta.get("sources") or {}).items():
+        copy = folder / name
+        if Path(path).parts[-3:] == ("gpu", "scripts", script) and copy.is_file():
+            return copy.read_text(), True
+    legacy = folder / SOURCE.format(script)
+    return (legacy.read_text(), False) if legacy.is_file() else None
 
 
 def run(folder: Path, script: str, *args: str, flags: tuple[str, ...] = (), **kw) -> Run:
@@ -84,14 +100,15 @@ def run(folder: Path, script: str, *args: str, flags: tuple[str, ...] = (), **kw
     if REPLAY is not None:
         if not (folder / "trainprof.json").is_file():
             pytest.skip(f"GPU_REPLAY: no run folder {folder} (the GPU run did not keep it)")
-        kept = folder / SOURCE.format(script)
-        if kept.is_file():
-            _replayed_sources[script] = kept.read_text()
+        kept = _kept_text(folder, script)
+        if kept is not None:
+            _replayed_sources[script] = kept[0]
+            if kept[1]:
+                _read_as_it_ran.add(script)
         return Run(folder, 0, "", "")
     done = cli("run", "--out", str(folder), "--no-diagnose", *flags, str(SCRIPTS / script), *args,
                **kw)  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
-    (folder / SOURCE.format(script)).write_text((SCRIPTS / script).read_text())
     return Run(folder, done.returncode, done.stdout, done.stderr)
 
 
@@ -123,10 +140,12 @@ def lines_of(script: str, marker: str) -> set[tuple[str, int]]:
 
 
 def edited_since(script: str) -> bool:
-    """Replayed, and scripts/SCRIPT has been edited since the replayed run ran it (its folder
-    kept the text): lines that trainprof reads from the script now need not be the run's."""
+    """Replayed, scripts/SCRIPT has been edited since the replayed run ran it, and the diagnosis
+    reads the script as it is now (a folder without the run's own copy): lines that trainprof
+    reads from the script need not be the run's."""
     kept = _replayed_sources.get(script)
-    return kept is not None and kept != (SCRIPTS / script).read_text()
+    return (kept is not None and script not in _read_as_it_ran
+            and kept != (SCRIPTS / script).read_text())
 
 
 def place(location: str | None) -> tuple[str, int] | None:
